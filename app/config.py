@@ -1,0 +1,107 @@
+"""Settings: every ``KL_*`` environment variable, read once at process start.
+
+This is the only module that reads the environment for the service. ``Settings.from_env()`` is
+called by ``create_app``, the worker and ``kl``; everything else receives the frozen object.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from pathlib import Path
+
+from app.errors import ConfigError
+
+
+class AuthMode(StrEnum):
+    OPEN = "open"
+    STATIC = "static"
+    DATABASE = "database"
+
+
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The service's configuration. Field docs live in docs/configuration.md (a test checks)."""
+
+    database_url: str | None = None
+    redis_url: str | None = None
+    data_dir: Path | None = None
+    auth_mode: AuthMode = AuthMode.OPEN
+    auth_token: str | None = field(default=None, repr=False)
+    terraform_bin: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    auto_migrate: bool = True
+    db_pool_size: int = 10
+    log_level: str = "INFO"
+    public_url: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ``KL_*`` variables; raise ConfigError listing every problem."""
+        env = os.environ if env is None else env
+        problems: list[str] = []
+
+        def text(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        def integer(name: str, default: int, minimum: int = 1) -> int:
+            raw = text(name)
+            if raw is None:
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                problems.append(f"{name} must be a whole number, got {raw!r}")
+                return default
+            if value < minimum:
+                problems.append(f"{name} must be at least {minimum}, got {value}")
+            return value
+
+        def boolean(name: str, default: bool) -> bool:
+            raw = text(name)
+            if raw is None:
+                return default
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            problems.append(f"{name} must be true or false, got {raw!r}")
+            return default
+
+        mode_raw = (text("KL_AUTH_MODE") or AuthMode.OPEN.value).lower()
+        try:
+            auth_mode = AuthMode(mode_raw)
+        except ValueError:
+            problems.append(f"KL_AUTH_MODE must be one of open, static, database; got {mode_raw!r}")
+            auth_mode = AuthMode.OPEN
+        auth_token = text("KL_AUTH_TOKEN")
+        if auth_mode is AuthMode.STATIC and auth_token is None:
+            problems.append("KL_AUTH_TOKEN is required when KL_AUTH_MODE=static")
+        data_dir = text("KL_DATA_DIR")
+        settings = cls(
+            database_url=text("KL_DATABASE_URL"),
+            redis_url=text("KL_REDIS_URL"),
+            data_dir=Path(data_dir).expanduser() if data_dir else None,
+            auth_mode=auth_mode,
+            auth_token=auth_token,
+            terraform_bin=text("KL_TERRAFORM_BIN"),
+            max_body_bytes=integer("KL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+            auto_migrate=boolean("KL_AUTO_MIGRATE", True),
+            db_pool_size=integer("KL_DB_POOL_SIZE", 10),
+            log_level=(text("KL_LOG_LEVEL") or "INFO").upper(),
+            public_url=text("KL_PUBLIC_URL"),
+        )
+        if problems:
+            raise ConfigError(problems)
+        return settings
+
+
+def setting_names() -> tuple[str, ...]:
+    """The environment variable behind each Settings field (docs are checked against this)."""
+    return tuple(f"KL_{f.name.upper()}" for f in fields(Settings))

@@ -1,0 +1,104 @@
+"""The KlError tree: every failure the service reports, with its HTTP status and data.
+
+Errors carry what a caller needs to act (the lock holder, the conflicting serials); they are
+turned into responses in exactly one place, ``app.web.errors``. Messages never contain state
+bodies or secrets, and say what to do next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+class KlError(Exception):
+    """Base of every expected failure. ``status`` is the HTTP status, ``code`` a stable slug."""
+
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+
+
+class ConfigError(KlError):
+    """The environment is missing or mis-states settings; lists every problem at once."""
+
+    code = "config"
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__(
+            "invalid configuration:\n  - " + "\n  - ".join(self.problems), problems=list(self.problems)
+        )
+
+
+class BadRequestError(KlError):
+    status = 400
+    code = "bad_request"
+
+
+class InvalidStateError(BadRequestError):
+    code = "invalid_state"
+
+
+class InvalidStateNameError(BadRequestError):
+    code = "invalid_state_name"
+
+
+class InvalidLockInfoError(BadRequestError):
+    code = "invalid_lock_info"
+
+
+class UnauthorizedError(KlError):
+    status = 401
+    code = "unauthorized"
+
+
+class ForbiddenError(KlError):
+    status = 403
+    code = "forbidden"
+
+
+class NotFoundError(KlError):
+    status = 404
+    code = "not_found"
+
+
+class StateNotFoundError(NotFoundError):
+    code = "state_not_found"
+
+
+class ConflictError(KlError):
+    status = 409
+    code = "conflict"
+
+
+class SerialConflictError(ConflictError):
+    """A POST whose serial is already taken by other bytes, or lies below the head."""
+
+    code = "serial_conflict"
+
+
+class PayloadTooLargeError(KlError):
+    status = 413
+    code = "payload_too_large"
+
+
+class StateLockedError(KlError):
+    """The state is locked by someone else. ``lock_info`` is the holder's LockInfo JSON bytes,
+    which the backend lane returns verbatim so Terraform can show who holds it and wait."""
+
+    status = 423
+    code = "state_locked"
+
+    def __init__(self, message: str, lock_info: bytes) -> None:
+        super().__init__(message)
+        self.lock_info = lock_info
+
+
+class ServiceUnavailableError(KlError):
+    status = 503
+    code = "unavailable"

@@ -1,0 +1,55 @@
+"""The connection pool and the transaction helper."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from app.errors import ServiceUnavailableError
+
+log = logging.getLogger("kilolock.store")
+
+
+class Database:
+    """A psycopg 3 pool. ``transaction()`` yields a connection inside one transaction that
+    commits when the block ends and rolls back if it raises."""
+
+    def __init__(self, url: str, *, pool_size: int = 10, timeout: float = 10.0) -> None:
+        self.url = url
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(pool_size, 1),
+            timeout=timeout,
+            open=False,
+            kwargs={"autocommit": False},
+            name="kilolock",
+        )
+        self._pool.open(wait=False)
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection]:
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise ServiceUnavailableError("database unavailable: no connection within the pool timeout") from exc
+        except psycopg.OperationalError as exc:
+            log.error("database error: %s", exc.__class__.__name__)
+            raise ServiceUnavailableError("database unavailable; check KL_DATABASE_URL and the server") from exc
+
+    def ping(self) -> bool:
+        """True when a trivial query succeeds within the pool timeout."""
+        try:
+            with self.transaction() as conn:
+                conn.execute("SELECT 1")
+            return True
+        except ServiceUnavailableError:
+            return False
+
+    def close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,64 @@
+"""The audit trail: one row per mutation, lock, unlock and force-unlock. Reads record nothing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+
+from app.domain.principal import Principal
+
+_INSERT = """
+INSERT INTO events (tenant_id, state_id, state_name, kind, actor, serial, lock_id, detail)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+"""
+_LIST = """
+SELECT id, state_name, kind, actor, serial, lock_id, detail, created_at
+FROM events
+WHERE tenant_id = %s AND (%s::text IS NULL OR state_name = %s)
+ORDER BY id DESC
+LIMIT %s
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    state_name: str
+    kind: str
+    actor: str
+    serial: int | None
+    lock_id: str | None
+    detail: dict[str, Any]
+    created_at: datetime
+
+
+def record(
+    conn: psycopg.Connection,
+    principal: Principal,
+    kind: str,
+    *,
+    state_id: int | None,
+    state_name: str,
+    serial: int | None = None,
+    lock_id: str | None = None,
+    **detail: Any,
+) -> None:
+    """Append an audit event inside the caller's transaction (so it commits with the change)."""
+    if principal.token_name:
+        detail.setdefault("token", principal.token_name)
+    conn.execute(
+        _INSERT,
+        (principal.tenant_id, state_id, state_name, kind, principal.actor, serial, lock_id, json.dumps(detail)),
+    )
+
+
+def list_events(
+    conn: psycopg.Connection, principal: Principal, state_name: str | None = None, limit: int = 100
+) -> list[Event]:
+    with conn.cursor(row_factory=class_row(Event)) as cur:
+        return cur.execute(_LIST, (principal.tenant_id, state_name, state_name, limit)).fetchall()

@@ -1,0 +1,82 @@
+"""Applies the numbered SQL files in ``migrations/`` in order, once each.
+
+Safe to re-run and safe when two processes start at once: the whole run holds a
+transaction-scoped advisory lock, and each file is recorded (with its checksum) in
+``schema_migrations`` in the same transaction as its statements.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from app.errors import ConfigError
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+_FILE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
+# An arbitrary constant shared by every Kilolock process: "kilolock" in ASCII, truncated.
+_ADVISORY_KEY = 0x6B696C6F6C6F636B
+
+_CREATE_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+_APPLIED = "SELECT version, checksum FROM schema_migrations"
+_RECORD = "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)"
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def discover(directory: Path = MIGRATIONS_DIR) -> tuple[Migration, ...]:
+    """The migration files, in order. Misnamed files are an error, not silently skipped."""
+    found: list[Migration] = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _FILE.fullmatch(path.name)
+        if not match:
+            raise ConfigError([f"migration file {path.name!r} must be named NNNN_name.sql"])
+        found.append(Migration(int(match.group(1)), match.group(2), path.read_text()))
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise ConfigError(["two migration files share a number"])
+    return tuple(found)
+
+
+def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Apply every pending migration; return those applied now (empty when up to date)."""
+    pending = discover(directory)
+    applied_now: list[Migration] = []
+    with psycopg.connect(url, autocommit=False) as conn:
+        with conn.transaction():
+            conn.execute(_LOCK, (_ADVISORY_KEY,))
+            conn.execute(_CREATE_TABLE)
+            done = dict(conn.execute(_APPLIED).fetchall())
+            for migration in pending:
+                if migration.version in done:
+                    if done[migration.version] != migration.checksum:
+                        raise ConfigError(
+                            [f"migration {migration.version:04d}_{migration.name} was edited after it was "
+                             "applied; add a new migration instead"]
+                        )
+                    continue
+                conn.execute(migration.sql)  # type: ignore[arg-type]  # a file, never user input
+                conn.execute(_RECORD, (migration.version, migration.name, migration.checksum))
+                applied_now.append(migration)
+    return applied_now

@@ -1,0 +1,270 @@
+"""States, their versions and Terraform's whole-state lock: the backend lane's operations.
+
+Each operation is one transaction that locks the state row (``FOR UPDATE``), applies the pure
+rules of ``app.domain``, writes, and appends an audit event in the same transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg
+from psycopg.rows import class_row
+
+from analyzer.state import EncryptedState, ParsedState, StateFormatError, parse_state
+from app.domain.locking import LockInfo, UnlockRequest, check_lock_for_write, parse_lock_info
+from app.domain.principal import Principal
+from app.domain.versions import check_new_serial
+from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
+from app.store import events, resources
+from app.store.db import Database
+
+_ENSURE = """
+INSERT INTO states (tenant_id, scope, name) VALUES (%s, %s, %s)
+ON CONFLICT (tenant_id, scope, name) DO NOTHING
+"""
+_FOR_UPDATE = """
+SELECT s.id, s.name, s.lineage, s.current_serial, s.head_version_id, s.lock_id, s.lock_info,
+       v.sha256 AS head_sha256
+FROM states s LEFT JOIN state_versions v ON v.id = s.head_version_id
+WHERE s.tenant_id = %s AND s.scope = %s AND s.name = %s
+FOR UPDATE OF s
+"""
+_HEAD_RAW = """
+SELECT v.raw_state FROM states s JOIN state_versions v ON v.id = s.head_version_id
+WHERE s.tenant_id = %s AND s.scope = %s AND s.name = %s
+"""
+_SUMMARY = """
+SELECT s.id, s.name, s.lineage, s.current_serial, s.head_version_id, s.lock_id, s.lock_info,
+       NULL::text AS head_sha256
+FROM states s WHERE s.tenant_id = %s AND s.scope = %s AND s.name = %s
+"""
+_LIST_STATES = """
+SELECT s.name, s.lineage, s.current_serial, s.lock_id IS NOT NULL AS locked, s.updated_at,
+       (SELECT count(*) FROM resources r WHERE r.state_id = s.id AND r.delete_serial IS NULL) AS resources
+FROM states s WHERE s.tenant_id = %s AND s.scope = %s ORDER BY s.name
+"""
+_INSERT_VERSION = """
+INSERT INTO state_versions (tenant_id, state_id, serial, lineage, terraform_version, raw_state, sha256,
+                            size_bytes, encrypted, source, actor)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+RETURNING id
+"""
+_SET_HEAD = """
+UPDATE states SET lineage = %s, current_serial = %s, head_version_id = %s, updated_at = now()
+WHERE id = %s
+"""
+_VERSION_AT = """
+SELECT id, serial, lineage, terraform_version, encrypted FROM state_versions
+WHERE state_id = %s AND serial <= %s ORDER BY serial DESC LIMIT 1
+"""
+_SET_LOCK = "UPDATE states SET lock_id = %s, lock_info = %s, locked_at = now() WHERE id = %s"
+_CLEAR_LOCK = "UPDATE states SET lock_id = NULL, lock_info = NULL, locked_at = NULL WHERE id = %s"
+_DELETE = "DELETE FROM states WHERE id = %s"
+
+
+@dataclass(frozen=True, slots=True)
+class StateRow:
+    id: int
+    name: str
+    lineage: str | None
+    current_serial: int | None
+    head_version_id: int | None
+    lock_id: str | None
+    lock_info: bytes | None
+    head_sha256: str | None
+
+    @property
+    def held_lock(self) -> LockInfo | None:
+        if self.lock_id is None:
+            return None
+        raw = bytes(self.lock_info or b"{}")
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = {}
+        return LockInfo(id=self.lock_id, who=str(doc.get("Who") or ""),
+                        operation=str(doc.get("Operation") or ""), raw=raw)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    serial: int
+    replay: bool
+    opened: int = 0
+    closed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StateSummary:
+    name: str
+    lineage: str | None
+    current_serial: int | None
+    locked: bool
+    updated_at: datetime
+    resources: int
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRef:
+    id: int
+    serial: int
+    lineage: str
+    terraform_version: str
+    encrypted: bool
+
+
+def _locked_row(conn: psycopg.Connection, principal: Principal, name: str, *, create: bool) -> StateRow | None:
+    if create:
+        conn.execute(_ENSURE, (principal.tenant_id, principal.scope, name))
+    with conn.cursor(row_factory=class_row(StateRow)) as cur:
+        return cur.execute(_FOR_UPDATE, (principal.tenant_id, principal.scope, name)).fetchone()
+
+
+def find_state(conn: psycopg.Connection, principal: Principal, name: str) -> StateRow:
+    """The state row (no row lock), or StateNotFoundError."""
+    with conn.cursor(row_factory=class_row(StateRow)) as cur:
+        row = cur.execute(_SUMMARY, (principal.tenant_id, principal.scope, name)).fetchone()
+    if row is None:
+        raise StateNotFoundError(f"no state named {name!r}")
+    return row
+
+
+def read_head(db: Database, principal: Principal, name: str) -> bytes | None:
+    """The stored bytes of the head version, or None when the state has never been written."""
+    with db.transaction() as conn:
+        row = conn.execute(_HEAD_RAW, (principal.tenant_id, principal.scope, name)).fetchone()
+    return None if row is None else bytes(row[0])
+
+
+def list_states(db: Database, principal: Principal) -> list[StateSummary]:
+    with db.transaction() as conn, conn.cursor(row_factory=class_row(StateSummary)) as cur:
+        return cur.execute(_LIST_STATES, (principal.tenant_id, principal.scope)).fetchall()
+
+
+def parse_body(body: bytes) -> ParsedState | EncryptedState:
+    """Parse a POSTed state, mapping format problems to a 400."""
+    try:
+        return parse_state(body)
+    except StateFormatError as exc:
+        raise InvalidStateError(str(exc)) from exc
+
+
+def write_state(
+    db: Database,
+    principal: Principal,
+    name: str,
+    body: bytes,
+    *,
+    lock_id: str | None,
+    source: str = "http",
+) -> WriteResult:
+    """Store a whole-state write as a new version and project it into resource rows.
+
+    A byte-identical replay of the head is a no-op success (clients retry POSTs on 5xx).
+    Raises StateLockedError (423), SerialConflictError (409) or InvalidStateError (400); a
+    rejected write changes nothing.
+    """
+    parsed = parse_body(body)  # CPU work before taking the row lock
+    digest = hashlib.sha256(body).hexdigest()
+    with db.transaction() as conn:
+        row = _locked_row(conn, principal, name, create=True)
+        assert row is not None  # _ENSURE guarantees the row
+        if row.head_sha256 == digest:
+            return WriteResult(serial=row.current_serial or 0, replay=True)
+        check_lock_for_write(row.held_lock, lock_id, name)
+        check_new_serial(name, row.current_serial, parsed.serial)
+        encrypted = isinstance(parsed, EncryptedState)
+        terraform_version = "" if isinstance(parsed, EncryptedState) else parsed.terraform_version
+        (version_id,) = conn.execute(
+            _INSERT_VERSION,
+            (principal.tenant_id, row.id, parsed.serial, parsed.lineage, terraform_version, body, digest,
+             len(body), encrypted, source, principal.actor),
+        ).fetchone() or (0,)
+        if isinstance(parsed, EncryptedState):
+            opened, closed = 0, resources.close_all(conn, state_id=row.id, serial=parsed.serial)
+        else:
+            delta = resources.project(
+                conn, tenant_id=principal.tenant_id, state_id=row.id, serial=parsed.serial,
+                instances=parsed.instances,
+            )
+            resources.insert_outputs(
+                conn, tenant_id=principal.tenant_id, state_id=row.id, version_id=version_id,
+                outputs=parsed.outputs,
+            )
+            opened, closed = len(delta.inserts), len(delta.close_ids)
+        conn.execute(_SET_HEAD, (parsed.lineage, parsed.serial, version_id, row.id))
+        detail: dict[str, object] = {"bytes": len(body), "opened": opened, "closed": closed, "source": source}
+        if encrypted:
+            detail["encrypted"] = True
+        if row.lineage is not None and row.lineage != parsed.lineage:
+            detail["lineage_changed_from"] = row.lineage
+        events.record(conn, principal, "state_write", state_id=row.id, state_name=name,
+                      serial=parsed.serial, lock_id=lock_id, **detail)
+        return WriteResult(serial=parsed.serial, replay=False, opened=opened, closed=closed)
+
+
+def lock(db: Database, principal: Principal, name: str, body: bytes) -> None:
+    """Take Terraform's whole-state lock; a same-ID re-LOCK is a replay and succeeds."""
+    info = parse_lock_info(body, datetime.now(UTC))
+    with db.transaction() as conn:
+        row = _locked_row(conn, principal, name, create=True)
+        assert row is not None
+        held = row.held_lock
+        if held is not None:
+            if held.id == info.id:
+                return
+            events.record(conn, principal, "lock_conflict", state_id=row.id, state_name=name,
+                          lock_id=info.id, holder=held.id)
+            # The conflict event must survive the 423, so commit it before raising.
+            conn.commit()
+            raise StateLockedError(
+                f"state {name!r} is locked by {held.who or 'someone'} (lock {held.id})", lock_info=held.raw
+            )
+        conn.execute(_SET_LOCK, (info.id, info.raw, row.id))
+        events.record(conn, principal, "lock", state_id=row.id, state_name=name, lock_id=info.id,
+                      who=info.who, operation=info.operation)
+
+
+def unlock(db: Database, principal: Principal, name: str, request: UnlockRequest) -> None:
+    """Release the lock. Owner releases compare only the ID; force releases always succeed.
+    Unlocking an unlocked (or unknown) state succeeds, so force-unlock is safe to re-run."""
+    with db.transaction() as conn:
+        row = _locked_row(conn, principal, name, create=False)
+        if row is None or row.held_lock is None:
+            return
+        held = row.held_lock
+        if not request.force and request.lock_id != held.id:
+            raise StateLockedError(
+                f"state {name!r} is locked by {held.who or 'someone'} with lock {held.id}, not "
+                f"{request.lock_id!r}: use that ID, or terraform force-unlock",
+                lock_info=held.raw,
+            )
+        conn.execute(_CLEAR_LOCK, (row.id,))
+        if request.force:
+            events.record(conn, principal, "lock_force_release", state_id=row.id, state_name=name,
+                          lock_id=held.id, presented_id=request.lock_id or None,
+                          matched=request.lock_id == held.id)
+        else:
+            events.record(conn, principal, "unlock", state_id=row.id, state_name=name, lock_id=held.id)
+
+
+def delete_state(db: Database, principal: Principal, name: str, *, lock_id: str | None) -> None:
+    """Remove a state and everything hanging off it; refused (423) while locked by another ID."""
+    with db.transaction() as conn:
+        row = _locked_row(conn, principal, name, create=False)
+        if row is None:
+            raise StateNotFoundError(f"no state named {name!r}")
+        check_lock_for_write(row.held_lock, lock_id, name)
+        conn.execute(_DELETE, (row.id,))
+        events.record(conn, principal, "state_delete", state_id=None, state_name=name,
+                      serial=row.current_serial, lock_id=lock_id)
+
+
+def version_at(conn: psycopg.Connection, state_id: int, serial: int) -> VersionRef | None:
+    """The newest version at or below ``serial``."""
+    with conn.cursor(row_factory=class_row(VersionRef)) as cur:
+        return cur.execute(_VERSION_AT, (state_id, serial)).fetchone()

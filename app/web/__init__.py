@@ -1,0 +1,96 @@
+"""The WSGI application: the backend lane, the engine lane and health, in one Flask app.
+
+``create_app(settings=None)`` reads the environment when no settings are given, starts the
+embedded Postgres when no ``KL_DATABASE_URL`` is set, applies migrations, and wires the lanes.
+Production: ``gunicorn 'app.web:create_app()'``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import date, datetime
+from typing import Any
+
+from flask import Flask, Response, g, jsonify, request
+from flask.json.provider import DefaultJSONProvider
+
+from app.config import AuthMode, Settings
+from app.errors import ConfigError
+from app.store import Database
+from app.store.migrate import migrate
+from app.web import backend, engine, errors
+from app.web.context import Services, services
+
+log = logging.getLogger("kilolock.web")
+
+
+class _JSONProvider(DefaultJSONProvider):
+    """ISO 8601 times (with offset) instead of Flask's HTTP dates."""
+
+    @staticmethod
+    def default(o: Any) -> Any:
+        if isinstance(o, datetime | date):
+            return o.isoformat()
+        if isinstance(o, bytes | memoryview):
+            return bytes(o).decode("utf-8", "replace")
+        return DefaultJSONProvider.default(o)
+
+
+def configure_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """KL_DATABASE_URL, or the embedded Postgres under KL_DATA_DIR."""
+    if settings.database_url:
+        return settings.database_url
+    from app.embedded import default_data_dir, start_embedded_postgres
+
+    return start_embedded_postgres(settings.data_dir or default_data_dir())
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = settings or Settings.from_env()
+    configure_logging(settings)
+    if settings.auth_mode is AuthMode.DATABASE:
+        raise ConfigError(["KL_AUTH_MODE=database is not available in this release: use open or static"])
+    if settings.auth_mode is AuthMode.OPEN:
+        log.warning("KL_AUTH_MODE=open: no authentication; use only on a trusted machine")
+    url = resolve_database_url(settings)
+    if settings.auto_migrate:
+        applied = migrate(url)
+        if applied:
+            log.info("applied migrations: %s", ", ".join(f"{m.version:04d}_{m.name}" for m in applied))
+    app = Flask("kilolock")
+    app.json = _JSONProvider(app)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.extensions["kilolock"] = Services(settings=settings, db=Database(url, pool_size=settings.db_pool_size))
+    errors.register(app)
+    app.register_blueprint(backend.bp)
+    app.register_blueprint(engine.bp)
+
+    @app.get("/healthz")
+    def healthz() -> tuple[Response, int]:
+        healthy = services().db.ping()
+        return jsonify({"ok": healthy, "database": "ok" if healthy else "unreachable"}), 200 if healthy else 503
+
+    @app.before_request
+    def _start() -> None:
+        g.request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
+        g.started = time.perf_counter()
+
+    @app.after_request
+    def _finish(response: Response) -> Response:
+        response.headers["X-Request-Id"] = g.get("request_id", "")
+        elapsed_ms = (time.perf_counter() - g.get("started", time.perf_counter())) * 1000
+        # Method, path and status only: bodies (states, lock info, tokens) never reach the log.
+        log.info("request id=%s %s %s -> %s %.1fms", g.get("request_id"), request.method, request.path,
+                 response.status_code, elapsed_ms)
+        return response
+
+    return app

@@ -1,0 +1,31 @@
+"""Per-app services and the per-request principal, for the views."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import current_app, g, request
+
+from app.config import Settings
+from app.domain.principal import Principal
+from app.store import Database
+from app.web.auth import authenticate
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    settings: Settings
+    db: Database
+
+
+def services() -> Services:
+    found: Services = current_app.extensions["kilolock"]
+    return found
+
+
+def principal() -> Principal:
+    """The authenticated caller, computed once per request (401/403 raised from here)."""
+    if "principal" not in g:
+        g.principal = authenticate(request, services().settings)
+    who: Principal = g.principal
+    return who

@@ -1,0 +1,80 @@
+"""The engine lane /v1/engine: Kilolock's native API for kl and the workers.
+
+This part serves the read API over the resource rows: listings at any serial, a resource's
+lifecycle history, dependency edges, re-assembled states and the audit trail.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify, request
+
+from app.domain.names import validate_state_name
+from app.errors import BadRequestError
+from app.store import graph, states
+from app.store import events as events_store
+from app.web.context import principal, services
+
+bp = Blueprint("engine", __name__, url_prefix="/v1/engine")
+
+
+def _int_arg(name: str, minimum: int = 0, maximum: int | None = None) -> int | None:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise BadRequestError(f"query parameter {name} must be a whole number, got {raw!r}") from exc
+    if value < minimum or (maximum is not None and value > maximum):
+        raise BadRequestError(f"query parameter {name} must be between {minimum} and {maximum}")
+    return value
+
+
+@bp.get("/states")
+def list_states() -> Response:
+    found = states.list_states(services().db, principal())
+    return jsonify({"ok": True, "states": found})
+
+
+@bp.get("/states/<path:name>/resources")
+def resources(name: str) -> Response:
+    listing = graph.list_resources(
+        services().db, principal(), validate_state_name(name), serial=_int_arg("serial"),
+        prefix=request.args.get("prefix") or None,
+        with_instance=request.args.get("instance") in ("1", "true"),
+    )
+    return jsonify({"ok": True, "state": listing.state, "serial": listing.serial,
+                    "count": len(listing.resources), "resources": listing.resources})
+
+
+@bp.get("/states/<path:name>/history")
+def history(name: str) -> Response:
+    address = request.args.get("address", "")
+    if not address:
+        raise BadRequestError("query parameter address is required, e.g. ?address=terraform_data.web[0]")
+    rows = graph.resource_history(services().db, principal(), validate_state_name(name), address)
+    return jsonify({"ok": True, "address": address, "lifecycles": rows})
+
+
+@bp.get("/states/<path:name>/dependencies")
+def dependencies(name: str) -> Response:
+    edges = graph.dependency_edges(services().db, principal(), validate_state_name(name),
+                                   serial=_int_arg("serial"))
+    return jsonify({"ok": True, "edges": edges})
+
+
+@bp.get("/states/<path:name>/assembled")
+def assembled(name: str) -> Response:
+    body = graph.assemble(services().db, principal(), validate_state_name(name), serial=_int_arg("serial"))
+    response = Response(body, mimetype="application/json")
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@bp.get("/states/<path:name>/events")
+def events(name: str) -> Response:
+    who = principal()
+    limit = _int_arg("limit", 1, 1000) or 100
+    with services().db.transaction() as conn:
+        found = events_store.list_events(conn, who, validate_state_name(name), limit)
+    return jsonify({"ok": True, "events": found})

@@ -1,0 +1,70 @@
+"""The single mapping from KlError to HTTP responses.
+
+The backend lane answers the way Terraform expects (423 carries the holder's LockInfo bytes;
+other errors are short text, which Terraform discards anyway); every other lane uses the JSON
+envelope ``{"ok": false, "code", "error", "status"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from app.errors import KlError, PayloadTooLargeError, StateLockedError
+
+log = logging.getLogger("kilolock.web")
+
+BACKEND_PREFIXES = ("/v1/states", "/v1/state-unlock")
+
+
+def _is_backend_lane() -> bool:
+    return request.path.startswith(BACKEND_PREFIXES)
+
+
+def error_response(error: KlError) -> Response:
+    if _is_backend_lane():
+        if isinstance(error, StateLockedError):
+            response = Response(error.lock_info, status=423, mimetype="application/json")
+        else:
+            response = Response(error.message + "\n", status=error.status, mimetype="text/plain")
+        response.headers["Cache-Control"] = "no-store"
+    else:
+        body = {"ok": False, "code": error.code, "error": error.message, "status": error.status}
+        if isinstance(error, StateLockedError):
+            body["lock_info"] = error.lock_info.decode("utf-8", "replace")
+        body.update({k: v for k, v in error.data.items() if k not in body})
+        response = jsonify(body)
+        response.status_code = error.status
+    if error.status == 401:
+        response.headers["WWW-Authenticate"] = 'Basic realm="kilolock"'
+    return response
+
+
+def register(app: Flask) -> None:
+    @app.errorhandler(KlError)
+    def _kl_error(error: KlError) -> Response:
+        if error.status >= 500:
+            log.error("request failed: %s %s: %s", request.method, request.path, error.code)
+        return error_response(error)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def _too_large(_: RequestEntityTooLarge) -> Response:
+        limit = app.config.get("MAX_CONTENT_LENGTH")
+        return error_response(
+            PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes: raise KL_MAX_BODY_BYTES")
+        )
+
+    @app.errorhandler(HTTPException)
+    def _http(error: HTTPException) -> Response:
+        status = error.code or 500
+        generic = KlError(error.description or error.name)
+        generic.status = status
+        generic.code = error.name.lower().replace(" ", "_")
+        return error_response(generic)
+
+    @app.errorhandler(Exception)
+    def _unexpected(error: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(KlError("internal error; see the server log"))

@@ -1,0 +1,208 @@
+"""The kl command line: serve, migrate, and the read commands over a server's rows.
+
+Client commands find the server and state from the configuration directory's ``backend "http"``
+block (or --address/--state/--token, KL_ADDRESS/KL_STATE/KL_TOKEN) and talk to it only through
+``runner.engine_client``. Exit codes: 0 ok, 1 failed, 3 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from app.errors import ConfigError
+from runner.config import ClientConfigError, resolve
+from runner.engine_client import EngineClient, EngineError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 3
+
+
+class UsageError(Exception):
+    pass
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def backend_block(base_url: str, state: str = "example", *, static_auth: bool = False) -> str:
+    """The backend "http" block to paste into a configuration."""
+    address = f"{base_url}/v1/states/{state}"
+    lines = [
+        "terraform {",
+        '  backend "http" {',
+        f'    address        = "{address}"',
+        f'    lock_address   = "{address}"',
+        f'    unlock_address = "{address}"',
+        '    lock_method    = "LOCK"',
+        '    unlock_method  = "UNLOCK"',
+    ]
+    if static_auth:
+        lines.append('    # password = KL_AUTH_TOKEN (or export TF_HTTP_PASSWORD)')
+    lines += ["  }", "}"]
+    return "\n".join(lines)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from werkzeug.serving import run_simple
+
+    from app.config import AuthMode, Settings
+    from app.web import create_app, resolve_database_url
+
+    settings = Settings.from_env()
+    if settings.auth_mode is AuthMode.OPEN and not _is_loopback(args.host) and not args.allow_open_on_network:
+        raise UsageError(
+            f"refusing to serve KL_AUTH_MODE=open on {args.host}: anyone who can reach it could rewrite "
+            "your states. Set KL_AUTH_MODE=static with KL_AUTH_TOKEN, or pass --allow-open-on-network"
+        )
+    where = "KL_DATABASE_URL" if settings.database_url else "embedded Postgres"
+    settings = replace(settings, database_url=resolve_database_url(settings))
+    app = create_app(settings)
+    shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
+    base = f"http://{shown_host}:{args.port}"
+    print(f"Kilolock listening on {base} (database: {where}, auth: {settings.auth_mode.value})")
+    print("Paste this into your Terraform configuration (rename 'example' to your state's name):\n")
+    print(backend_block(base, static_auth=settings.auth_mode.value == "static"))
+    print(flush=True)
+    run_simple(args.host, args.port, app, threaded=True, use_reloader=False)
+    return EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from app.config import Settings
+    from app.store.migrate import migrate
+    from app.web import resolve_database_url
+
+    settings = Settings.from_env()
+    applied = migrate(resolve_database_url(settings))
+    if applied:
+        for m in applied:
+            print(f"applied {m.version:04d}_{m.name}")
+    else:
+        print("database is up to date")
+    return EXIT_OK
+
+
+def _client(args: argparse.Namespace, *, need_state: bool = True) -> tuple[EngineClient, str]:
+    config = resolve(config_dir=Path(args.chdir), address=args.address, state=args.state, token=args.token)
+    if need_state and not config.state:
+        raise ClientConfigError("no state name: pass --state NAME or use a backend address ending in /v1/states/NAME")
+    return EngineClient(config), config.state or ""
+
+
+def _print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def _span(row: dict[str, Any]) -> str:
+    end = row.get("delete_serial")
+    return f"[{row['create_serial']}, {'' if end is None else end})"
+
+
+def cmd_states(args: argparse.Namespace) -> int:
+    client, _ = _client(args, need_state=False)
+    found = client.list_states()
+    if args.json:
+        _print_json(found)
+        return EXIT_OK
+    for s in found:
+        lock = "  locked" if s["locked"] else ""
+        print(f"{s['name']}\tserial {s['current_serial']}\t{s['resources']} resources{lock}")
+    return EXIT_OK
+
+
+def cmd_state_ls(args: argparse.Namespace) -> int:
+    client, state = _client(args)
+    listing = client.list_resources(state, serial=args.serial, prefix=args.prefix)
+    if args.json:
+        _print_json(listing)
+        return EXIT_OK
+    for row in listing["resources"]:
+        extra = f" (deposed {row['deposed']})" if row["deposed"] else ""
+        extra += " (tainted)" if row["status"] == "tainted" else ""
+        print(f"{row['address']}{extra}")
+    print(f"# {listing['count']} instances in {state!r} at serial {listing['serial']}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_state_history(args: argparse.Namespace) -> int:
+    client, state = _client(args)
+    rows = client.history(state, args.address)
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    for row in rows:
+        status = "alive" if row["delete_serial"] is None else "closed"
+        print(f"serials {_span(row)}\t{status}\thash {row['attributes_hash'][:12]}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kl", description="Kilolock: Terraform state as rows, applied in parallel.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the service (dev server; use gunicorn in production)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--allow-open-on-network", action="store_true",
+                       help="serve KL_AUTH_MODE=open on a non-loopback address anyway")
+    serve.set_defaults(func=cmd_serve)
+
+    migrate = sub.add_parser("migrate", help="apply pending database migrations")
+    migrate.set_defaults(func=cmd_migrate)
+
+    def client_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-C", "--chdir", default=".", help="configuration directory (default: .)")
+        p.add_argument("--address", help="server or backend address (default: the backend block)")
+        p.add_argument("--state", help="state name (default: from the backend address)")
+        p.add_argument("--token", help="API token (default: KL_TOKEN, TF_HTTP_PASSWORD, the backend block)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    states = sub.add_parser("states", help="list the states on the server")
+    client_options(states)
+    states.set_defaults(func=cmd_states)
+
+    state = sub.add_parser("state", help="inspect a state's resource rows")
+    state_sub = state.add_subparsers(dest="state_command", required=True, metavar="SUBCOMMAND")
+    ls = state_sub.add_parser("ls", help="list resource instances at the head or a serial")
+    client_options(ls)
+    ls.add_argument("--serial", type=int, help="list as of this serial (default: the head)")
+    ls.add_argument("--prefix", help="only addresses under this structured prefix, e.g. module.web")
+    ls.set_defaults(func=cmd_state_ls)
+    hist = state_sub.add_parser("history", help="one instance's lifecycles across versions")
+    client_options(hist)
+    hist.add_argument("address", metavar="ADDRESS")
+    hist.set_defaults(func=cmd_state_history)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except (UsageError, ClientConfigError, ConfigError) as exc:
+        print(f"kl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except EngineError as exc:
+        print(f"kl: {exc}", file=sys.stderr)
+        return EXIT_USAGE if exc.status == 400 else EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Where the server is and who we are, for kl commands that talk to a running server.
+
+Resolution order, first found wins: ``--address``/``--state``/``--token`` flags; ``KL_ADDRESS``,
+``KL_STATE``, ``KL_TOKEN``; the ``TF_HTTP_*`` variables Terraform itself reads; the
+configuration directory's own ``backend "http"`` block. This and ``app.config`` are the only
+modules that read the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from analyzer.hcl import HclError, find_http_backend
+
+
+class ClientConfigError(Exception):
+    """kl cannot tell which server or state to use; the message says what to set."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    base_url: str
+    state: str | None
+    username: str | None
+    token: str | None
+
+
+def split_backend_address(address: str) -> tuple[str, str | None]:
+    """``http://h:8080/v1/states/prod`` → (``http://h:8080``, ``prod``); a bare base URL has no state."""
+    parts = urlsplit(address)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ClientConfigError(f"address {address!r} must be an http(s) URL")
+    base = f"{parts.scheme}://{parts.netloc}"
+    path = parts.path.rstrip("/")
+    marker = "/v1/states/"
+    if marker in path + "/":
+        prefix, _, rest = (path + "/").partition(marker)
+        return base + prefix, unquote(rest.rstrip("/")) or None
+    return base + path, None
+
+
+def read_tf_files(config_dir: Path) -> dict[str, str]:
+    return {p.name: p.read_text(errors="replace") for p in sorted(config_dir.glob("*.tf")) if p.is_file()}
+
+
+def resolve(
+    *,
+    config_dir: Path,
+    address: str | None = None,
+    state: str | None = None,
+    token: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ClientConfig:
+    env = os.environ if env is None else env
+    username = env.get("TF_HTTP_USERNAME") or None
+    password = token or env.get("KL_TOKEN") or env.get("TF_HTTP_PASSWORD") or None
+    chosen = address or env.get("KL_ADDRESS") or env.get("TF_HTTP_ADDRESS") or None
+    if chosen is None or password is None or username is None:
+        try:
+            block = find_http_backend(read_tf_files(config_dir)) if config_dir.is_dir() else None
+        except HclError as exc:
+            raise ClientConfigError(str(exc)) from exc
+        if block is not None:
+            chosen = chosen or block.address
+            username = username or block.username
+            password = password or block.password
+    if not chosen:
+        raise ClientConfigError(
+            f"no Kilolock server found: {config_dir} has no backend \"http\" block; "
+            "pass --address http://HOST:PORT/v1/states/NAME or set KL_ADDRESS"
+        )
+    base, state_from_address = split_backend_address(chosen)
+    return ClientConfig(
+        base_url=base,
+        state=state or env.get("KL_STATE") or state_from_address,
+        username=username,
+        token=password,
+    )

@@ -1,0 +1,78 @@
+"""HTTP client for the engine lane (/v1/engine). kl talks to the server only through this."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from runner.config import ClientConfig
+
+
+class EngineError(Exception):
+    """The server refused or failed a request; carries the JSON envelope's code and status."""
+
+    def __init__(self, message: str, *, status: int, code: str, body: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.body = body or {}
+
+
+class EngineClient:
+    def __init__(self, config: ClientConfig, *, timeout: float = 60.0) -> None:
+        self.config = config
+        self.timeout = timeout
+        self._session = requests.Session()
+        if config.token:
+            if config.username:
+                self._session.auth = (config.username, config.token)
+            else:
+                self._session.headers["Authorization"] = f"Bearer {config.token}"
+
+    def _url(self, path: str) -> str:
+        return self.config.base_url.rstrip("/") + "/v1/engine" + path
+
+    def _state_path(self, state: str) -> str:
+        return "/states/" + quote(state, safe="/")
+
+    def _get(self, path: str, params: dict[str, Any] | None = None) -> requests.Response:
+        try:
+            response = self._session.get(self._url(path), params=params, timeout=self.timeout)
+        except requests.ConnectionError as exc:
+            raise EngineError(
+                f"cannot reach Kilolock at {self.config.base_url}: is the server running (kl serve)?",
+                status=0, code="unreachable",
+            ) from exc
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                message, code = str(body.get("error")), str(body.get("code"))
+            except ValueError:
+                body, message, code = None, response.text.strip()[:300], "http_error"
+            raise EngineError(message, status=response.status_code, code=code, body=body)
+        return response
+
+    def list_states(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._get("/states").json()["states"]
+        return result
+
+    def list_resources(self, state: str, *, serial: int | None = None, prefix: str | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in {"serial": serial, "prefix": prefix}.items() if v is not None}
+        result: dict[str, Any] = self._get(self._state_path(state) + "/resources", params).json()
+        return result
+
+    def history(self, state: str, address: str) -> list[dict[str, Any]]:
+        body = self._get(self._state_path(state) + "/history", {"address": address}).json()
+        result: list[dict[str, Any]] = body["lifecycles"]
+        return result
+
+    def dependencies(self, state: str, *, serial: int | None = None) -> list[dict[str, Any]]:
+        params = {"serial": serial} if serial is not None else None
+        result: list[dict[str, Any]] = self._get(self._state_path(state) + "/dependencies", params).json()["edges"]
+        return result
+
+    def assembled(self, state: str, *, serial: int | None = None) -> bytes:
+        params = {"serial": serial} if serial is not None else None
+        return self._get(self._state_path(state) + "/assembled", params).content

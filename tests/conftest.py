@@ -1,0 +1,226 @@
+"""Shared fixtures: a fresh Postgres database per test session, the app, a live HTTP server,
+and a Terraform runner over the embedded ``kl-terraform``.
+
+Services: ``KL_TEST_DATABASE_URL`` (default: the machine's Postgres on 127.0.0.1:5432). When it is
+unreachable the suite boots an embedded Postgres, unless ``KL_TEST_REQUIRE_SERVICES=1`` (set by
+.ci/run on CI), in which case it fails instead of skipping or substituting.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from werkzeug.serving import make_server
+
+from app.config import Settings
+from app.store import Database
+from app.store.migrate import migrate
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+REQUIRE = os.environ.get("KL_TEST_REQUIRE_SERVICES") == "1"
+
+
+def _server_url(tmp_factory: pytest.TempPathFactory) -> str:
+    url = os.environ.get("KL_TEST_DATABASE_URL", DEFAULT_PG)
+    try:
+        with psycopg.connect(url, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+        return url
+    except psycopg.OperationalError as exc:
+        if REQUIRE:
+            pytest.fail(f"Postgres required (KL_TEST_REQUIRE_SERVICES=1) but unreachable at {url}: {exc}")
+    from app.embedded import start_embedded_postgres
+
+    return start_embedded_postgres(tmp_factory.mktemp("embedded-pg"))
+
+
+def _with_dbname(url: str, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(url, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A fresh database for this test session, migrated to the latest schema."""
+    server = _server_url(tmp_path_factory)
+    name = f"kl_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = _with_dbname(server, name)
+    migrate(url)
+    yield url
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+_TRUNCATE = "TRUNCATE states, state_versions, resources, outputs, events RESTART IDENTITY CASCADE"
+
+
+@pytest.fixture
+def clean_db(database_url: str) -> str:
+    """The session database emptied of states, versions, rows and events."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(_TRUNCATE)
+    return database_url
+
+
+@pytest.fixture
+def db(clean_db: str) -> Iterator[Database]:
+    database = Database(clean_db, pool_size=4)
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def settings(clean_db: str) -> Settings:
+    return Settings(database_url=clean_db, auto_migrate=False, db_pool_size=20, log_level="WARNING")
+
+
+@pytest.fixture
+def app(settings: Settings):  # type: ignore[no-untyped-def]
+    from app.web import create_app
+
+    application = create_app(settings)
+    yield application
+    application.extensions["kilolock"].db.close()
+
+
+@pytest.fixture
+def client(app):  # type: ignore[no-untyped-def]
+    return app.test_client()
+
+
+@dataclass
+class LiveServer:
+    url: str
+    settings: Settings
+
+    def state_url(self, name: str) -> str:
+        return f"{self.url}/v1/states/{name}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def live_server_factory(settings: Settings) -> Iterator:  # type: ignore[type-arg]
+    """Start real threaded HTTP servers over the app; each call may override settings."""
+    from app.web import create_app
+
+    started: list[tuple[object, threading.Thread, object]] = []
+
+    def start(**overrides: object) -> LiveServer:
+        chosen = replace(settings, **overrides)  # type: ignore[arg-type]
+        application = create_app(chosen)
+        port = _free_port()
+        server = make_server("127.0.0.1", port, application, threaded=True)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        started.append((server, thread, application))
+        return LiveServer(url=f"http://127.0.0.1:{port}", settings=chosen)
+
+    yield start
+    for server, thread, application in started:
+        server.shutdown()  # type: ignore[attr-defined]
+        thread.join(timeout=5)
+        application.extensions["kilolock"].db.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def live_server(live_server_factory) -> LiveServer:  # type: ignore[no-untyped-def]
+    return live_server_factory()
+
+
+def kl_terraform_bin() -> str:
+    found = Path(sys.executable).with_name("kl-terraform")
+    if found.exists():
+        return str(found)
+    which = shutil.which("kl-terraform")
+    assert which, "kl-terraform is not installed: run ./dev setup"
+    return which
+
+
+@dataclass
+class TerraformRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+@dataclass
+class Terraform:
+    """Runs the embedded Terraform in one configuration directory."""
+
+    workdir: Path
+    env: dict[str, str]
+
+    def __call__(self, *args: str, timeout: float = 180, check: bool = True,
+                 env: dict[str, str] | None = None) -> TerraformRun:
+        proc = subprocess.run(
+            [kl_terraform_bin(), *args], cwd=self.workdir, env={**self.env, **(env or {})},
+            capture_output=True, text=True, timeout=timeout,
+        )
+        run = TerraformRun(proc.returncode, proc.stdout, proc.stderr)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"terraform {' '.join(args)} exited {proc.returncode}:\n{run.output[-4000:]}")
+        return run
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([kl_terraform_bin(), *args], cwd=self.workdir, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def write(self, name: str, text: str) -> Path:
+        path = self.workdir / name
+        path.write_text(text)
+        return path
+
+
+def terraform_env(home: Path) -> dict[str, str]:
+    rc = home / "terraformrc"
+    rc.write_text("")
+    plugin_cache = home / "plugin-cache"
+    plugin_cache.mkdir(exist_ok=True)
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
+    return {
+        **keep,
+        "TF_IN_AUTOMATION": "1",
+        "CHECKPOINT_DISABLE": "1",
+        "TF_CLI_CONFIG_FILE": str(rc),
+        "TF_INPUT": "0",
+        "NO_COLOR": "1",
+    }
+
+
+@pytest.fixture
+def terraform_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Make Terraform runners, each in its own directory under tmp_path."""
+    home = tmp_path / "tf-home"
+    home.mkdir()
+    env = terraform_env(home)
+
+    def make(name: str = "config") -> Terraform:
+        workdir = tmp_path / name
+        workdir.mkdir(exist_ok=True)
+        return Terraform(workdir=workdir, env=dict(env))
+
+    return make

@@ -139,7 +139,7 @@ def cmd_state_ls(args: argparse.Namespace) -> int:
 
 def cmd_state_history(args: argparse.Namespace) -> int:
     client, state = _client(args)
-    rows = client.history(state, args.address)
+    rows = client.history(state, args.resource_address)
     if args.json:
         _print_json(rows)
         return EXIT_OK
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=cmd_state_ls)
     hist = state_sub.add_parser("history", help="one instance's lifecycles across versions")
     client_options(hist)
-    hist.add_argument("address", metavar="ADDRESS")
+    hist.add_argument("resource_address", metavar="ADDRESS")
     hist.set_defaults(func=cmd_state_history)
     return parser
 

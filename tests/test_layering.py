@@ -1,0 +1,80 @@
+"""The package layering of STYLE.md, checked by importing each entry point in a fresh process."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def loaded_modules(statement: str) -> set[str]:
+    code = f"{statement}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _has(modules: set[str], root: str) -> bool:
+    return any(m == root or m.startswith(root + ".") for m in modules)
+
+
+@pytest.mark.parametrize("statement, forbidden", [
+    ("import analyzer.state, analyzer.addresses, analyzer.hcl", ["app", "runner", "flask", "psycopg"]),
+    ("import app", ["flask", "runner", "psycopg"]),
+    ("import app.domain.lifecycle, app.domain.locking", ["flask", "runner", "psycopg"]),
+    ("import app.store.states, app.store.graph", ["flask", "runner"]),
+    ("import app.web", ["runner", "subprocess_terraform"]),
+    ("import runner.cli", ["app.web", "flask"]),
+])
+def test_entry_points_do_not_load_forbidden_layers(statement, forbidden):
+    modules = loaded_modules(statement)
+    leaked = [f for f in forbidden if _has(modules, f)]
+    assert not leaked, f"{statement!r} loaded {leaked}"
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_app_web_never_imports_runner_or_subprocess():
+    for path in (REPO / "app").rglob("*.py"):
+        imports = _imports(path)
+        assert not any(i == "runner" or i.startswith("runner.") for i in imports), path
+        if path.is_relative_to(REPO / "app" / "web"):
+            assert "subprocess" not in imports, path
+
+
+def test_sql_lives_only_in_app_store():
+    for path in list((REPO / "app").rglob("*.py")) + list((REPO / "runner").rglob("*.py")):
+        if path.is_relative_to(REPO / "app" / "store"):
+            continue
+        assert "import psycopg" not in path.read_text() and "from psycopg" not in path.read_text(), path
+
+
+def test_only_the_config_modules_read_the_environment():
+    allowed = {REPO / "app" / "config.py", REPO / "runner" / "config.py", REPO / "runner" / "embedded.py"}
+    for path in list((REPO / "app").rglob("*.py")) + list((REPO / "runner").rglob("*.py")) + list(
+            (REPO / "analyzer").rglob("*.py")):
+        if path in allowed:
+            continue
+        text = path.read_text()
+        assert "os.environ" not in text and "os.getenv" not in text, f"{path} reads the environment"
+
+
+def test_hcl2_is_imported_only_by_analyzer_hcl():
+    for path in REPO.glob("*/**/*.py"):
+        if ".venv" in path.parts or path == REPO / "analyzer" / "hcl.py":
+            continue
+        assert not any(i == "hcl2" for i in _imports(path)), path

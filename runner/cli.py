@@ -70,7 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = replace(settings, database_url=resolve_database_url(settings))
     app = create_app(settings)
     shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
-    base = f"http://{shown_host}:{args.port}"
+    base = (settings.public_url or f"http://{shown_host}:{args.port}").rstrip("/")
     print(f"Kilolock listening on {base} (database: {where}, auth: {settings.auth_mode.value})")
     print("Paste this into your Terraform configuration (rename 'example' to your state's name):\n")
     print(backend_block(base, static_auth=settings.auth_mode.value == "static"))

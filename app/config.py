@@ -39,6 +39,7 @@ class Settings:
     db_pool_size: int = 10
     log_level: str = "INFO"
     public_url: str | None = None
+    max_wait_seconds: int = 300
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -96,6 +97,7 @@ class Settings:
             db_pool_size=integer("KL_DB_POOL_SIZE", 10),
             log_level=(text("KL_LOG_LEVEL") or "INFO").upper(),
             public_url=text("KL_PUBLIC_URL"),
+            max_wait_seconds=integer("KL_MAX_WAIT_SECONDS", 300, minimum=0),
         )
         if problems:
             raise ConfigError(problems)

@@ -102,3 +102,34 @@ class StateLockedError(KlError):
 class ServiceUnavailableError(KlError):
     status = 503
     code = "unavailable"
+
+
+class ReservationConflictError(ConflictError):
+    """Requested reservations overlap live ones (or an earlier waiter's request). ``conflicts``
+    lists each overlapping holding; ``message`` is the human one-liner per conflict."""
+
+    code = "reservation_conflict"
+
+    def __init__(self, message: str, conflicts: list[dict[str, object]]) -> None:
+        super().__init__(message, conflicts=conflicts)
+        self.conflicts = conflicts
+
+
+class LeaseExpiredError(ConflictError):
+    """A run's lease ran out: someone else may now hold its addresses, so the holder must stop."""
+
+    code = "lease_expired"
+
+
+class RunClosedError(ConflictError):
+    """The apply run is no longer live (committed, failed, aborted or expired)."""
+
+    code = "run_closed"
+
+
+class NotRunHolderError(ForbiddenError):
+    code = "not_run_holder"
+
+
+class RunNotFoundError(NotFoundError):
+    code = "run_not_found"

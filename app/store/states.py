@@ -17,9 +17,10 @@ from psycopg.rows import class_row
 from analyzer.state import EncryptedState, ParsedState, StateFormatError, parse_state
 from app.domain.locking import LockInfo, UnlockRequest, check_lock_for_write, parse_lock_info
 from app.domain.principal import Principal
+from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
-from app.store import events, resources
+from app.store import events, holds, resources
 from app.store.db import Database
 
 _ENSURE = """
@@ -117,7 +118,7 @@ class VersionRef:
     encrypted: bool
 
 
-def _locked_row(conn: psycopg.Connection, principal: Principal, name: str, *, create: bool) -> StateRow | None:
+def locked_row(conn: psycopg.Connection, principal: Principal, name: str, *, create: bool) -> StateRow | None:
     if create:
         conn.execute(_ENSURE, (principal.tenant_id, principal.scope, name))
     with conn.cursor(row_factory=class_row(StateRow)) as cur:
@@ -171,11 +172,13 @@ def write_state(
     parsed = parse_body(body)  # CPU work before taking the row lock
     digest = hashlib.sha256(body).hexdigest()
     with db.transaction() as conn:
-        row = _locked_row(conn, principal, name, create=True)
+        row = locked_row(conn, principal, name, create=True)
         assert row is not None  # _ENSURE guarantees the row
         if row.head_sha256 == digest:
             return WriteResult(serial=row.current_serial or 0, replay=True)
         check_lock_for_write(row.held_lock, lock_id, name)
+        if row.held_lock is None:
+            _refuse_if_reserved(conn, principal, row, name, "whole-state write")
         check_new_serial(name, row.current_serial, parsed.serial)
         encrypted = isinstance(parsed, EncryptedState)
         terraform_version = "" if isinstance(parsed, EncryptedState) else parsed.terraform_version
@@ -211,7 +214,7 @@ def lock(db: Database, principal: Principal, name: str, body: bytes) -> None:
     """Take Terraform's whole-state lock; a same-ID re-LOCK is a replay and succeeds."""
     info = parse_lock_info(body, datetime.now(UTC))
     with db.transaction() as conn:
-        row = _locked_row(conn, principal, name, create=True)
+        row = locked_row(conn, principal, name, create=True)
         assert row is not None
         held = row.held_lock
         if held is not None:
@@ -224,16 +227,38 @@ def lock(db: Database, principal: Principal, name: str, body: bytes) -> None:
             raise StateLockedError(
                 f"state {name!r} is locked by {held.who or 'someone'} (lock {held.id})", lock_info=held.raw
             )
+        _refuse_if_reserved(conn, principal, row, name, "lock", lock_id=info.id)
         conn.execute(_SET_LOCK, (info.id, info.raw, row.id))
         events.record(conn, principal, "lock", state_id=row.id, state_name=name, lock_id=info.id,
                       who=info.who, operation=info.operation)
+
+
+def _refuse_if_reserved(
+    conn: psycopg.Connection, principal: Principal, row: StateRow, name: str, what: str,
+    lock_id: str | None = None,
+) -> None:
+    """Terraform's whole-state lock (and a lock-less whole-state POST) is a write reservation on
+    ``*``: it must never run while a row-level apply holds reservations on this state."""
+    now = datetime.now(UTC)
+    live = holds.live_for_state(conn, principal, state_id=row.id, state_name=name, now=now)
+    if not live:
+        return
+    events.record(conn, principal, "reservation_conflict", state_id=row.id, state_name=name, lock_id=lock_id,
+                  request=what, glob="*", holders=sorted({h.holder for h in live}),
+                  runs=sorted({h.run_id for h in live}))
+    conn.commit()  # keep the audit event (and any reclaim) although the request is refused
+    raise StateLockedError(
+        f"state {name!r} has live reservations held by {', '.join(sorted({h.holder for h in live}))}: "
+        "wait for their apply runs to finish (terraform -lock-timeout waits)",
+        lock_info=synthesize_lock_info(live, now),
+    )
 
 
 def unlock(db: Database, principal: Principal, name: str, request: UnlockRequest) -> None:
     """Release the lock. Owner releases compare only the ID; force releases always succeed.
     Unlocking an unlocked (or unknown) state succeeds, so force-unlock is safe to re-run."""
     with db.transaction() as conn:
-        row = _locked_row(conn, principal, name, create=False)
+        row = locked_row(conn, principal, name, create=False)
         if row is None or row.held_lock is None:
             return
         held = row.held_lock
@@ -255,10 +280,12 @@ def unlock(db: Database, principal: Principal, name: str, request: UnlockRequest
 def delete_state(db: Database, principal: Principal, name: str, *, lock_id: str | None) -> None:
     """Remove a state and everything hanging off it; refused (423) while locked by another ID."""
     with db.transaction() as conn:
-        row = _locked_row(conn, principal, name, create=False)
+        row = locked_row(conn, principal, name, create=False)
         if row is None:
             raise StateNotFoundError(f"no state named {name!r}")
         check_lock_for_write(row.held_lock, lock_id, name)
+        if row.held_lock is None:
+            _refuse_if_reserved(conn, principal, row, name, "delete")
         conn.execute(_DELETE, (row.id,))
         events.record(conn, principal, "state_delete", state_id=None, state_name=name,
                       serial=row.current_serial, lock_id=lock_id)

@@ -20,7 +20,7 @@ from app.config import AuthMode, Settings
 from app.errors import ConfigError
 from app.store import Database
 from app.store.migrate import migrate
-from app.web import backend, engine, errors
+from app.web import backend, engine, errors, runs
 from app.web.context import Services, services
 
 log = logging.getLogger("kilolock.web")
@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     errors.register(app)
     app.register_blueprint(backend.bp)
     app.register_blueprint(engine.bp)
+    app.register_blueprint(runs.bp)
 
     @app.get("/healthz")
     def healthz() -> tuple[Response, int]:

@@ -1,0 +1,70 @@
+"""Low-level reads and reclaims of reservations, shared by the state lock and the reservation
+operations. Callers hold the state row lock (``FOR UPDATE``) of the state they pass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+import psycopg
+
+from app.domain.principal import Principal
+from app.domain.reservations import Held, Mode, RunStatus
+from app.store import events
+
+_CANDIDATES = """
+SELECT r.glob, r.mode, r.holder, r.run_id, r.acquired_at, r.expires_at
+FROM resource_reservations r
+WHERE r.state_id = %s AND (r.root = ANY(%s) OR r.root = '*' OR %s)
+"""
+_LIVE_FOR_STATE = """
+SELECT r.glob, r.mode, r.holder, r.run_id, r.acquired_at, r.expires_at
+FROM resource_reservations r WHERE r.state_id = %s AND r.expires_at > %s
+ORDER BY r.acquired_at, r.id LIMIT %s
+"""
+_EXPIRED_RUNS = """
+SELECT DISTINCT run_id FROM resource_reservations WHERE state_id = %s AND expires_at <= %s
+"""
+_EXPIRE_RUN = """
+UPDATE apply_runs SET status = 'expired', finished_at = %s,
+       error_summary = coalesce(error_summary, 'lease expired; reservations reclaimed')
+WHERE id = %s AND status IN ('reserved', 'running')
+RETURNING actor
+"""
+_DROP_RUN_RESERVATIONS = "DELETE FROM resource_reservations WHERE run_id = %s"
+
+
+def _held(rows: Iterable[tuple[str, str, str, str, datetime, datetime]]) -> list[Held]:
+    return [Held(glob=g, mode=Mode(m), holder=h, run_id=r, acquired_at=a, expires_at=e) for g, m, h, r, a, e in rows]
+
+
+def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Held]:
+    """Reservations of the state that could intersect globs with these roots (expired included)."""
+    everything = "*" in roots
+    return _held(conn.execute(_CANDIDATES, (state_id, sorted(roots), everything)).fetchall())
+
+
+def reclaim(
+    conn: psycopg.Connection, principal: Principal, *, state_id: int, state_name: str, run_ids: Iterable[str],
+    now: datetime,
+) -> None:
+    """Expire runs whose leases ran out and drop their reservations (the acquirer that meets an
+    expired reservation reclaims it)."""
+    for run_id in sorted(set(run_ids)):
+        expired = conn.execute(_EXPIRE_RUN, (now, run_id)).fetchone()
+        conn.execute(_DROP_RUN_RESERVATIONS, (run_id,))
+        if expired is not None:
+            events.record(conn, principal, "reservation_expired", state_id=state_id, state_name=state_name,
+                          run_id=run_id, holder=expired[0], status=RunStatus.EXPIRED.value)
+
+
+def live_for_state(
+    conn: psycopg.Connection, principal: Principal, *, state_id: int, state_name: str, now: datetime,
+    limit: int = 20,
+) -> list[Held]:
+    """The oldest unexpired reservations of a state (at most ``limit``), after reclaiming every
+    expired one: Terraform's whole-state lock meets all of them."""
+    expired = [row[0] for row in conn.execute(_EXPIRED_RUNS, (state_id, now))]
+    if expired:
+        reclaim(conn, principal, state_id=state_id, state_name=state_name, run_ids=expired, now=now)
+    return _held(conn.execute(_LIVE_FOR_STATE, (state_id, now, limit)).fetchall())

@@ -1,0 +1,175 @@
+"""The engine lane's apply runs and reservations: open a run holding reservations (optionally
+waiting), acquire more, renew, release, mark running, close, abort, and the listings.
+
+The server enforces every rule; conflicts answer 409 with each overlapping reservation.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from app.domain.names import validate_state_name
+from app.domain.reservations import RunStatus, Wanted, lease_for, parse_wanted
+from app.errors import BadRequestError
+from app.store import runs
+from app.web.context import principal, services
+
+bp = Blueprint("runs", __name__, url_prefix="/v1/engine")
+
+
+def _body() -> dict[str, Any]:
+    raw = request.get_data(cache=True)
+    if not raw.strip():
+        return {}
+    try:
+        doc = request.get_json(force=True, silent=False)
+    except Exception as exc:  # werkzeug raises BadRequest subclasses for malformed JSON
+        raise BadRequestError("request body must be a JSON object") from exc
+    if not isinstance(doc, dict):
+        raise BadRequestError("request body must be a JSON object")
+    return doc
+
+
+def _text(doc: dict[str, Any], key: str, *, required: bool = True) -> str:
+    value = doc.get(key)
+    if value is None or value == "":
+        if required:
+            raise BadRequestError(f"{key} is required")
+        return ""
+    if not isinstance(value, str):
+        raise BadRequestError(f"{key} must be a string")
+    return value
+
+
+def _wanted(doc: dict[str, Any]) -> tuple[Wanted, ...]:
+    items = doc.get("reservations", [])
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise BadRequestError('reservations must be a list of {"glob": ..., "mode": "read"|"write"}')
+    return parse_wanted((str(i.get("glob", "")), str(i.get("mode", ""))) for i in items)
+
+
+def _wait(doc: dict[str, Any]) -> timedelta | None:
+    value = doc.get("wait_seconds")
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or value < 0:
+        raise BadRequestError("wait_seconds must be a number of seconds, zero or more")
+    cap = services().settings.max_wait_seconds
+    return timedelta(seconds=min(float(value), cap))
+
+
+def _number(doc: dict[str, Any], key: str) -> float | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise BadRequestError(f"{key} must be a number")
+    return float(value)
+
+
+def _run_payload(run: runs.Run) -> dict[str, Any]:
+    return {
+        "id": run.id, "state": run.state, "status": run.status, "actor": run.actor,
+        "base_serial": run.base_serial, "committed_serial": run.committed_serial,
+        "created_at": run.created_at, "started_at": run.started_at, "finished_at": run.finished_at,
+        "lease_seconds": run.lease_seconds, "expires_at": run.expires_at, "counters": run.counters,
+        "error_summary": run.error_summary, "info": run.info,
+    }
+
+
+def _run_response(run: runs.Run, status: int = 200) -> tuple[Response, int]:
+    held = runs.run_reservations(services().db, principal(), run.id)
+    return jsonify({"ok": True, "run": _run_payload(run), "reservations": held}), status
+
+
+@bp.post("/states/<path:name>/runs")
+def open_run(name: str) -> tuple[Response, int]:
+    doc = _body()
+    base_serial = doc.get("base_serial")
+    if base_serial is not None and (not isinstance(base_serial, int) or isinstance(base_serial, bool)):
+        raise BadRequestError("base_serial must be an integer")
+    info = doc.get("info", {})
+    if not isinstance(info, dict):
+        raise BadRequestError("info must be a JSON object")
+    run = runs.open_run(
+        services().db, principal(), validate_state_name(name), actor=_text(doc, "actor"), wanted=_wanted(doc),
+        lease=lease_for(_number(doc, "lease_seconds")), wait=_wait(doc), base_serial=base_serial, info=info,
+    )
+    return _run_response(run, 201)
+
+
+@bp.get("/runs")
+def list_runs() -> Response:
+    state = request.args.get("state") or None
+    status = request.args.get("status") or None
+    if status is not None and status not in {s.value for s in RunStatus}:
+        raise BadRequestError(f"unknown status {status!r}: use one of {', '.join(s.value for s in RunStatus)}")
+    found = runs.list_runs(services().db, principal(), state=validate_state_name(state) if state else None,
+                           status=status, limit=min(int(request.args.get("limit", 100) or 100), 1000))
+    return jsonify({"ok": True, "runs": [_run_payload(r) for r in found]})
+
+
+@bp.get("/reservations")
+def list_reservations() -> Response:
+    state = request.args.get("state") or None
+    found = runs.list_reservations(services().db, principal(), state=validate_state_name(state) if state else None)
+    return jsonify({"ok": True, "reservations": found})
+
+
+@bp.get("/runs/<run_id>")
+def get_run(run_id: str) -> tuple[Response, int]:
+    return _run_response(runs.get_run(services().db, principal(), run_id))
+
+
+@bp.post("/runs/<run_id>/reservations")
+def acquire_more(run_id: str) -> tuple[Response, int]:
+    doc = _body()
+    run = runs.acquire_more(services().db, principal(), run_id, holder=_text(doc, "holder"),
+                            wanted=_wanted(doc), wait=_wait(doc))
+    return _run_response(run)
+
+
+@bp.post("/runs/<run_id>/renew")
+def renew(run_id: str) -> tuple[Response, int]:
+    doc = _body()
+    return _run_response(runs.renew(services().db, principal(), run_id, holder=_text(doc, "holder")))
+
+
+@bp.post("/runs/<run_id>/release")
+def release(run_id: str) -> tuple[Response, int]:
+    doc = _body()
+    globs = doc.get("globs")
+    if globs is not None and (not isinstance(globs, list) or not all(isinstance(g, str) for g in globs)):
+        raise BadRequestError("globs must be a list of strings (omit it to release everything)")
+    return _run_response(runs.release(services().db, principal(), run_id, holder=_text(doc, "holder"), globs=globs))
+
+
+@bp.post("/runs/<run_id>/running")
+def running(run_id: str) -> tuple[Response, int]:
+    doc = _body()
+    return _run_response(runs.mark_running(services().db, principal(), run_id, holder=_text(doc, "holder")))
+
+
+@bp.post("/runs/<run_id>/close")
+def close(run_id: str) -> tuple[Response, int]:
+    doc = _body()
+    try:
+        status = RunStatus(_text(doc, "status"))
+    except ValueError as exc:
+        raise BadRequestError("status must be failed or aborted") from exc
+    counters = doc.get("counters", {})
+    if not isinstance(counters, dict):
+        raise BadRequestError("counters must be a JSON object")
+    run = runs.close_run(services().db, principal(), run_id, holder=_text(doc, "holder"), status=status,
+                         error_summary=_text(doc, "error_summary", required=False) or None, counters=counters)
+    return _run_response(run)
+
+
+@bp.post("/runs/<run_id>/abort")
+def abort(run_id: str) -> tuple[Response, int]:
+    doc = _body()
+    run = runs.abort(services().db, principal(), run_id, reason=_text(doc, "reason", required=False))
+    return _run_response(run)

@@ -1,0 +1,361 @@
+"""Reservation globs: which instance addresses a reservation covers, and when two reservations conflict.
+
+Owns the glob grammar (``*``, an exact instance address, or a module or resource prefix followed by
+``.*``), its canonical text, ``matches``, ``intersects`` and the read/write conflict matrix.
+
+Must not do I/O or compare addresses as raw strings: every comparison goes through parsed steps from
+``analyzer.addresses``, because ``module.web`` is a string prefix of ``module.webapp``.
+
+Keyless module steps. In a prefix glob (``module.web.*``, ``module.a.module.b.*``,
+``module.x.aws_instance.web.*``) every module step written without an instance key means "any key of
+that module call, or none": ``module.web.*`` covers ``module.web.x.y``, ``module.web[0].x.y`` and
+``module.web["a"].x.y``, and ``module.a.module.b.*`` covers ``module.a["k"].module.b.x.y`` too. This is
+wider than Terraform's ``-target`` rule (where only the last step may omit its key) on purpose: a
+reservation that covers too much costs some parallelism, one that covers too little lets two applies
+write the same instance. A step written with a key (``module.net["a"].*``) covers that instance only.
+An exact glob is one address, so there a keyless step means "no key", as in Terraform.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NoReturn
+
+from analyzer.addresses import (
+    AddressError,
+    InstanceAddress,
+    ModuleStep,
+    format_index_key,
+    format_module_path,
+    instance_address,
+    is_identifier,
+    parse_instance_address,
+    parse_module_path,
+    resource_address,
+)
+
+__all__ = [
+    "READ",
+    "WRITE",
+    "Glob",
+    "GlobError",
+    "GlobKind",
+    "canonical",
+    "conflicts",
+    "intersects",
+    "matches",
+    "parse_glob",
+]
+
+# analyzer.addresses keeps its own alias private; this is the same union.
+_Key = int | str | None
+# (mode, type, name), mode being "managed" or "data", as in InstanceAddress.
+_Resource = tuple[str, str, str]
+
+_MANAGED = "managed"
+_DATA = "data"
+_EVERYTHING = "*"
+_PREFIX_SUFFIX = ".*"
+
+READ = "read"
+WRITE = "write"
+_MODES = (READ, WRITE)
+
+_ACCEPTED_FORMS = (
+    "a glob is '*' (everything), an instance address ('aws_vpc.main', 'data.aws_ami.x', "
+    "'module.net[\"a\"].aws_subnet.private[0]'), a module prefix ('module.web.*', 'module.net[\"a\"].*', "
+    "'module.a.module.b.*') or a resource prefix ('aws_instance.web.*', 'module.x.aws_instance.web.*')"
+)
+
+
+class GlobError(ValueError):
+    """A reservation glob that cannot be parsed; the message says what is wrong and lists the forms."""
+
+
+class GlobKind(StrEnum):
+    EVERYTHING = "everything"
+    MODULE = "module"  # module.web.*: every address inside the module instance(s)
+    RESOURCE = "resource"  # aws_instance.web.*: every instance of one resource, keyed or not
+    EXACT = "exact"  # one instance address
+
+
+@dataclass(frozen=True, slots=True)
+class Glob:
+    """A parsed reservation glob; ``str()`` and ``canonical()`` give its normalized text.
+
+    ``module`` is the module path (empty for the root and for ``*``), ``resource`` is
+    ``(mode, type, name)`` for resource and exact globs, and ``key`` is the instance key of an exact
+    glob. Build globs with ``parse_glob`` or the ``everything``/``exact``/``module_prefix``/
+    ``resource_prefix`` constructors; the constructor rejects shapes that have no text form.
+    """
+
+    kind: GlobKind
+    module: tuple[ModuleStep, ...] = ()
+    resource: _Resource | None = None
+    key: _Key = None
+
+    def __post_init__(self) -> None:
+        for step in self.module:
+            _check_identifier(step.name, "module name")
+            _check_key(step.key)
+        _check_key(self.key)
+        if self.resource is not None:
+            mode, type_, name = self.resource
+            if mode not in (_MANAGED, _DATA):
+                raise ValueError(f"resource mode must be {_MANAGED!r} or {_DATA!r}, not {mode!r}")
+            _check_identifier(type_, "resource type")
+            if mode == _MANAGED and type_ in ("module", _DATA):
+                # The text form would read back as a module step or a data source.
+                raise ValueError(f"a managed resource type cannot be {type_!r}")
+            _check_identifier(name, "resource name")
+        has_resource = self.resource is not None
+        shape_ok = {
+            GlobKind.EVERYTHING: not self.module and not has_resource and self.key is None,
+            GlobKind.MODULE: bool(self.module) and not has_resource and self.key is None,
+            GlobKind.RESOURCE: has_resource and self.key is None,
+            GlobKind.EXACT: has_resource,
+        }[self.kind]
+        if not shape_ok:
+            raise ValueError(
+                f"a {self.kind} glob cannot have module={self.module!r}, "
+                f"resource={self.resource!r}, key={self.key!r}"
+            )
+
+    @classmethod
+    def everything(cls) -> Glob:
+        """``*``: every address in the state."""
+        return cls(GlobKind.EVERYTHING)
+
+    @classmethod
+    def exact(cls, address: str | InstanceAddress) -> Glob:
+        """The glob naming exactly one instance address; raises AddressError if the text does not parse."""
+        a = _as_address(address)
+        return cls(GlobKind.EXACT, a.module, (a.mode, a.type, a.name), a.key)
+
+    @classmethod
+    def module_prefix(cls, module: tuple[ModuleStep, ...]) -> Glob:
+        """``module.….*``: every address inside the module instance(s) the steps name."""
+        return cls(GlobKind.MODULE, module)
+
+    @classmethod
+    def resource_prefix(cls, module: tuple[ModuleStep, ...], mode: str, type_: str, name: str) -> Glob:
+        """``….TYPE.NAME.*``: every instance of one resource, with or without an instance key."""
+        return cls(GlobKind.RESOURCE, module, (mode, type_, name))
+
+    @property
+    def is_exact(self) -> bool:
+        return self.kind is GlobKind.EXACT
+
+    @property
+    def is_everything(self) -> bool:
+        return self.kind is GlobKind.EVERYTHING
+
+    @property
+    def address(self) -> InstanceAddress:
+        """The one address an exact glob names; raises ValueError for any other kind."""
+        if self.resource is None or self.kind is not GlobKind.EXACT:
+            raise ValueError(f"{canonical(self)!r} is a {self.kind} glob, not an exact address")
+        mode, type_, name = self.resource
+        return InstanceAddress(module=self.module, mode=mode, type=type_, name=name, key=self.key)
+
+    def __str__(self) -> str:
+        return canonical(self)
+
+
+def canonical(glob: Glob) -> str:
+    """The normalized text of ``glob``, as stored and shown; ``parse_glob`` reads it back unchanged."""
+    if glob.kind is GlobKind.EVERYTHING:
+        return _EVERYTHING
+    module = format_module_path(glob.module)
+    if glob.resource is None:
+        return module + _PREFIX_SUFFIX
+    mode, type_, name = glob.resource
+    if glob.kind is GlobKind.EXACT:
+        return instance_address(module, mode, type_, name, glob.key)
+    return resource_address(module, mode, type_, name) + _PREFIX_SUFFIX
+
+
+def parse_glob(text: str) -> Glob:
+    """Parse a reservation glob; raises GlobError naming the problem and the accepted forms."""
+    if text == _EVERYTHING:
+        return Glob.everything()
+    if not text:
+        _reject(text, "it is empty")
+    is_prefix = text.endswith(_PREFIX_SUFFIX)
+    body = text[: -len(_PREFIX_SUFFIX)] if is_prefix else text
+    star = _stray_star(body)
+    if star is not None:
+        _reject(
+            text,
+            f"'*' at character {star + 1} is not allowed there: a wildcard is either the whole glob '*' "
+            "or a final '.*' after a module path or a resource; there are no partial names or wildcard steps",
+        )
+    if not is_prefix:
+        return _parse_exact(text)
+    if not body:
+        _reject(text, "'.*' must follow a module path or a resource")
+    try:
+        return Glob.module_prefix(parse_module_path(body))
+    except AddressError:
+        pass  # Not a module path: it may still be a resource, which the next parse explains if not.
+    try:
+        address = parse_instance_address(body)
+    except AddressError as exc:
+        _reject(
+            text,
+            _explain_prefix(body) or f"{body!r} before '.*' is neither a module path nor a resource ({exc})",
+        )
+    if address.key is not None:
+        _reject(
+            text,
+            f"{str(address)!r} is a single instance with nothing inside it; write {str(address)!r} "
+            f"for it or {address.resource_address + _PREFIX_SUFFIX!r} for every instance of the resource",
+        )
+    return Glob.resource_prefix(address.module, address.mode, address.type, address.name)
+
+
+def matches(glob: Glob, address: str | InstanceAddress) -> bool:
+    """Whether ``glob`` covers the instance ``address``; raises AddressError if the text does not parse."""
+    target = _as_address(address)
+    if glob.kind is GlobKind.EVERYTHING:
+        return True
+    if glob.kind is GlobKind.EXACT:
+        return glob.address == target
+    if glob.kind is GlobKind.MODULE:
+        return len(target.module) >= len(glob.module) and _steps_cover(glob.module, target.module)
+    return (
+        glob.resource == (target.mode, target.type, target.name)
+        and len(target.module) == len(glob.module)
+        and _steps_cover(glob.module, target.module)
+    )
+
+
+def intersects(a: Glob, b: Glob) -> bool:
+    """Whether some instance address matches both globs.
+
+    Keyless module steps in prefixes mean "any key", so two prefixes intersect when their module paths
+    agree step by step on names and on keys wherever both give one (``module.a.module.b["x"].*`` and
+    ``module.a["k"].module.b.*`` share ``module.a["k"].module.b["x"]``), even when neither covers the other.
+    """
+    if a.is_everything or b.is_everything:
+        return True
+    if a.is_exact:
+        return matches(b, a.address)
+    if b.is_exact:
+        return matches(a, b.address)
+    if a.kind is GlobKind.MODULE and b.kind is GlobKind.MODULE:
+        return _steps_unify(a.module, b.module)
+    if a.kind is GlobKind.RESOURCE and b.kind is GlobKind.RESOURCE:
+        return (
+            a.resource == b.resource and len(a.module) == len(b.module) and _steps_unify(a.module, b.module)
+        )
+    module, resource = (a, b) if a.kind is GlobKind.MODULE else (b, a)
+    return len(resource.module) >= len(module.module) and _steps_unify(module.module, resource.module)
+
+
+def conflicts(mode_a: str, glob_a: Glob, mode_b: str, glob_b: Glob) -> bool:
+    """The conflict matrix: read/read never conflicts; any intersection involving a write does.
+
+    Raises ValueError for a mode other than ``"read"`` or ``"write"`` (checked even when the globs are
+    disjoint, so a bad mode never slips through unnoticed).
+    """
+    for mode in (mode_a, mode_b):
+        if mode not in _MODES:
+            raise ValueError(f"unknown reservation mode {mode!r}: use {READ!r} or {WRITE!r}")
+    if mode_a == READ and mode_b == READ:
+        return False
+    return intersects(glob_a, glob_b)
+
+
+def _as_address(address: str | InstanceAddress) -> InstanceAddress:
+    return address if isinstance(address, InstanceAddress) else parse_instance_address(address)
+
+
+def _steps_cover(pattern: tuple[ModuleStep, ...], module: tuple[ModuleStep, ...]) -> bool:
+    """Whether each pattern step covers the module step at its position (extra module steps are ignored)."""
+    return all(
+        p.name == m.name and (p.key is None or p.key == m.key) for p, m in zip(pattern, module, strict=False)
+    )
+
+
+def _steps_unify(a: tuple[ModuleStep, ...], b: tuple[ModuleStep, ...]) -> bool:
+    """Whether some module path is covered by both step sequences over their common length."""
+    return all(
+        x.name == y.name and (x.key is None or y.key is None or x.key == y.key)
+        for x, y in zip(a, b, strict=False)
+    )
+
+
+def _parse_exact(text: str) -> Glob:
+    try:
+        return Glob.exact(parse_instance_address(text))
+    except AddressError as exc:
+        problem = str(exc)
+    try:
+        module = parse_module_path(text)
+    except AddressError:
+        _reject(text, problem)
+    _reject(
+        text,
+        f"{format_module_path(module)!r} names a module, not a resource instance; "
+        f"write {format_module_path(module) + _PREFIX_SUFFIX!r} for every address inside it",
+    )
+
+
+def _explain_prefix(body: str) -> str | None:
+    """A pointed hint for a module path plus one dangling word: ``module``, ``data`` or a resource type."""
+    head, _, word = body.rpartition(".")
+    if not is_identifier(word):
+        return None
+    if _is_module_path(head):
+        if word == "module":
+            return f"{body!r} has no module name: write {body + '.NAME.*'!r}; '*' alone covers everything"
+        if word == _DATA:
+            return f"{body!r} has no data source type and name: write {body + '.TYPE.NAME.*'!r}"
+        return f"the resource type {word!r} has no name: write {body + '.NAME.*'!r}"
+    module_text, _, data = head.rpartition(".")
+    if data == _DATA and _is_module_path(module_text):
+        return f"the data source type {word!r} has no name: write {body + '.NAME.*'!r}"
+    return None
+
+
+def _is_module_path(text: str) -> bool:
+    try:
+        parse_module_path(text)
+    except AddressError:
+        return False
+    return True
+
+
+def _stray_star(body: str) -> int | None:
+    """The index of the first ``*`` outside a quoted instance key, or None."""
+    in_string = False
+    escaped = False
+    for i, ch in enumerate(body):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "*":
+            return i
+    return None
+
+
+def _reject(text: str, problem: str) -> NoReturn:
+    raise GlobError(f"invalid glob {text!r}: {problem}; {_ACCEPTED_FORMS}")
+
+
+def _check_identifier(text: str, what: str) -> None:
+    if not is_identifier(text):
+        raise ValueError(f"{what} {text!r} is not a valid identifier")
+
+
+def _check_key(key: _Key) -> None:
+    # format_index_key raises TypeError for anything that is not an int, a str or None (bools included).
+    format_index_key(key)

@@ -13,9 +13,11 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app.domain.reservations import format_duration
 from app.errors import ConfigError
 from runner.config import ClientConfigError, resolve
 from runner.engine_client import EngineClient, EngineError
@@ -149,6 +151,57 @@ def cmd_state_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _age(moment: str | None, now: datetime) -> str:
+    if not moment:
+        return "-"
+    return format_duration(now - datetime.fromisoformat(moment))
+
+
+def _left(moment: str | None, now: datetime) -> str:
+    if not moment:
+        return "no lease"
+    return format_duration(datetime.fromisoformat(moment) - now)
+
+
+def cmd_reservations(args: argparse.Namespace) -> int:
+    client, state = _client(args, need_state=False)
+    found = client.list_reservations(state or None)
+    if args.json:
+        _print_json([{k: r[k] for k in ("state", "glob", "mode", "holder", "run_id", "acquired_at", "expires_at")}
+                     for r in found])
+        return EXIT_OK
+    now = datetime.now(UTC)
+    if not found:
+        print("no live reservations")
+    for r in found:
+        run = r["run_id"] or "terraform lock"
+        print(f"{r['state']}\t{r['mode']:<5} {r['glob']}\theld by {r['holder']} ({run}, "
+              f"acquired {_age(r['acquired_at'], now)} ago, {'expires in ' if r['expires_at'] else ''}"
+              f"{_left(r['expires_at'], now)})")
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    client, state = _client(args, need_state=False)
+    found = client.list_runs(state or None, status=args.status)
+    if args.json:
+        _print_json([{k: r[k] for k in ("id", "state", "status", "actor", "started_at", "finished_at",
+                                        "base_serial", "committed_serial", "error_summary")} for r in found])
+        return EXIT_OK
+    for r in found:
+        serial = f" serial {r['committed_serial']}" if r["committed_serial"] is not None else ""
+        print(f"{r['id']}\t{r['state']}\t{r['status']:<9}\t{r['actor']}\tstarted {r['started_at']}{serial}")
+    return EXIT_OK
+
+
+def cmd_abort(args: argparse.Namespace) -> int:
+    client, _ = _client(args, need_state=False)
+    result = client.run_action(args.run_id, "abort", {"reason": args.reason or ""})
+    run = result["run"]
+    print(f"aborted {run['id']} ({run['state']}, held by {run['actor']}); its reservations are released")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kl", description="Kilolock: Terraform state as rows, applied in parallel.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -185,6 +238,21 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(hist)
     hist.add_argument("resource_address", metavar="ADDRESS")
     hist.set_defaults(func=cmd_state_history)
+
+    reservations = sub.add_parser("reservations", help="list live reservations (and Terraform state locks)")
+    client_options(reservations)
+    reservations.set_defaults(func=cmd_reservations)
+
+    runs = sub.add_parser("runs", help="list apply runs, newest first")
+    client_options(runs)
+    runs.add_argument("--status", choices=["reserved", "running", "committed", "failed", "aborted", "expired"])
+    runs.set_defaults(func=cmd_runs)
+
+    abort = sub.add_parser("abort", help="abort an apply run and release its reservations (operators)")
+    client_options(abort)
+    abort.add_argument("run_id", metavar="RUN_ID")
+    abort.add_argument("--reason", help="recorded in the run and the audit trail")
+    abort.set_defaults(func=cmd_abort)
     return parser
 
 

@@ -76,3 +76,54 @@ class EngineClient:
     def assembled(self, state: str, *, serial: int | None = None) -> bytes:
         params = {"serial": serial} if serial is not None else None
         return self._get(self._state_path(state) + "/assembled", params).content
+
+    # --- runs and reservations ------------------------------------------------------------------
+
+    def _post(self, path: str, body: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        try:
+            response = self._session.post(self._url(path), json=body, timeout=timeout or self.timeout)
+        except requests.ConnectionError as exc:
+            raise EngineError(
+                f"cannot reach Kilolock at {self.config.base_url}: is the server running (kl serve)?",
+                status=0, code="unreachable",
+            ) from exc
+        return self._decode(response)
+
+    @staticmethod
+    def _decode(response: requests.Response) -> dict[str, Any]:
+        try:
+            body: dict[str, Any] = response.json()
+        except ValueError:
+            body = {"error": response.text.strip()[:300], "code": "http_error"}
+        if response.status_code >= 400:
+            raise EngineError(str(body.get("error")), status=response.status_code, code=str(body.get("code")),
+                              body=body)
+        return body
+
+    def list_runs(self, state: str | None = None, *, status: str | None = None) -> list[dict[str, Any]]:
+        params = {k: v for k, v in {"state": state, "status": status}.items() if v}
+        result: list[dict[str, Any]] = self._get("/runs", params).json()["runs"]
+        return result
+
+    def list_reservations(self, state: str | None = None) -> list[dict[str, Any]]:
+        params = {"state": state} if state else None
+        result: list[dict[str, Any]] = self._get("/reservations", params).json()["reservations"]
+        return result
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self._get(f"/runs/{quote(run_id)}").json()
+
+    def open_run(self, state: str, *, actor: str, reservations: list[tuple[str, str]], wait_seconds: float | None = None,
+                 lease_seconds: float | None = None, base_serial: int | None = None,
+                 info: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"actor": actor, "reservations": [{"glob": g, "mode": m} for g, m in reservations]}
+        for key, value in (("wait_seconds", wait_seconds), ("lease_seconds", lease_seconds),
+                           ("base_serial", base_serial), ("info", info)):
+            if value is not None:
+                body[key] = value
+        timeout = self.timeout + (wait_seconds or 0)
+        return self._post(self._state_path(state) + "/runs", body, timeout=timeout)
+
+    def run_action(self, run_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        """renew, release, running, close, abort or reservations on one run."""
+        return self._post(f"/runs/{quote(run_id)}/{action}", body)

@@ -1,0 +1,52 @@
+"""kl reservations, kl runs and kl abort against a live server."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import requests
+
+from tests.runner.test_cli_read import kl
+
+
+def open_run(url: str, actor: str, glob: str, mode: str = "write") -> dict:  # type: ignore[type-arg]
+    response = requests.post(f"{url}/v1/engine/states/shared/runs", timeout=10,
+                             json={"actor": actor, "reservations": [{"glob": glob, "mode": mode}]})
+    assert response.status_code == 201, response.text
+    return response.json()["run"]
+
+
+def test_reservations_and_runs_print_json_with_the_documented_fields(live_server, tmp_path):
+    run = open_run(live_server.url, "alice", "module.web.*")
+    address = live_server.state_url("shared")
+    reservations = json.loads(kl("reservations", "--json", "--address", address, cwd=tmp_path).stdout)
+    assert reservations == [{
+        "state": "shared", "glob": "module.web.*", "mode": "write", "holder": "alice", "run_id": run["id"],
+        "acquired_at": reservations[0]["acquired_at"], "expires_at": reservations[0]["expires_at"]}]
+    assert datetime.fromisoformat(reservations[0]["expires_at"]).utcoffset() is not None
+    listed = json.loads(kl("runs", "--json", "--address", address, cwd=tmp_path).stdout)
+    assert [(r["id"], r["state"], r["status"], r["actor"]) for r in listed] == [(run["id"], "shared", "reserved", "alice")]
+    assert set(listed[0]) >= {"id", "state", "status", "actor", "started_at", "finished_at", "base_serial",
+                              "committed_serial"}
+    assert datetime.fromisoformat(listed[0]["started_at"]).utcoffset() is not None
+
+
+def test_reservations_reads_like_the_conflict_message(live_server, tmp_path):
+    run = open_run(live_server.url, "alice", "module.web.*")
+    result = kl("reservations", "--address", live_server.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"write module.web.*\theld by alice ({run['id']}, acquired " in result.stdout
+    assert "expires in 14m" in result.stdout or "expires in 15m" in result.stdout
+
+
+def test_abort_frees_the_addresses_of_a_stuck_run(live_server, tmp_path):
+    run = open_run(live_server.url, "alice", "module.web.*")
+    result = kl("abort", run["id"], "--reason", "SIGKILLed", "--address", live_server.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "aborted" in result.stdout
+    assert json.loads(kl("reservations", "--json", "--address", live_server.url, cwd=tmp_path).stdout) == []
+    again = kl("abort", run["id"], "--address", live_server.url, cwd=tmp_path)
+    assert again.returncode == 1 and "already aborted" in again.stderr
+    missing = kl("abort", "ar_missing", "--address", live_server.url, cwd=tmp_path)
+    assert missing.returncode == 1 and "no apply run" in missing.stderr

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import hcl2  # type: ignore[import-untyped]
+import hcl2
 
 
 class HclError(ValueError):

@@ -113,9 +113,10 @@ class EngineClient:
     def get_run(self, run_id: str) -> dict[str, Any]:
         return self._get(f"/runs/{quote(run_id)}").json()
 
-    def open_run(self, state: str, *, actor: str, reservations: list[tuple[str, str]], wait_seconds: float | None = None,
-                 lease_seconds: float | None = None, base_serial: int | None = None,
-                 info: dict[str, Any] | None = None) -> dict[str, Any]:
+    def open_run(
+        self, state: str, *, actor: str, reservations: list[tuple[str, str]], wait_seconds: float | None = None,
+        lease_seconds: float | None = None, base_serial: int | None = None, info: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"actor": actor, "reservations": [{"glob": g, "mode": m} for g, m in reservations]}
         for key, value in (("wait_seconds", wait_seconds), ("lease_seconds", lease_seconds),
                            ("base_serial", base_serial), ("info", info)):

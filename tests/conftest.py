@@ -34,6 +34,11 @@ DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 REQUIRE = os.environ.get("KL_TEST_REQUIRE_SERVICES") == "1"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite golden files under tests/fixtures from the current output; review the diff")
+
+
 def _server_url(tmp_factory: pytest.TempPathFactory) -> str:
     url = os.environ.get("KL_TEST_DATABASE_URL", DEFAULT_PG)
     try:

@@ -49,7 +49,9 @@ def parse_lock_info(body: bytes, now: datetime) -> LockInfo:
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidLockInfoError(f"lock body is not JSON ({exc.__class__.__name__}): send Terraform's LockInfo") from exc
+        raise InvalidLockInfoError(
+            f"lock body is not JSON ({exc.__class__.__name__}): send Terraform's LockInfo"
+        ) from exc
     if not isinstance(doc, dict):
         raise InvalidLockInfoError("lock body must be a JSON object (Terraform's LockInfo)")
     lock_id = doc.get("ID")
@@ -88,7 +90,7 @@ def classify_unlock(body: bytes, query_id: str | None) -> UnlockRequest:
         except UnicodeDecodeError as exc:
             raise InvalidLockInfoError("unlock body is neither JSON nor a lock ID") from exc
         if "\n" in plain or len(plain) > 200:
-            raise InvalidLockInfoError("unlock body is neither JSON nor a lock ID")
+            raise InvalidLockInfoError("unlock body is neither JSON nor a lock ID") from None
         return UnlockRequest(force=False, lock_id=plain)
     if isinstance(doc, str):
         return UnlockRequest(force=not doc, lock_id=doc)

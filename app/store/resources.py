@@ -46,7 +46,7 @@ SELECT address, resource_address, module, mode, type, name, index_key, deposed, 
 FROM resources WHERE state_id = %s AND address = %s
 ORDER BY create_serial, deposed
 """
-_EDGES = f"""
+_EDGES = """
 SELECT d.address, d.depends_on, t.address AS depends_on_address
 FROM resource_dependencies d
 JOIN resources t ON t.state_id = d.state_id AND t.resource_address = d.depends_on AND t.deposed = ''

@@ -22,10 +22,22 @@ from psycopg.rows import class_row
 from analyzer.globs import parse_glob
 from app.domain.principal import Principal
 from app.domain.reservations import (
-    Conflict, Held, Mode, RunStatus, Wanted, blocks, describe, find_conflicts, glob_root,
+    Conflict,
+    Held,
+    Mode,
+    RunStatus,
+    Wanted,
+    blocks,
+    describe,
+    find_conflicts,
+    glob_root,
 )
 from app.errors import (
-    BadRequestError, LeaseExpiredError, NotRunHolderError, ReservationConflictError, RunClosedError,
+    BadRequestError,
+    LeaseExpiredError,
+    NotRunHolderError,
+    ReservationConflictError,
+    RunClosedError,
     RunNotFoundError,
 )
 from app.store import events, holds, states
@@ -52,7 +64,9 @@ r.id, s.name AS state, r.status, r.actor, r.base_serial, r.committed_serial, r.l
 r.created_at, r.started_at, r.finished_at, r.counters, r.error_summary, r.info, r.state_id,
 (SELECT min(x.expires_at) FROM resource_reservations x WHERE x.run_id = r.id) AS expires_at
 """
-_GET_RUN = f"SELECT {_RUN_FIELDS} FROM apply_runs r JOIN states s ON s.id = r.state_id WHERE r.id = %s AND r.tenant_id = %s"
+_GET_RUN = f"""
+SELECT {_RUN_FIELDS} FROM apply_runs r JOIN states s ON s.id = r.state_id WHERE r.id = %s AND r.tenant_id = %s
+"""
 _LIST_RUNS = f"""
 SELECT {_RUN_FIELDS} FROM apply_runs r JOIN states s ON s.id = r.state_id
 WHERE r.tenant_id = %(tenant)s AND s.scope = %(scope)s AND (%(state)s::text IS NULL OR s.name = %(state)s)
@@ -83,6 +97,7 @@ UPDATE apply_runs SET status = %s, finished_at = %s, error_summary = coalesce(%s
        counters = counters || %s
 WHERE id = %s
 """
+_LEASE_OF = "SELECT lease_seconds FROM apply_runs WHERE id = %s"
 _MARK_RUNNING = "UPDATE apply_runs SET status = 'running' WHERE id = %s"
 _WAITER_INSERT = """
 INSERT INTO reservation_waiters (state_id, holder, wanted, enqueued_at, seen_at) VALUES (%s, %s, %s, %s, %s)
@@ -344,7 +359,7 @@ def renew(db: Database, principal: Principal, run_id: str, *, holder: str, clock
     now = clock()
     with db.transaction() as conn:
         state_name, state_id = _locked_live_run(conn, principal, run_id, holder, now)
-        (lease_seconds,) = conn.execute("SELECT lease_seconds FROM apply_runs WHERE id = %s", (run_id,)).fetchone() or (0,)
+        (lease_seconds,) = conn.execute(_LEASE_OF, (run_id,)).fetchone() or (0,)
         expires = now + timedelta(seconds=lease_seconds)
         conn.execute(_RENEW, (expires, run_id))
         events.record(conn, principal, "reservation_renew", state_id=state_id, state_name=state_name,

@@ -10,8 +10,8 @@ from flask import Blueprint, Response, jsonify, request
 
 from app.domain.names import validate_state_name
 from app.errors import BadRequestError
-from app.store import graph, states
 from app.store import events as events_store
+from app.store import graph, states
 from app.web.context import principal, services
 
 bp = Blueprint("engine", __name__, url_prefix="/v1/engine")

@@ -23,7 +23,8 @@ def snapshot(database_url: str) -> tuple[object, ...]:
     """Everything a rejected request must leave untouched."""
     with psycopg.connect(database_url) as conn:
         return (
-            conn.execute("SELECT name, lineage, current_serial, head_version_id, lock_id, lock_info FROM states ORDER BY id").fetchall(),
+            conn.execute("SELECT name, lineage, current_serial, head_version_id, lock_id, lock_info "
+                         "FROM states ORDER BY id").fetchall(),
             conn.execute("SELECT id, serial, sha256 FROM state_versions ORDER BY id").fetchall(),
             conn.execute("SELECT id, address, create_serial, delete_serial FROM resources ORDER BY id").fetchall(),
             conn.execute("SELECT state_version_id, name FROM outputs ORDER BY 1, 2").fetchall(),

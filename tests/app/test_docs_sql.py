@@ -18,12 +18,12 @@ def queries() -> list[str]:
 
 def test_the_data_model_page_shows_three_queries_that_run(client, clean_db):
     net = resource("vpc", [instance(None, "n")], module="module.network")
-    for serial, body in enumerate([
+    for body in [
         state(1, [net, resource("app", [instance(None, "a", deps=["module.network.terraform_data.vpc"])]),
                   resource("old", [instance(None, "o")])]),
         state(2, [net, resource("app", [instance(None, "a2", deps=["module.network.terraform_data.vpc"])]),
                   resource("new", [instance(None, "x")])]),
-    ], start=1):
+    ]:
         assert client.post("/v1/states/prod", data=body).status_code == 200
     found = queries()
     assert len(found) == 3

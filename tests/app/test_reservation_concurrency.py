@@ -83,8 +83,8 @@ def test_no_two_conflicting_reservations_are_ever_live_together(clean_db):
     assert snapshots[0] > 10
     assert len(grants) > THREADS * CYCLES // 10, "too few grants to mean anything"
     grants.sort()
-    for i, (start_a, end_a, wanted_a) in enumerate(grants):
-        for start_b, end_b, wanted_b in grants[i + 1:]:
+    for i, (_, end_a, wanted_a) in enumerate(grants):
+        for start_b, _, wanted_b in grants[i + 1:]:
             if start_b >= end_a:
                 break
             assert not any(_conflicting(a, b) for a in wanted_a for b in wanted_b), (wanted_a, wanted_b)

@@ -61,7 +61,8 @@ def test_a_conflict_answer_lists_each_holding_and_says_who_since_when_until_when
     assert conflict["glob"] == "module.web.*" and conflict["mode"] == "write"
     assert conflict["holder"] == "alice" and conflict["run_id"] == first["id"]
     assert conflict["acquired_at"] and 14 * 60 < conflict["expires_in"] <= 15 * 60
-    assert body["error"].startswith(f"reservation conflict on module.web.*: held by alice (run {first['id']}, acquired ")
+    expected = f"reservation conflict on module.web.*: held by alice (run {first['id']}, acquired "
+    assert body["error"].startswith(expected)
     assert "expires in 14m" in body["error"]
 
 

@@ -26,7 +26,8 @@ def test_reservations_and_runs_print_json_with_the_documented_fields(live_server
         "acquired_at": reservations[0]["acquired_at"], "expires_at": reservations[0]["expires_at"]}]
     assert datetime.fromisoformat(reservations[0]["expires_at"]).utcoffset() is not None
     listed = json.loads(kl("runs", "--json", "--address", address, cwd=tmp_path).stdout)
-    assert [(r["id"], r["state"], r["status"], r["actor"]) for r in listed] == [(run["id"], "shared", "reserved", "alice")]
+    assert [(r["id"], r["state"], r["status"], r["actor"]) for r in listed] == [
+        (run["id"], "shared", "reserved", "alice")]
     assert set(listed[0]) >= {"id", "state", "status", "actor", "started_at", "finished_at", "base_serial",
                               "committed_serial"}
     assert datetime.fromisoformat(listed[0]["started_at"]).utcoffset() is not None

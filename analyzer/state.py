@@ -1,0 +1,540 @@
+"""Terraform state files (format version 4) to instance rows and back.
+
+Owns the translation between a v4 state body and Kilolock's row shapes: one ``InstanceRow`` per resource
+instance object (current or deposed), one ``OutputRow`` per root output, and the reverse assembly into a
+state file that Terraform reads as its own, sorted and indented the way Terraform writes it. Also owns the
+canonical JSON text and the content hash that tell a real change from re-serialisation noise.
+
+Must not do I/O or talk to a database, and must not interpret instance attributes: an instance object is
+kept whole as canonical JSON so that fields it does not know (``private``, ``identity``, future ones)
+survive the round trip. Parsing runs on every state upload, so it stays a single ``json.loads`` plus one
+canonical ``json.dumps`` per instance.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from analyzer.addresses import (
+    AddressError,
+    ModuleStep,
+    format_module_path,
+    is_identifier,
+    parse_module_path,
+    quote_hcl_string,
+    resource_address,
+)
+
+__all__ = [
+    "EncryptedState",
+    "InstanceRow",
+    "OutputRow",
+    "ParsedState",
+    "StateFormatError",
+    "assemble_state",
+    "canonical_json",
+    "parse_state",
+]
+
+STATE_VERSION = 4
+_SEND_V4 = "send a Terraform state file of format version 4 (what Terraform 0.12 and later write)"
+_MODES = frozenset({"managed", "data"})
+_STATUSES = frozenset({"", "tainted"})
+_DEPOSED_KEY_LENGTH = 8
+
+_encode_canonical = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
+# Lone surrogates (legal in JSON text as "\ud800") cannot be encoded as UTF-8; escaping them keeps the text
+# lossless and storable, and only the rare object that holds one pays for it.
+_encode_canonical_ascii = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+).encode
+
+# Terraform's instanceObjectStateV4 field order, so an assembled state reads like one Terraform wrote.
+_INSTANCE_FIELD_ORDER = (
+    "index_key",
+    "status",
+    "deposed",
+    "schema_version",
+    "attributes",
+    "attributes_flat",
+    "sensitive_attributes",
+    "identity_schema_version",
+    "identity",
+    "private",
+    "dependencies",
+    "create_before_destroy",
+)
+# Go's encoding/json escapes these inside strings. None of them can occur outside a JSON string, so a plain
+# text replacement after dumping escapes them exactly where Terraform would.
+_GO_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+
+
+class StateFormatError(ValueError):
+    """An uploaded state body that is not a usable v4 state; the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRow:
+    """One resource instance object: the current object of an instance, or one of its deposed objects."""
+
+    address: str
+    resource_address: str
+    module: str
+    mode: str
+    type: str
+    name: str
+    index_key: int | str | None
+    deposed: str
+    provider: str
+    instance_json: str
+    attributes_hash: str
+    dependencies: tuple[str, ...]
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRow:
+    """One root module output value, with its value and cty type kept as canonical JSON text."""
+
+    name: str
+    value_json: str
+    type_json: str
+    sensitive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedState:
+    """A v4 state split into rows; ``instances`` keep the order of the state file."""
+
+    serial: int
+    lineage: str
+    terraform_version: str
+    instances: tuple[InstanceRow, ...]
+    outputs: tuple[OutputRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EncryptedState:
+    """An OpenTofu encrypted state envelope: only its serial and lineage are readable."""
+
+    serial: int
+    lineage: str
+
+
+def canonical_json(value: object) -> str:
+    """Compact JSON with sorted keys and raw Unicode: equal values always give equal text.
+
+    Raises ValueError for values JSON cannot hold (NaN, infinities).
+    """
+    text, _ = _canonical(value)
+    return text
+
+
+def parse_state(raw: bytes) -> ParsedState | EncryptedState:
+    """Split a state body into rows, or recognise OpenTofu's encrypted envelope.
+
+    Raises StateFormatError when the body is not JSON, not a v4 state, or structurally broken.
+    Unknown fields are ignored here but kept inside each row's ``instance_json``. The cyclic garbage
+    collector is paused while it runs (see ``_gc_paused``).
+    """
+    with _gc_paused():
+        return _parse_state(raw)
+
+
+def _parse_state(raw: bytes) -> ParsedState | EncryptedState:
+    doc = _load(raw)
+    if "version" not in doc:
+        if "encrypted_data" in doc and "encryption_version" in doc:
+            return _parse_envelope(doc)
+        raise _invalid('the state has no "version" field')
+    version = doc["version"]
+    if type(version) is not int or version != STATE_VERSION:
+        hint = " (written by Terraform 0.11 or older: run `terraform state pull` with Terraform 0.12+ first)"
+        raise StateFormatError(
+            f"the state has format version {version!r}, which Kilolock does not read"
+            f"{hint if version in (1, 2, 3) else ''}; {_SEND_V4}"
+        )
+    serial = _serial(doc)
+    lineage = _lineage(doc)
+    terraform_version = doc.get("terraform_version", "")
+    if not isinstance(terraform_version, str):
+        raise _invalid(f'"terraform_version" must be a string, not {_kind(terraform_version)}')
+    return ParsedState(
+        serial=serial,
+        lineage=lineage,
+        terraform_version=terraform_version,
+        instances=_parse_resources(doc.get("resources")),
+        outputs=_parse_outputs(doc.get("outputs")),
+    )
+
+
+def assemble_state(
+    *,
+    serial: int,
+    lineage: str,
+    terraform_version: str,
+    instances: Iterable[InstanceRow],
+    outputs: Iterable[OutputRow],
+) -> bytes:
+    """Build a v4 state file from rows, ordered, indented and escaped the way Terraform writes one.
+
+    Resources sort by module, mode, type and name; instances by key (none, then ints, then strings), the
+    current object before deposed ones. Resources without rows are not written (Terraform prunes them).
+    Raises ValueError when rows contradict each other: one resource with two providers, an
+    (address, deposed) pair given twice, or an ``instance_json`` whose key or deposed field disagrees with
+    its row.
+    """
+    with _gc_paused():
+        return _assemble_state(serial, lineage, terraform_version, instances, outputs)
+
+
+def _assemble_state(
+    serial: int,
+    lineage: str,
+    terraform_version: str,
+    instances: Iterable[InstanceRow],
+    outputs: Iterable[OutputRow],
+) -> bytes:
+    groups: dict[tuple[str, str, str, str], tuple[str, list[InstanceRow]]] = {}
+    for row in instances:
+        group_key = (row.module, row.mode, row.type, row.name)
+        group = groups.get(group_key)
+        if group is None:
+            groups[group_key] = (row.provider, [row])
+        elif group[0] != row.provider:
+            raise ValueError(
+                f"{row.resource_address} has instances with two providers: {group[0]} and {row.provider}"
+            )
+        else:
+            group[1].append(row)
+
+    resources: list[dict[str, Any]] = []
+    for (module, mode, type_, name), (provider, rows) in sorted(groups.items(), key=lambda item: item[0]):
+        rows.sort(key=_instance_order)
+        resource: dict[str, Any] = {}
+        if module:
+            resource["module"] = module
+        resource.update(mode=mode, type=type_, name=name, provider=provider)
+        resource["instances"] = _instance_objects(rows)
+        resources.append(resource)
+
+    doc = {
+        "version": STATE_VERSION,
+        "terraform_version": terraform_version,
+        "serial": serial,
+        "lineage": lineage,
+        "outputs": {output.name: _output_object(output) for output in sorted(outputs, key=_output_name)},
+        "resources": resources,
+        "check_results": None,
+    }
+    try:
+        return _dump_like_terraform(doc, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        # Only a lone surrogate gets here; escaping all non-ASCII beats writing invalid UTF-8.
+        return _dump_like_terraform(doc, ensure_ascii=True).encode()
+
+
+def _dump_like_terraform(doc: dict[str, Any], *, ensure_ascii: bool) -> str:
+    text = json.dumps(doc, indent=2, ensure_ascii=ensure_ascii) + "\n"
+    for raw, escaped in _GO_ESCAPES:
+        if raw in text:
+            text = text.replace(raw, escaped)
+    return text
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a state is taken apart or built.
+
+    A 50,000-instance state is millions of small dicts and lists, none of them cyclic, and each burst of
+    allocations triggers full collections that find nothing: with the collector running, parsing takes
+    about 2.5 times as long. Reference counting still frees everything. The collector is switched back on
+    only if it was on, so nested or concurrent callers never leave it off.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _invalid(problem: str) -> StateFormatError:
+    return StateFormatError(f"{problem}; {_SEND_V4}")
+
+
+def _canonical(value: object) -> tuple[str, bytes]:
+    text = _encode_canonical(value)
+    try:
+        return text, text.encode()
+    except UnicodeEncodeError:
+        text = _encode_canonical_ascii(value)
+        return text, text.encode()
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _load(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise _invalid("the state is nested too deeply to read") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and int-size limits all land here
+        raise _invalid(f"the state is not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise _invalid(f"the state must be a JSON object, not {_kind(doc)}")
+    return doc
+
+
+def _serial(doc: dict[str, Any]) -> int:
+    serial = doc.get("serial")
+    if type(serial) is not int or serial < 0:
+        found = "missing" if serial is None else f"{serial!r}"
+        raise _invalid(f'the state\'s "serial" must be a non-negative integer, but it is {found}')
+    return serial
+
+
+def _lineage(doc: dict[str, Any]) -> str:
+    lineage = doc.get("lineage")
+    if not isinstance(lineage, str) or not lineage:
+        found = "missing" if lineage is None else f"{lineage!r}"
+        raise _invalid(f'the state\'s "lineage" must be a non-empty string, but it is {found}')
+    return lineage
+
+
+def _parse_envelope(doc: dict[str, Any]) -> EncryptedState:
+    serial = doc.get("serial")
+    lineage = doc.get("lineage")
+    if type(serial) is not int or serial < 0 or not isinstance(lineage, str) or not lineage:
+        raise StateFormatError(
+            "the encrypted state envelope has no usable serial and lineage, so it cannot be stored safely; "
+            "use an OpenTofu release that writes them beside encrypted_data, or send an unencrypted "
+            "state file of format version 4"
+        )
+    return EncryptedState(serial=serial, lineage=lineage)
+
+
+def _parse_outputs(outputs: object) -> tuple[OutputRow, ...]:
+    if outputs is None:
+        return ()
+    if not isinstance(outputs, dict):
+        raise _invalid(f'"outputs" must be an object, not {_kind(outputs)}')
+    rows = []
+    for name, output in outputs.items():
+        if not isinstance(output, dict) or "value" not in output or "type" not in output:
+            raise _invalid(f'output "{name}" must be an object with "value" and "type"')
+        sensitive = output.get("sensitive", False)
+        if not isinstance(sensitive, bool):
+            raise _invalid(f'output "{name}" has a non-boolean "sensitive" ({sensitive!r})')
+        rows.append(
+            OutputRow(
+                name=name,
+                value_json=_canonical_or_fail(output["value"], f'output "{name}"'),
+                type_json=_canonical_or_fail(output["type"], f'output "{name}"'),
+                sensitive=sensitive,
+            )
+        )
+    return tuple(rows)
+
+
+def _parse_resources(resources: object) -> tuple[InstanceRow, ...]:
+    if resources is None:
+        return ()
+    if not isinstance(resources, list):
+        raise _invalid(f'"resources" must be a list, not {_kind(resources)}')
+    modules: dict[str, str] = {"": ""}
+    seen: set[tuple[str, str]] = set()
+    rows: list[InstanceRow] = []
+    for position, resource in enumerate(resources):
+        if not isinstance(resource, dict):
+            raise _invalid(f"resources[{position}] must be an object, not {_kind(resource)}")
+        rows.extend(_parse_resource(position, resource, modules, seen))
+    return tuple(rows)
+
+
+def _parse_resource(
+    position: int, resource: dict[str, Any], modules: dict[str, str], seen: set[tuple[str, str]]
+) -> list[InstanceRow]:
+    where = f"resources[{position}]"
+    mode = resource.get("mode")
+    type_ = resource.get("type")
+    name = resource.get("name")
+    provider = resource.get("provider")
+    if mode not in _MODES:
+        raise _invalid(f'{where} has mode {mode!r}; it must be "managed" or "data"')
+    if not isinstance(type_, str) or not is_identifier(type_):
+        raise _invalid(f"{where} has an invalid type {type_!r}")
+    if not isinstance(name, str) or not is_identifier(name):
+        raise _invalid(f"{where} has an invalid name {name!r}")
+    if mode == "managed" and type_ in ("module", "data"):
+        raise _invalid(f"{where} is a managed resource of reserved type {type_!r}")
+    if not isinstance(provider, str) or not provider:
+        raise _invalid(f'{where} ({type_}.{name}) has no "provider" string')
+    module = _module(resource.get("module", ""), where, modules)
+    instances = resource.get("instances")
+    if instances is None:
+        return []
+    if not isinstance(instances, list):
+        raise _invalid(f'{where} has "instances" that is {_kind(instances)}, not a list')
+
+    res_address = resource_address(module, mode, type_, name)
+    # The hash covers {"instance", "mode", "module", "name", "provider", "type"} as canonical JSON; sorted,
+    # "instance" comes first, so the resource part is one shared tail and each instance is hashed without
+    # building (or re-serialising) a wrapper object.
+    resource_fields = {"mode": mode, "module": module, "name": name, "provider": provider, "type": type_}
+    hash_tail = ("," + canonical_json(resource_fields)[1:]).encode()
+    sha256 = hashlib.sha256
+    rows = []
+    for instance in instances:
+        if type(instance) is not dict:
+            raise _invalid(f"{res_address} has an instance that is {_kind(instance)}")
+        key = instance.get("index_key")
+        if key is None:
+            address = res_address
+        elif type(key) is int:
+            address = f"{res_address}[{key}]"
+        elif type(key) is str:
+            address = f"{res_address}[{quote_hcl_string(key)}]"
+        elif type(key) is float and key.is_integer():
+            # Go reads every JSON number as float64, so Terraform accepts 1.0 as the key [1]; so do we.
+            key = int(key)
+            address = f"{res_address}[{key}]"
+        else:
+            raise _invalid(f"{res_address} has an instance with the invalid index_key {key!r}")
+        deposed = instance.get("deposed")
+        if deposed is None:
+            deposed = ""
+        elif type(deposed) is not str or (deposed and len(deposed) != _DEPOSED_KEY_LENGTH):
+            raise _invalid(f"{address} has a malformed deposed key {deposed!r}")
+        status = instance.get("status")
+        if status is None:
+            status = ""
+        elif status not in _STATUSES:
+            raise _invalid(f'{address} has status {status!r}; only "tainted" is valid')
+        identity = (address, deposed)
+        if identity in seen:
+            which = f"deposed object {deposed}" if deposed else "current object"
+            raise _invalid(f"{address} has its {which} twice in the state")
+        seen.add(identity)
+        text, data = _canonical_instance(instance, address)
+        rows.append(
+            InstanceRow(
+                address=address,
+                resource_address=res_address,
+                module=module,
+                mode=mode,
+                type=type_,
+                name=name,
+                index_key=key,
+                deposed=deposed,
+                provider=provider,
+                instance_json=text,
+                attributes_hash=sha256(b'{"instance":' + data + hash_tail).hexdigest(),
+                dependencies=_dependencies(instance.get("dependencies"), address),
+                status=status,
+            )
+        )
+    return rows
+
+
+def _module(raw: object, where: str, modules: dict[str, str]) -> str:
+    if not isinstance(raw, str):
+        raise _invalid(f'{where} has a "module" that is {_kind(raw)}, not a string')
+    module = modules.get(raw)
+    if module is None:
+        try:
+            steps: tuple[ModuleStep, ...] = parse_module_path(raw)
+        except AddressError as exc:
+            raise _invalid(f"{where} has an invalid module address: {exc}") from exc
+        module = modules[raw] = format_module_path(steps)
+    return module
+
+
+def _dependencies(raw: object, address: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if type(raw) is not list or not all(type(dependency) is str for dependency in raw):
+        raise _invalid(f'{address} has "dependencies" that is not a list of strings')
+    return tuple(raw)
+
+
+def _canonical_instance(instance: dict[str, Any], address: str) -> tuple[str, bytes]:
+    try:
+        return _canonical(instance)
+    except ValueError as exc:  # an out-of-range number such as 1e999 parsed as infinity
+        raise _invalid(f"{address} holds a value JSON cannot carry ({exc})") from exc
+
+
+def _canonical_or_fail(value: object, where: str) -> str:
+    try:
+        return canonical_json(value)
+    except ValueError as exc:
+        raise _invalid(f"{where} holds a value JSON cannot carry ({exc})") from exc
+
+
+def _instance_order(row: InstanceRow) -> tuple[int, int, str, str]:
+    key = row.index_key
+    if key is None:
+        return (0, 0, "", row.deposed)
+    if isinstance(key, int):
+        return (1, key, "", row.deposed)
+    return (2, 0, key, row.deposed)
+
+
+def _instance_objects(rows: list[InstanceRow]) -> list[dict[str, Any]]:
+    objects = []
+    previous: tuple[str, str] | None = None
+    for row in rows:
+        identity = (row.address, row.deposed)
+        if identity == previous:
+            raise ValueError(f"{row.address} (deposed {row.deposed!r}) appears twice among the rows")
+        previous = identity
+        instance = json.loads(row.instance_json)
+        if instance.get("index_key") != row.index_key or (instance.get("deposed") or "") != row.deposed:
+            raise ValueError(f"{row.address}: instance_json disagrees with the row's index_key or deposed")
+        ordered = {field: instance[field] for field in _INSTANCE_FIELD_ORDER if field in instance}
+        ordered.update(instance)
+        objects.append(ordered)
+    return objects
+
+
+def _output_object(output: OutputRow) -> dict[str, Any]:
+    obj: dict[str, Any] = {"value": json.loads(output.value_json), "type": json.loads(output.type_json)}
+    if output.sensitive:
+        obj["sensitive"] = True
+    return obj
+
+
+def _output_name(output: OutputRow) -> str:
+    return output.name
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"

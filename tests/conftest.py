@@ -71,7 +71,10 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-_TRUNCATE = "TRUNCATE states, state_versions, resources, outputs, events RESTART IDENTITY CASCADE"
+_TRUNCATE = (
+    "TRUNCATE states, state_versions, resources, outputs, events, api_tokens, environments, workspaces "
+    "RESTART IDENTITY CASCADE; DELETE FROM tenants WHERE id <> 1"
+)
 
 
 @pytest.fixture

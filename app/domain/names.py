@@ -11,6 +11,18 @@ from app.errors import InvalidStateNameError
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
+_SCOPE_PART = re.compile(r"(ws_[a-z0-9]{1,40})/(env_[a-z0-9]{1,40})/(.+)")
+
+
+def split_scoped_path(raw: str) -> tuple[str | None, str]:
+    """``ws_x/env_y/prod`` → (``ws_x/env_y``, ``prod``); a plain name has no scope.
+    The name part is validated; a path with slashes that is not a scoped path is a 400."""
+    match = _SCOPE_PART.fullmatch(raw[:-1] if raw.endswith("/") else raw)
+    if match is None:
+        return None, validate_state_name(raw)
+    return f"{match.group(1)}/{match.group(2)}", validate_state_name(match.group(3))
+
+
 def validate_state_name(raw: str) -> str:
     """Return the state name (one trailing slash tolerated) or raise InvalidStateNameError."""
     name = raw[:-1] if raw.endswith("/") else raw

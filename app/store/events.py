@@ -13,13 +13,13 @@ from psycopg.rows import class_row
 from app.domain.principal import Principal
 
 _INSERT = """
-INSERT INTO events (tenant_id, state_id, state_name, kind, actor, serial, lock_id, detail)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+INSERT INTO events (tenant_id, scope, state_id, state_name, kind, actor, serial, lock_id, detail)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 _LIST = """
 SELECT id, state_name, kind, actor, serial, lock_id, detail, created_at
 FROM events
-WHERE tenant_id = %s AND (%s::text IS NULL OR state_name = %s)
+WHERE tenant_id = %s AND scope = %s AND (%s::text IS NULL OR state_name = %s)
 ORDER BY id DESC
 LIMIT %s
 """
@@ -53,7 +53,8 @@ def record(
         detail.setdefault("token", principal.token_name)
     conn.execute(
         _INSERT,
-        (principal.tenant_id, state_id, state_name, kind, principal.actor, serial, lock_id, json.dumps(detail)),
+        (principal.tenant_id or None, principal.scope, state_id, state_name, kind, principal.actor, serial, lock_id,
+         json.dumps(detail)),
     )
 
 
@@ -61,4 +62,4 @@ def list_events(
     conn: psycopg.Connection, principal: Principal, state_name: str | None = None, limit: int = 100
 ) -> list[Event]:
     with conn.cursor(row_factory=class_row(Event)) as cur:
-        return cur.execute(_LIST, (principal.tenant_id, state_name, state_name, limit)).fetchall()
+        return cur.execute(_LIST, (principal.tenant_id, principal.scope, state_name, state_name, limit)).fetchall()

@@ -65,7 +65,8 @@ r.created_at, r.started_at, r.finished_at, r.counters, r.error_summary, r.info, 
 (SELECT min(x.expires_at) FROM resource_reservations x WHERE x.run_id = r.id) AS expires_at
 """
 _GET_RUN = f"""
-SELECT {_RUN_FIELDS} FROM apply_runs r JOIN states s ON s.id = r.state_id WHERE r.id = %s AND r.tenant_id = %s
+SELECT {_RUN_FIELDS} FROM apply_runs r JOIN states s ON s.id = r.state_id
+WHERE r.id = %s AND r.tenant_id = %s AND s.scope = %s
 """
 _LIST_RUNS = f"""
 SELECT {_RUN_FIELDS} FROM apply_runs r JOIN states s ON s.id = r.state_id
@@ -85,7 +86,10 @@ SELECT s.name AS state, s.lock_info, s.locked_at FROM states s
 WHERE s.tenant_id = %(tenant)s AND s.scope = %(scope)s AND (%(state)s::text IS NULL OR s.name = %(state)s)
   AND s.lock_id IS NOT NULL
 """
-_FIND_RUN = "SELECT state_id, status, actor FROM apply_runs WHERE id = %s AND tenant_id = %s"
+_FIND_RUN = """
+SELECT r.state_id, r.status, r.actor FROM apply_runs r JOIN states s ON s.id = r.state_id
+WHERE r.id = %s AND r.tenant_id = %s AND s.scope = %s
+"""
 _LOCK_RUN = "SELECT status, actor, state_id FROM apply_runs WHERE id = %s AND tenant_id = %s FOR UPDATE"
 _STATE_NAME_FOR_UPDATE = "SELECT name FROM states WHERE id = %s FOR UPDATE"
 _RUN_RESERVATIONS = "SELECT glob, mode, expires_at FROM resource_reservations WHERE run_id = %s"
@@ -304,7 +308,7 @@ def open_run(
 def _lock_run(conn: psycopg.Connection, principal: Principal, run_id: str) -> tuple[str, str, int, str]:
     """Lock a run's state row, then the run (the order every writer uses, so no deadlocks).
     Returns (status, actor, state id, state name)."""
-    found = conn.execute(_FIND_RUN, (run_id, principal.tenant_id)).fetchone()
+    found = conn.execute(_FIND_RUN, (run_id, principal.tenant_id, principal.scope)).fetchone()
     if found is None:
         raise RunNotFoundError(f"no apply run {run_id!r}: list runs with kl runs")
     (state_name,) = conn.execute(_STATE_NAME_FOR_UPDATE, (found[0],)).fetchone() or ("",)
@@ -426,7 +430,7 @@ def abort(db: Database, principal: Principal, run_id: str, *, reason: str = "", 
 
 def get_run(db: Database, principal: Principal, run_id: str) -> Run:
     with db.transaction() as conn, conn.cursor(row_factory=class_row(Run)) as cur:
-        run = cur.execute(_GET_RUN, (run_id, principal.tenant_id)).fetchone()
+        run = cur.execute(_GET_RUN, (run_id, principal.tenant_id, principal.scope)).fetchone()
     if run is None:
         raise RunNotFoundError(f"no apply run {run_id!r}")
     return run
@@ -444,13 +448,13 @@ def list_runs(
 _RUN_RESERVATION_VIEWS = """
 SELECT s.name AS state, r.glob, r.mode, r.holder, r.run_id, r.acquired_at, r.expires_at
 FROM resource_reservations r JOIN states s ON s.id = r.state_id
-WHERE r.run_id = %s AND r.tenant_id = %s ORDER BY r.id
+WHERE r.run_id = %s AND r.tenant_id = %s AND s.scope = %s ORDER BY r.id
 """
 
 
 def run_reservations(db: Database, principal: Principal, run_id: str) -> list[ReservationView]:
     with db.transaction() as conn, conn.cursor(row_factory=class_row(ReservationView)) as cur:
-        return cur.execute(_RUN_RESERVATION_VIEWS, (run_id, principal.tenant_id)).fetchall()
+        return cur.execute(_RUN_RESERVATION_VIEWS, (run_id, principal.tenant_id, principal.scope)).fetchall()
 
 
 def list_reservations(

@@ -20,7 +20,7 @@ from app.config import AuthMode, Settings
 from app.errors import ConfigError
 from app.store import Database
 from app.store.migrate import migrate
-from app.web import backend, engine, errors, runs
+from app.web import backend, control, engine, errors, runs
 from app.web.context import Services, services
 
 log = logging.getLogger("kilolock.web")
@@ -54,11 +54,13 @@ def resolve_database_url(settings: Settings) -> str:
     return start_embedded_postgres(settings.data_dir or default_data_dir())
 
 
-def create_app(settings: Settings | None = None) -> Flask:
+def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask:
+    """The WSGI app. ``lanes``: ``all`` (default), ``public`` (everything but the control API) or
+    ``control`` (only the control API and health), for serving the control API on its own port."""
+    if lanes not in ("all", "public", "control"):
+        raise ConfigError([f"unknown lanes {lanes!r}: use all, public or control"])
     settings = settings or Settings.from_env()
     configure_logging(settings)
-    if settings.auth_mode is AuthMode.DATABASE:
-        raise ConfigError(["KL_AUTH_MODE=database is not available in this release: use open or static"])
     if settings.auth_mode is AuthMode.OPEN:
         log.warning("KL_AUTH_MODE=open: no authentication; use only on a trusted machine")
     url = resolve_database_url(settings)
@@ -71,9 +73,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["kilolock"] = Services(settings=settings, db=Database(url, pool_size=settings.db_pool_size))
     errors.register(app)
-    app.register_blueprint(backend.bp)
-    app.register_blueprint(engine.bp)
-    app.register_blueprint(runs.bp)
+    if lanes in ("all", "public"):
+        app.register_blueprint(backend.bp)
+        app.register_blueprint(engine.bp)
+        app.register_blueprint(runs.bp)
+    if lanes in ("all", "control"):
+        app.register_blueprint(control.bp)
 
     @app.get("/healthz")
     def healthz() -> tuple[Response, int]:

@@ -9,10 +9,9 @@ from __future__ import annotations
 from flask import Blueprint, Response, request
 
 from app.domain.locking import classify_unlock
-from app.domain.names import validate_state_name
 from app.errors import InvalidStateNameError, StateNotFoundError
 from app.store import states
-from app.web.context import principal, services
+from app.web.context import principal, services, state_name
 
 bp = Blueprint("backend", __name__)
 
@@ -32,7 +31,7 @@ def missing_name() -> Response:
 
 @bp.route("/v1/states/<path:name>", methods=_STATE_METHODS, strict_slashes=False)
 def state(name: str) -> Response:
-    name = validate_state_name(name)
+    name = state_name(name)
     who = principal()
     db = services().db
     lock_id = request.args.get("ID") or None
@@ -57,7 +56,7 @@ def state(name: str) -> Response:
 @bp.route("/v1/state-unlock/<path:name>", methods=["POST", "UNLOCK"], strict_slashes=False)
 def state_unlock(name: str) -> Response:
     """The unlock alias for edges that drop UNLOCK requests with a body."""
-    name = validate_state_name(name)
+    name = state_name(name)
     request_ = classify_unlock(request.get_data(cache=False), request.args.get("ID") or None)
     states.unlock(services().db, principal(), name, request_)
     return _ok()

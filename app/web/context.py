@@ -9,7 +9,7 @@ from flask import current_app, g, request
 from app.config import Settings
 from app.domain.principal import Principal
 from app.store import Database
-from app.web.auth import authenticate
+from app.web.auth import authenticate, resolve_state_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,11 @@ def services() -> Services:
 def principal() -> Principal:
     """The authenticated caller, computed once per request (401/403 raised from here)."""
     if "principal" not in g:
-        g.principal = authenticate(request, services().settings)
+        g.principal = authenticate(request, services().settings, services().db)
     who: Principal = g.principal
     return who
+
+
+def state_name(raw: str) -> str:
+    """The state a request path names, within the authenticated caller's scope."""
+    return resolve_state_path(raw, principal())

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request
 
-from app.domain.names import validate_state_name
 from app.errors import BadRequestError
 from app.store import events as events_store
 from app.store import graph, states
-from app.web.context import principal, services
+from app.web.context import principal, services, state_name
 
 bp = Blueprint("engine", __name__, url_prefix="/v1/engine")
 
@@ -39,7 +38,7 @@ def list_states() -> Response:
 @bp.get("/states/<path:name>/resources")
 def resources(name: str) -> Response:
     listing = graph.list_resources(
-        services().db, principal(), validate_state_name(name), serial=_int_arg("serial"),
+        services().db, principal(), state_name(name), serial=_int_arg("serial"),
         prefix=request.args.get("prefix") or None,
         with_instance=request.args.get("instance") in ("1", "true"),
     )
@@ -52,20 +51,20 @@ def history(name: str) -> Response:
     address = request.args.get("address", "")
     if not address:
         raise BadRequestError("query parameter address is required, e.g. ?address=terraform_data.web[0]")
-    rows = graph.resource_history(services().db, principal(), validate_state_name(name), address)
+    rows = graph.resource_history(services().db, principal(), state_name(name), address)
     return jsonify({"ok": True, "address": address, "lifecycles": rows})
 
 
 @bp.get("/states/<path:name>/dependencies")
 def dependencies(name: str) -> Response:
-    edges = graph.dependency_edges(services().db, principal(), validate_state_name(name),
+    edges = graph.dependency_edges(services().db, principal(), state_name(name),
                                    serial=_int_arg("serial"))
     return jsonify({"ok": True, "edges": edges})
 
 
 @bp.get("/states/<path:name>/assembled")
 def assembled(name: str) -> Response:
-    body = graph.assemble(services().db, principal(), validate_state_name(name), serial=_int_arg("serial"))
+    body = graph.assemble(services().db, principal(), state_name(name), serial=_int_arg("serial"))
     response = Response(body, mimetype="application/json")
     response.headers["Cache-Control"] = "no-store"
     return response
@@ -76,5 +75,5 @@ def events(name: str) -> Response:
     who = principal()
     limit = _int_arg("limit", 1, 1000) or 100
     with services().db.transaction() as conn:
-        found = events_store.list_events(conn, who, validate_state_name(name), limit)
+        found = events_store.list_events(conn, who, state_name(name), limit)
     return jsonify({"ok": True, "events": found})

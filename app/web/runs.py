@@ -11,11 +11,10 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from app.domain.names import validate_state_name
 from app.domain.reservations import RunStatus, Wanted, lease_for, parse_wanted
 from app.errors import BadRequestError
 from app.store import runs
-from app.web.context import principal, services
+from app.web.context import principal, services, state_name
 
 bp = Blueprint("runs", __name__, url_prefix="/v1/engine")
 
@@ -95,7 +94,7 @@ def open_run(name: str) -> tuple[Response, int]:
     if not isinstance(info, dict):
         raise BadRequestError("info must be a JSON object")
     run = runs.open_run(
-        services().db, principal(), validate_state_name(name), actor=_text(doc, "actor"), wanted=_wanted(doc),
+        services().db, principal(), state_name(name), actor=_text(doc, "actor"), wanted=_wanted(doc),
         lease=lease_for(_number(doc, "lease_seconds")), wait=_wait(doc), base_serial=base_serial, info=info,
     )
     return _run_response(run, 201)
@@ -107,7 +106,7 @@ def list_runs() -> Response:
     status = request.args.get("status") or None
     if status is not None and status not in {s.value for s in RunStatus}:
         raise BadRequestError(f"unknown status {status!r}: use one of {', '.join(s.value for s in RunStatus)}")
-    found = runs.list_runs(services().db, principal(), state=validate_state_name(state) if state else None,
+    found = runs.list_runs(services().db, principal(), state=state_name(state) if state else None,
                            status=status, limit=min(int(request.args.get("limit", 100) or 100), 1000))
     return jsonify({"ok": True, "runs": [_run_payload(r) for r in found]})
 
@@ -115,7 +114,7 @@ def list_runs() -> Response:
 @bp.get("/reservations")
 def list_reservations() -> Response:
     state = request.args.get("state") or None
-    found = runs.list_reservations(services().db, principal(), state=validate_state_name(state) if state else None)
+    found = runs.list_reservations(services().db, principal(), state=state_name(state) if state else None)
     return jsonify({"ok": True, "reservations": found})
 
 

@@ -51,3 +51,22 @@ def test_abort_frees_the_addresses_of_a_stuck_run(live_server, tmp_path):
     assert again.returncode == 1 and "already aborted" in again.stderr
     missing = kl("abort", "ar_missing", "--address", live_server.url, cwd=tmp_path)
     assert missing.returncode == 1 and "no apply run" in missing.stderr
+
+
+def test_operators_manage_tenants_and_tokens_from_the_cli(clean_db, tmp_path):
+    env = {"KL_DATABASE_URL": clean_db}
+    assert kl("tenants", "create", "acme", "--name", "Acme Corp", cwd=tmp_path, env=env).returncode == 0
+    again = kl("tenants", "create", "acme", cwd=tmp_path, env=env)
+    assert again.returncode == 3 and "already exists" in again.stderr
+    created = kl("tokens", "create", "acme", "--name", "ci", "--environment", "prod", "--json", cwd=tmp_path, env=env)
+    assert created.returncode == 0, created.stderr
+    answer = json.loads(created.stdout)
+    assert answer["token_secret"].startswith("kl_")
+    listed = kl("tokens", "list", "acme", "--json", cwd=tmp_path, env=env)
+    assert answer["token_secret"] not in listed.stdout
+    assert [t["id"] for t in json.loads(listed.stdout)] == [answer["token"]["id"]]
+    revoked = kl("tokens", "revoke", "acme", answer["token"]["id"], cwd=tmp_path, env=env)
+    assert revoked.returncode == 0 and "revoked" in revoked.stdout
+    assert json.loads(kl("tokens", "list", "acme", "--json", cwd=tmp_path, env=env).stdout)[0]["revoked_at"]
+    unknown = kl("tokens", "list", "nobody", cwd=tmp_path, env=env)
+    assert unknown.returncode == 3 and "kl tenants create nobody" in unknown.stderr

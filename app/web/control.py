@@ -1,0 +1,87 @@
+"""The control API /v1/api: tenants and tokens, for operators, behind KL_CONTROL_TOKEN.
+
+Served by the main app, or alone on its own listener (``kl serve --control-port``) so it can be
+kept off the public network.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from app.config import AuthMode
+from app.domain.blocks import scoped_backend_block
+from app.errors import BadRequestError, ForbiddenError, UnauthorizedError
+from app.store import tenancy
+from app.web.auth import credentials_of
+from app.web.context import services
+
+bp = Blueprint("control", __name__, url_prefix="/v1/api")
+
+
+@bp.before_request
+def _require_control_token() -> None:
+    settings = services().settings
+    if settings.auth_mode is not AuthMode.DATABASE or not settings.control_token:
+        raise ForbiddenError("the control API needs KL_AUTH_MODE=database and KL_CONTROL_TOKEN")
+    creds = credentials_of(request)
+    if creds is None or not creds.secret:
+        raise UnauthorizedError("control token required: Authorization: Bearer $KL_CONTROL_TOKEN")
+    if not hmac.compare_digest(creds.secret.encode(), settings.control_token.encode()):
+        tenancy.record_auth_failure(services().db, reason="invalid control token", username=creds.username,
+                                    path=request.path, remote=request.remote_addr or "")
+        raise ForbiddenError("invalid control token")
+
+
+def _body() -> dict[str, Any]:
+    doc = request.get_json(force=True, silent=True)
+    if not isinstance(doc, dict):
+        raise BadRequestError("request body must be a JSON object")
+    return doc
+
+
+def public_base_url() -> str:
+    configured = services().settings.public_url
+    return (configured or request.host_url).rstrip("/")
+
+
+@bp.post("/tenants")
+def create_tenant() -> tuple[Response, int]:
+    doc = _body()
+    tenant = tenancy.create_tenant(services().db, str(doc.get("slug", "")), str(doc.get("name", "")),
+                                   actor="control-api")
+    return jsonify({"ok": True, "tenant": tenant}), 201
+
+
+@bp.get("/tenants")
+def list_tenants() -> Response:
+    return jsonify({"ok": True, "tenants": tenancy.list_tenants(services().db)})
+
+
+@bp.post("/tenants/<slug>/tokens")
+def create_token(slug: str) -> tuple[Response, int]:
+    doc = _body()
+    secret, info = tenancy.create_token(
+        services().db, slug, name=str(doc.get("name", "")), environment=str(doc.get("environment", "")),
+        workspace=str(doc.get("workspace") or "default"), actor="control-api",
+    )
+    block = scoped_backend_block(public_base_url(), info.workspace_id, info.environment_id)
+    return jsonify({"ok": True, "token_secret": secret, "token": info, "workspace_id": info.workspace_id,
+                    "environment_id": info.environment_id, "backend_block": block}), 201
+
+
+@bp.get("/tenants/<slug>/tokens")
+def list_tokens(slug: str) -> Response:
+    return jsonify({"ok": True, "tokens": tenancy.list_tokens(services().db, slug)})
+
+
+@bp.post("/tenants/<slug>/tokens/<token_id>/revoke")
+def revoke_token(slug: str, token_id: str) -> Response:
+    return jsonify({"ok": True, "token": tenancy.revoke_token(services().db, slug, token_id, actor="control-api")})
+
+
+@bp.delete("/tenants/<slug>/tokens/<token_id>")
+def delete_token(slug: str, token_id: str) -> Response:
+    return revoke_token(slug, token_id)

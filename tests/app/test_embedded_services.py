@@ -1,0 +1,167 @@
+"""app.embedded: embedded Postgres and Redis start, answer, are reused, and stop.
+
+Every server started here lives under a pytest temp dir and is stopped by its fixture's finalizer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from app.embedded import (
+    default_data_dir,
+    start_embedded_postgres,
+    start_embedded_redis,
+    stop_embedded_postgres,
+    stop_embedded_redis,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("embedded")
+
+
+@pytest.fixture(scope="module")
+def postgres_url(data_dir: Path) -> Iterator[str]:
+    url = start_embedded_postgres(data_dir)
+    yield url
+    stop_embedded_postgres(data_dir)
+
+
+@pytest.fixture(scope="module")
+def redis_url(data_dir: Path) -> Iterator[str]:
+    url = start_embedded_redis(data_dir)
+    yield url
+    stop_embedded_redis(data_dir)
+
+
+def postmaster_started_at(url: str) -> str:
+    """Identifies the server process: a restarted or different server has another start time."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT pg_postmaster_start_time()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def redis_pid(url: str) -> int:
+    with redis.Redis.from_url(url) as client:
+        return int(client.info("server")["process_id"])
+
+
+def in_child_process(code: str) -> str:
+    """Run ``code`` in a fresh interpreter with warnings as errors; return its last stdout line."""
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_embedded_postgres_answers_select_1_in_the_kilolock_database(postgres_url: str) -> None:
+    with psycopg.connect(postgres_url) as conn:
+        row = conn.execute("SELECT 1, current_database()").fetchone()
+
+    assert row == (1, "kilolock")
+
+
+def test_a_second_start_reuses_the_running_postgres(data_dir: Path, postgres_url: str) -> None:
+    started = postmaster_started_at(postgres_url)
+
+    again = start_embedded_postgres(data_dir)
+
+    assert again == postgres_url
+    assert postmaster_started_at(again) == started
+
+
+def test_another_process_reuses_the_running_postgres_without_warnings(data_dir: Path, postgres_url: str) -> None:
+    started = postmaster_started_at(postgres_url)
+
+    url = in_child_process(
+        f"from pathlib import Path\nfrom app.embedded import start_embedded_postgres\n"
+        f"print(start_embedded_postgres(Path({str(data_dir)!r})))"
+    )
+
+    assert url == postgres_url
+    assert postmaster_started_at(url) == started
+
+
+def test_embedded_redis_answers_ping(redis_url: str) -> None:
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.ping() is True
+
+
+def test_a_second_start_reuses_the_running_redis(data_dir: Path, redis_url: str) -> None:
+    pid = redis_pid(redis_url)
+
+    again = start_embedded_redis(data_dir)
+
+    assert again == redis_url
+    assert redis_pid(again) == pid
+
+
+def test_another_process_reuses_the_running_redis_without_warnings(data_dir: Path, redis_url: str) -> None:
+    pid = redis_pid(redis_url)
+
+    url = in_child_process(
+        f"from pathlib import Path\nfrom app.embedded import start_embedded_redis\n"
+        f"print(start_embedded_redis(Path({str(data_dir)!r})))"
+    )
+
+    assert url == redis_url
+    assert redis_pid(url) == pid
+
+
+def test_starting_redis_logs_which_server_started_where(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kilolock.embedded")
+    try:
+        url = start_embedded_redis(tmp_path)
+    finally:
+        stopped = stop_embedded_redis(tmp_path)
+
+    assert stopped is True
+    assert [r.getMessage() for r in caplog.records if r.name == "kilolock.embedded"][0] == (
+        f"started embedded Redis in {tmp_path / 'redis'} at {url}"
+    )
+
+
+def test_a_stopped_redis_no_longer_answers_and_a_second_stop_is_a_no_op(tmp_path: Path) -> None:
+    url = start_embedded_redis(tmp_path)
+
+    assert stop_embedded_redis(tmp_path) is True
+
+    with redis.Redis.from_url(url, socket_connect_timeout=1) as client, pytest.raises(redis.ConnectionError):
+        client.ping()
+    assert stop_embedded_redis(tmp_path) is False
+    assert stop_embedded_postgres(tmp_path) is False
+
+
+def test_postgres_starts_again_after_a_stop_in_the_same_process(tmp_path: Path) -> None:
+    first = start_embedded_postgres(tmp_path)
+    try:
+        assert stop_embedded_postgres(tmp_path) is True
+        assert stop_embedded_postgres(tmp_path) is False
+
+        second = start_embedded_postgres(tmp_path)
+
+        with psycopg.connect(second) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert second == first
+    finally:
+        stop_embedded_postgres(tmp_path)
+
+
+def test_default_data_dir_is_the_per_user_kilolock_folder() -> None:
+    assert default_data_dir().name == "kilolock"

@@ -148,6 +148,18 @@ def test_a_stopped_redis_no_longer_answers_and_a_second_stop_is_a_no_op(tmp_path
     assert stop_embedded_postgres(tmp_path) is False
 
 
+def test_redis_listens_on_loopback_when_the_socket_path_would_be_too_long(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    try:
+        url = start_embedded_redis(deep)
+        with redis.Redis.from_url(url) as client:
+            assert client.ping() is True
+    finally:
+        stop_embedded_redis(deep)
+
+    assert url.startswith("redis://127.0.0.1:")
+
+
 def test_postgres_starts_again_after_a_stop_in_the_same_process(tmp_path: Path) -> None:
     first = start_embedded_postgres(tmp_path)
     try:

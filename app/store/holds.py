@@ -8,8 +8,10 @@ from datetime import datetime
 
 import psycopg
 
+from app.domain import commit as rules
 from app.domain.principal import Principal
 from app.domain.reservations import Held, Mode, RunStatus
+from app.errors import StalePlanError
 from app.store import events
 
 _CANDIDATES = """
@@ -68,3 +70,29 @@ def live_for_state(
     if expired:
         reclaim(conn, principal, state_id=state_id, state_name=state_name, run_ids=expired, now=now)
     return _held(conn.execute(_LIVE_FOR_STATE, (state_id, now, limit)).fetchall())
+
+
+_CHANGED_SINCE = """
+SELECT address, create_serial, delete_serial FROM resources
+WHERE state_id = %s AND (create_serial > %s OR delete_serial > %s)
+"""
+
+
+def changed_since(conn: psycopg.Connection, state_id: int, base_serial: int) -> list[tuple[str, int]]:
+    """(address, serial) of every row opened or closed after ``base_serial``."""
+    found: list[tuple[str, int]] = []
+    for address, created, deleted in conn.execute(_CHANGED_SINCE, (state_id, base_serial, base_serial)):
+        found.append((address, created if created > base_serial else deleted))
+    return found
+
+
+def check_stale(conn: psycopg.Connection, state_id: int, base_serial: int, globs: Iterable[str]) -> None:
+    """Raise StalePlanError when any address under ``globs`` changed after ``base_serial``."""
+    found = rules.stale(changed_since(conn, state_id, base_serial), rules.parse_globs(globs))
+    if found:
+        shown = ", ".join(f"{a} (serial {s})" for a, s in found[:10])
+        more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+        raise StalePlanError(
+            f"stale plan: reserved addresses changed after base serial {base_serial}: {shown}{more}; "
+            "re-run kl plan", stale=[{"address": a, "serial": s} for a, s in found],
+        )

@@ -295,6 +295,11 @@ def open_run(
 
     def grant(conn: psycopg.Connection, row: states.StateRow) -> None:
         now = clock()
+        if base_serial is not None:
+            if row.current_serial is None or base_serial > row.current_serial:
+                raise BadRequestError(f"base_serial {base_serial} is ahead of the trunk (serial {row.current_serial})")
+            # A plan that is already stale would only fail at commit, after Terraform ran: refuse now.
+            holds.check_stale(conn, row.id, base_serial, [w.text for w in wanted])
         conn.execute(_INSERT_RUN, (run_id, principal.tenant_id, row.id, actor, base_serial,
                                    int(lease.total_seconds()), now, now, json.dumps(details)))
         _insert_reservations(conn, principal, row, run_id, attempt, now, details)
@@ -316,7 +321,7 @@ def _lock_run(conn: psycopg.Connection, principal: Principal, run_id: str) -> tu
     return status, actor, state_id, state_name
 
 
-def _locked_live_run(
+def locked_live_run(
     conn: psycopg.Connection, principal: Principal, run_id: str, holder: str | None, now: datetime,
 ) -> tuple[str, int]:
     """Lock a live run the caller holds; returns (state name, state id). A lapsed lease fails
@@ -349,11 +354,11 @@ def acquire_more(
 
     def grant(conn: psycopg.Connection, row: states.StateRow) -> None:
         now = clock()
-        _locked_live_run(conn, principal, run_id, holder, now)
+        locked_live_run(conn, principal, run_id, holder, now)
         _insert_reservations(conn, principal, row, run_id, attempt, now, run.info)
 
     with db.transaction() as conn:
-        _locked_live_run(conn, principal, run_id, holder, clock())
+        locked_live_run(conn, principal, run_id, holder, clock())
     _acquire(db, principal, attempt, wait=wait, clock=clock, grant=grant, exclude_run=run_id)
     return get_run(db, principal, run_id)
 
@@ -362,7 +367,7 @@ def renew(db: Database, principal: Principal, run_id: str, *, holder: str, clock
     """Extend every reservation of the run by its lease. Fails loudly once the lease has lapsed."""
     now = clock()
     with db.transaction() as conn:
-        state_name, state_id = _locked_live_run(conn, principal, run_id, holder, now)
+        state_name, state_id = locked_live_run(conn, principal, run_id, holder, now)
         (lease_seconds,) = conn.execute(_LEASE_OF, (run_id,)).fetchone() or (0,)
         expires = now + timedelta(seconds=lease_seconds)
         conn.execute(_RENEW, (expires, run_id))
@@ -377,7 +382,7 @@ def release(
 ) -> Run:
     """Drop some (or all) of a live run's reservations; the run stays open."""
     with db.transaction() as conn:
-        state_name, state_id = _locked_live_run(conn, principal, run_id, holder, clock())
+        state_name, state_id = locked_live_run(conn, principal, run_id, holder, clock())
         if globs is None:
             conn.execute(_RELEASE_ALL, (run_id,))
         else:
@@ -389,7 +394,7 @@ def release(
 
 def mark_running(db: Database, principal: Principal, run_id: str, *, holder: str, clock: Clock = utcnow) -> Run:
     with db.transaction() as conn:
-        state_name, state_id = _locked_live_run(conn, principal, run_id, holder, clock())
+        state_name, state_id = locked_live_run(conn, principal, run_id, holder, clock())
         conn.execute(_MARK_RUNNING, (run_id,))
         events.record(conn, principal, "run_running", state_id=state_id, state_name=state_name, run_id=run_id)
     return get_run(db, principal, run_id)
@@ -404,7 +409,7 @@ def close_run(
         raise BadRequestError("a run is closed as failed or aborted; committed runs close through a commit")
     now = clock()
     with db.transaction() as conn:
-        state_name, state_id = _locked_live_run(conn, principal, run_id, holder, now)
+        state_name, state_id = locked_live_run(conn, principal, run_id, holder, now)
         conn.execute(_RELEASE_ALL, (run_id,))
         conn.execute(_SET_STATUS, (status.value, now, (error_summary or "")[:4000] or None,
                                    json.dumps(counters or {}), run_id))
@@ -429,7 +434,12 @@ def abort(db: Database, principal: Principal, run_id: str, *, reason: str = "", 
 
 
 def get_run(db: Database, principal: Principal, run_id: str) -> Run:
-    with db.transaction() as conn, conn.cursor(row_factory=class_row(Run)) as cur:
+    with db.transaction() as conn:
+        return get_run_in(conn, principal, run_id)
+
+
+def get_run_in(conn: psycopg.Connection, principal: Principal, run_id: str) -> Run:
+    with conn.cursor(row_factory=class_row(Run)) as cur:
         run = cur.execute(_GET_RUN, (run_id, principal.tenant_id, principal.scope)).fetchone()
     if run is None:
         raise RunNotFoundError(f"no apply run {run_id!r}")

@@ -6,6 +6,7 @@ The server enforces every rule; conflicts answer 409 with each overlapping reser
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from app.domain.reservations import RunStatus, Wanted, lease_for, parse_wanted
 from app.errors import BadRequestError
+from app.store import commit as commit_store
 from app.store import runs
 from app.web.context import principal, services, state_name
 
@@ -172,3 +174,26 @@ def abort(run_id: str) -> tuple[Response, int]:
     doc = _body()
     run = runs.abort(services().db, principal(), run_id, reason=_text(doc, "reason", required=False))
     return _run_response(run)
+
+
+@bp.post("/runs/<run_id>/commit")
+def commit(run_id: str) -> tuple[Response, int]:
+    """Row-level commit of the run's post-apply slice: ``{"holder", "state", "slice_addresses"}``."""
+    doc = _body()
+    state = doc.get("state")
+    if not isinstance(state, dict):
+        raise BadRequestError("state must be the post-apply Terraform state (a JSON object)")
+    slice_addresses = doc.get("slice_addresses", [])
+    if not isinstance(slice_addresses, list) or not all(isinstance(a, str) for a in slice_addresses):
+        raise BadRequestError("slice_addresses must be a list of instance addresses")
+    result = commit_store.commit_run(
+        services().db, principal(), run_id, holder=_text(doc, "holder"),
+        state_body=json.dumps(state).encode(), slice_addresses=slice_addresses,
+    )
+    payload = {"serial": result.serial, "created": result.created, "updated": result.updated,
+               "deleted": result.deleted, "addresses": list(result.addresses),
+               "outputs_changed": list(result.outputs_changed)}
+    response, status = _run_response(runs.get_run(services().db, principal(), run_id))
+    body = response.get_json()
+    body["commit"] = payload
+    return jsonify(body), status

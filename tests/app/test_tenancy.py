@@ -10,7 +10,9 @@ from dataclasses import dataclass, replace
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from app.config import AuthMode
 from tests.helpers import counted_state, lock_info
@@ -56,7 +58,8 @@ CTL = {"Authorization": f"Bearer {CONTROL}"}
 
 def make_token(client, tenant: str, environment: str = "production", name: str = "ci") -> Token:  # type: ignore[no-untyped-def]
     if client.get("/v1/api/tenants", headers=CTL).get_json()["tenants"].__repr__().find(f"'{tenant}'") < 0:
-        assert client.post("/v1/api/tenants", json={"slug": tenant, "name": tenant.title()}, headers=CTL).status_code == 201
+        created = client.post("/v1/api/tenants", json={"slug": tenant, "name": tenant.title()}, headers=CTL)
+        assert created.status_code == 201
     response = client.post(f"/v1/api/tenants/{tenant}/tokens", json={"name": name, "environment": environment},
                            headers=CTL)
     assert response.status_code == 201, response.get_json()

@@ -1,0 +1,140 @@
+"""Row-level commit of a sliced apply: the one place where an apply run's result enters the trunk.
+
+One transaction, serialised on the state row: the run must be live, its caller's, and its lease
+unexpired; every changed address must lie inside its write reservations; nothing it reserved may
+have changed since its base serial. Then only the write set's rows change, a v4 state is
+re-assembled from the rows at the next serial (source ``apply``), the run closes as committed
+and its reservations are released. Disjoint committers simply land at consecutive serials.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from analyzer.state import EncryptedState, assemble_state
+from app.domain import commit as rules
+from app.domain.principal import Principal
+from app.errors import BadRequestError, StateLockedError, WriteOutsideReservationError
+from app.store import events, holds, resources, runs, states
+from app.store.db import Database
+
+_STATE_HEAD = """
+SELECT s.lock_id, s.lock_info, s.current_serial, s.lineage, s.head_version_id, v.terraform_version
+FROM states s LEFT JOIN state_versions v ON v.id = s.head_version_id WHERE s.id = %s
+"""
+_RUN = "SELECT base_serial, actor FROM apply_runs WHERE id = %s"
+_RUN_GLOBS = "SELECT glob, mode FROM resource_reservations WHERE run_id = %s"
+_BASE_ROWS = """
+SELECT address, deposed, attributes_hash FROM resources
+WHERE state_id = %s AND address = ANY(%s)
+  AND create_serial <= %s AND (delete_serial IS NULL OR delete_serial > %s)
+"""
+_CLOSE_KEYS = """
+UPDATE resources SET delete_serial = %s
+FROM unnest(%s::text[], %s::text[]) AS k(address, deposed)
+WHERE resources.state_id = %s AND resources.delete_serial IS NULL
+  AND resources.address = k.address AND resources.deposed = k.deposed
+"""
+_INSERT_VERSION = """
+INSERT INTO state_versions (tenant_id, state_id, serial, lineage, terraform_version, raw_state, sha256,
+                            size_bytes, encrypted, source, actor)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, false, 'apply', %s)
+RETURNING id
+"""
+_SET_HEAD = "UPDATE states SET current_serial = %s, head_version_id = %s, updated_at = now() WHERE id = %s"
+_FINISH = """
+UPDATE apply_runs SET status = 'committed', committed_serial = %s, finished_at = %s, counters = counters || %s
+WHERE id = %s
+"""
+_RELEASE = "DELETE FROM resource_reservations WHERE run_id = %s"
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    run_id: str
+    serial: int | None  # None: nothing changed, no new version
+    created: int
+    updated: int
+    deleted: int
+    addresses: tuple[str, ...]
+    outputs_changed: tuple[str, ...]
+
+
+def commit_run(
+    db: Database, principal: Principal, run_id: str, *, holder: str, state_body: bytes,
+    slice_addresses: Sequence[str], clock: runs.Clock = runs.utcnow,
+) -> CommitResult:
+    """Commit the post-apply state of a run's slice. Raises WriteOutsideReservationError,
+    StalePlanError, LeaseExpiredError, RunClosedError, NotRunHolderError; refusals write nothing."""
+    parsed = states.parse_body(state_body)
+    if isinstance(parsed, EncryptedState):
+        raise BadRequestError("an encrypted state cannot be committed row by row")
+    now = clock()
+    with db.transaction() as conn:
+        state_name, state_id = runs.locked_live_run(conn, principal, run_id, holder, now)
+        lock_id, lock_info, head_serial, lineage, head_version_id, tf_version = conn.execute(
+            _STATE_HEAD, (state_id,)).fetchone() or (None, None, None, None, None, None)
+        if lock_id is not None:
+            raise StateLockedError(f"state {state_name!r} is locked by Terraform; the commit must wait",
+                                   lock_info=bytes(lock_info or b"{}"))
+        (base_serial, actor) = conn.execute(_RUN, (run_id,)).fetchone() or (None, "")
+        if base_serial is None or head_serial is None:
+            raise BadRequestError(f"apply run {run_id} has no base serial (or its state has no versions): "
+                                  "open runs for commits with the serial the plan was made against")
+        reserved = conn.execute(_RUN_GLOBS, (run_id,)).fetchall()
+        write_globs = rules.parse_globs(g for g, mode in reserved if mode == "write")
+
+        addresses = sorted({r.address for r in parsed.instances} | set(slice_addresses))
+        base = {(a, d): h for a, d, h in conn.execute(_BASE_ROWS, (state_id, addresses, base_serial, base_serial))}
+        delta = rules.commit_delta(base, parsed.instances, slice_addresses)
+        outside = rules.outside(delta.addresses, write_globs)
+        if outside:
+            shown = ", ".join(outside[:20]) + (f" and {len(outside) - 20} more" if len(outside) > 20 else "")
+            raise WriteOutsideReservationError(
+                f"the apply changed addresses outside its write reservations: {shown}; nothing was committed",
+                addresses=outside,
+            )
+        holds.check_stale(conn, state_id, base_serial, [g for g, _ in reserved])
+
+        version = states.version_at(conn, state_id, base_serial)
+        base_outputs = resources.outputs_of(conn, version_id=version.id) if version else []
+        head_outputs = resources.outputs_of(conn, version_id=head_version_id) if head_version_id else []
+        outputs = rules.merge_outputs(head_outputs, base_outputs, parsed.outputs)
+        before, after = {o.name: o for o in head_outputs}, {o.name: o for o in outputs}
+        outputs_changed = tuple(sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n)))
+
+        counters = {"created": delta.created, "updated": delta.updated, "deleted": len(delta.deletes)}
+        if delta.is_empty and not outputs_changed:
+            conn.execute(_FINISH, (None, now, json.dumps(counters), run_id))
+            conn.execute(_RELEASE, (run_id,))
+            events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
+                          holder=actor, **counters, serial_written=False)
+            return CommitResult(run_id, None, 0, 0, 0, (), ())
+
+        serial = head_serial + 1
+        closing = [(a, d) for a, d in delta.deletes] + [(r.address, r.deposed) for r in delta.upserts]
+        if closing:
+            conn.execute(_CLOSE_KEYS, (serial, [a for a, _ in closing], [d for _, d in closing], state_id))
+        if delta.upserts:
+            resources.insert_rows(conn, tenant_id=principal.tenant_id, state_id=state_id, serial=serial,
+                                  rows=delta.upserts)
+        raw = assemble_state(serial=serial, lineage=lineage or parsed.lineage,
+                             terraform_version=parsed.terraform_version or tf_version or "",
+                             instances=resources.instances_at(conn, state_id=state_id, serial=serial),
+                             outputs=outputs)
+        (version_id,) = conn.execute(_INSERT_VERSION, (
+            principal.tenant_id, state_id, serial, lineage or parsed.lineage,
+            parsed.terraform_version or tf_version or "", raw, hashlib.sha256(raw).hexdigest(), len(raw),
+            actor)).fetchone() or (0,)
+        resources.insert_outputs(conn, tenant_id=principal.tenant_id, state_id=state_id, version_id=version_id,
+                                 outputs=outputs)
+        conn.execute(_SET_HEAD, (serial, version_id, state_id))
+        conn.execute(_FINISH, (serial, now, json.dumps(counters), run_id))
+        conn.execute(_RELEASE, (run_id,))
+        events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
+                      serial=serial, holder=actor, **counters, addresses=list(delta.addresses)[:200])
+        return CommitResult(run_id, serial, delta.created, delta.updated, len(delta.deletes), delta.addresses,
+                            outputs_changed)

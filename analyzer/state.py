@@ -475,9 +475,30 @@ def _dependencies(raw: object, address: str) -> tuple[str, ...]:
     return tuple(raw)
 
 
+# Instance metadata Terraform writes or leaves out depending on how it reached the state: a
+# sliced apply's local state drops ``identity_schema_version: 0`` that an HTTP-backend apply
+# kept, for instance. Terraform reads an absent key exactly like these empty values, so they
+# are dropped before hashing and storing; otherwise a re-serialised no-op would look changed.
+_EMPTY_METADATA: dict[str, tuple[object, ...]] = {
+    "sensitive_attributes": ([],), "private": ("", None), "dependencies": ([], None),
+    "create_before_destroy": (False, None), "status": ("", None), "identity": ({}, None),
+}
+
+
+def normalize_instance(instance: dict[str, Any]) -> dict[str, Any]:
+    """The instance without metadata keys whose value means the same as their absence."""
+    drop = [k for k, empty in _EMPTY_METADATA.items() if k in instance and instance[k] in empty]
+    if "identity_schema_version" in instance and not instance.get("identity") \
+            and instance["identity_schema_version"] in (0, None):
+        drop.append("identity_schema_version")
+    if not drop:
+        return instance
+    return {k: v for k, v in instance.items() if k not in drop}
+
+
 def _canonical_instance(instance: dict[str, Any], address: str) -> tuple[str, bytes]:
     try:
-        return _canonical(instance)
+        return _canonical(normalize_instance(instance))
     except ValueError as exc:  # an out-of-range number such as 1e999 parsed as infinity
         raise _invalid(f"{address} holds a value JSON cannot carry ({exc})") from exc
 

@@ -22,6 +22,8 @@ from app.domain.reservations import format_duration
 from app.errors import ConfigError, KlError
 from runner.config import ClientConfigError, resolve
 from runner.engine_client import EngineClient, EngineError
+from runner.plan import KlExit
+from runner.spec import SpecError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 3
 
@@ -274,6 +276,86 @@ def cmd_abort(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``5m``, ``1h30m`` → seconds."""
+    import re
+
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+)([hms])", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 30s, 5m or 1h")
+    return float(sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts))
+
+
+def _terraform_context(env: dict[str, str]) -> Any:
+    from runner.config import data_dir
+    from runner.plan import TerraformContext
+    from runner.terraform import TerraformNotFoundError, resolve_binary
+
+    try:
+        binary = resolve_binary(env)
+    except TerraformNotFoundError as exc:
+        raise UsageError(str(exc)) from exc
+    return TerraformContext(binary=binary, env=env, plugin_cache=data_dir(env) / "plugin-cache",
+                            echo=lambda line: print(line, flush=True))
+
+
+def _var_args(args: argparse.Namespace) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    for raw in args.var or []:
+        if "=" not in raw:
+            raise UsageError(f"-var {raw!r} must be NAME=VALUE")
+        found.append(("var", raw))
+    found += [("var-file", path) for path in args.var_file or []]
+    return found
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from runner.config import process_env
+    from runner.plan import make_plan, summary
+
+    env = process_env()
+    config_dir = Path(args.config_dir).resolve()
+    config = resolve(config_dir=config_dir, address=args.address, state=args.state, token=args.token, env=env)
+    if not config.state:
+        raise ClientConfigError("no state name: pass --state NAME or use a backend address ending in /v1/states/NAME")
+    spec = make_plan(EngineClient(config), _terraform_context(env), state=config.state, config_dir=config_dir,
+                     var_args=_var_args(args), targets=args.target or [])
+    out = Path(args.out)
+    out.write_text(spec.to_json())
+    print(summary(spec))
+    print(f"\nwrote {out}: apply it with kl apply {out}")
+    return EXIT_OK
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from runner.apply import ApplyOptions, apply_spec
+    from runner.config import data_dir, default_actor, process_env
+    from runner.spec import PlanSpec
+
+    env = process_env()
+    spec = PlanSpec.load(Path(args.plan_file))
+    config_dir = Path(spec.config_dir)
+    config = resolve(config_dir=config_dir, address=args.address or spec.address, state=spec.state,
+                     token=args.token, env=env)
+    supplied = dict(raw.split("=", 1) for kind, raw in _var_args(args) if kind == "var")
+    options = ApplyOptions(actor=args.actor or default_actor(env), wait_seconds=args.wait, dry_run=args.dry_run,
+                           data_dir=data_dir(env), supplied_vars=supplied, lease_seconds=args.lease)
+    apply_spec(EngineClient(config), _terraform_context(env), spec, config_dir, options)
+    return EXIT_OK
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from runner.apply import recover
+    from runner.config import data_dir, process_env
+
+    env = process_env()
+    client, _ = _client(args, need_state=False)
+    recover(client, data_dir(env), args.run_id, args.actor)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kl", description="Kilolock: Terraform state as rows, applied in parallel.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -328,6 +410,34 @@ def build_parser() -> argparse.ArgumentParser:
     abort.add_argument("--reason", help="recorded in the run and the audit trail")
     abort.set_defaults(func=cmd_abort)
 
+    plan = sub.add_parser("plan", help="plan against the trunk and write kl-plan.json (reservations to take)")
+    client_options(plan)
+    plan.add_argument("config_dir", nargs="?", default=".", metavar="CONFIG_DIR")
+    plan.add_argument("--out", default="kl-plan.json", help="where to write the plan file (default kl-plan.json)")
+    plan.add_argument("-var", "--var", action="append", metavar="NAME=VALUE", help="an input variable")
+    plan.add_argument("-var-file", "--var-file", action="append", metavar="FILE", help="a variables file")
+    plan.add_argument("--target", action="append", metavar="ADDRESS", help="plan only this address (repeatable)")
+    plan.set_defaults(func=cmd_plan)
+
+    apply = sub.add_parser("apply", help="apply a kl-plan.json: reserve, apply the slice, commit row by row")
+    client_options(apply)
+    apply.add_argument("plan_file", metavar="PLAN_FILE")
+    apply.add_argument("--actor", help="who is applying (default: KL_ACTOR or user@host)")
+    apply.add_argument("--wait", type=parse_duration, metavar="DURATION",
+                       help="wait up to this long for conflicting reservations (default: fail fast)")
+    apply.add_argument("--dry-run", action="store_true", help="reserve, report and release; change nothing")
+    apply.add_argument("--lease", type=parse_duration, default=900.0, metavar="DURATION",
+                       help="reservation lease, renewed while Terraform runs (default 15m)")
+    apply.add_argument("-var", "--var", action="append", metavar="NAME=VALUE",
+                       help="a sensitive variable's value again (not stored in the plan file)")
+    apply.set_defaults(func=cmd_apply, var_file=None)
+
+    recover_cmd = sub.add_parser("recover", help="commit the post-apply state kept for a run that did not commit")
+    client_options(recover_cmd)
+    recover_cmd.add_argument("run_id", metavar="RUN_ID")
+    recover_cmd.add_argument("--actor", help="holder for the new run when the old one has ended")
+    recover_cmd.set_defaults(func=cmd_recover)
+
     tenants = sub.add_parser("tenants", help="manage tenants (operators with database access)")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="SUBCOMMAND")
     t_create = tenants_sub.add_parser("create", help="create a tenant")
@@ -365,6 +475,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
+    except KlExit as exc:
+        print(f"kl: {exc}", file=sys.stderr)
+        return exc.code
+    except SpecError as exc:
+        print(f"kl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (UsageError, ClientConfigError, ConfigError) as exc:
         print(f"kl: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -80,3 +80,32 @@ def resolve(
         username=username,
         token=password,
     )
+
+
+def process_env() -> dict[str, str]:
+    """The environment kl passes on to Terraform (read here, once, at the process edge)."""
+    return dict(os.environ)
+
+
+def data_dir(env: Mapping[str, str]) -> Path:
+    """Where kl keeps its plugin cache and recoverable run states: KL_DATA_DIR or the user data folder."""
+    configured = env.get("KL_DATA_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    from app.embedded import default_data_dir
+
+    return default_data_dir()
+
+
+def default_actor(env: Mapping[str, str]) -> str:
+    import getpass
+    import socket
+
+    explicit = env.get("KL_ACTOR")
+    if explicit:
+        return explicit
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "kl"
+    return f"{user}@{socket.gethostname()}"

@@ -128,3 +128,7 @@ class EngineClient:
     def run_action(self, run_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
         """renew, release, running, close, abort or reservations on one run."""
         return self._post(f"/runs/{quote(run_id)}/{action}", body)
+
+    def commit(self, run_id: str, *, holder: str, state: dict[str, Any], slice_addresses: list[str]) -> dict[str, Any]:
+        body = {"holder": holder, "state": state, "slice_addresses": slice_addresses}
+        return self._post(f"/runs/{quote(run_id)}/commit", body, timeout=self.timeout * 5)

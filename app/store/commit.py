@@ -81,9 +81,10 @@ def commit_run(
             raise StateLockedError(f"state {state_name!r} is locked by Terraform; the commit must wait",
                                    lock_info=bytes(lock_info or b"{}"))
         (base_serial, actor) = conn.execute(_RUN, (run_id,)).fetchone() or (None, "")
-        if base_serial is None or head_serial is None:
-            raise BadRequestError(f"apply run {run_id} has no base serial (or its state has no versions): "
-                                  "open runs for commits with the serial the plan was made against")
+        if base_serial is None:
+            raise BadRequestError(f"apply run {run_id} has no base serial: open runs that commit with the serial "
+                                  "their plan was made against (0 for a state with no versions yet)")
+        head_serial = head_serial or 0
         reserved = conn.execute(_RUN_GLOBS, (run_id,)).fetchall()
         write_globs = rules.parse_globs(g for g, mode in reserved if mode == "write")
 

@@ -296,7 +296,7 @@ def open_run(
     def grant(conn: psycopg.Connection, row: states.StateRow) -> None:
         now = clock()
         if base_serial is not None:
-            if row.current_serial is None or base_serial > row.current_serial:
+            if base_serial > (row.current_serial or 0):
                 raise BadRequestError(f"base_serial {base_serial} is ahead of the trunk (serial {row.current_serial})")
             # A plan that is already stale would only fail at commit, after Terraform ran: refuse now.
             holds.check_stale(conn, row.id, base_serial, [w.text for w in wanted])

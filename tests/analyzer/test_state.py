@@ -23,6 +23,7 @@ from analyzer.state import (
     StateFormatError,
     assemble_state,
     canonical_json,
+    normalize_instance,
     parse_state,
 )
 
@@ -152,15 +153,17 @@ def test_reassembled_state_parses_back_to_identical_rows(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["state1.tfstate", "state2.tfstate"])
 def test_reassembled_state_holds_the_same_json_terraform_wrote(name: str) -> None:
+    """Equal JSON, except metadata keys whose empty value Terraform reads like their absence."""
     original = _raw(name)
     assembled = _reassemble(_parse(original))
-    assert json.loads(assembled) == json.loads(original)
+    expected = json.loads(original)
+    for resource in expected["resources"]:
+        resource["instances"] = [normalize_instance(i) for i in resource["instances"]]
+    assert json.loads(assembled) == expected
     assert assembled.endswith(b"}\n")
     # Same top-level, resource and instance key order as Terraform, so only values can differ in a diff.
     assert list(json.loads(assembled)) == list(json.loads(original))
-    for ours, theirs in zip(
-        json.loads(assembled)["resources"], json.loads(original)["resources"], strict=True
-    ):
+    for ours, theirs in zip(json.loads(assembled)["resources"], expected["resources"], strict=True):
         assert list(ours) == list(theirs)
         assert [list(i) for i in ours["instances"]] == [list(i) for i in theirs["instances"]]
 
@@ -688,3 +691,22 @@ def test_addresses_of_tricky_for_each_keys_match_what_terraform_prints(tmp_path:
     assert len(shown) == 2 * len(_TRICKY_KEYS)
     for row in rows:
         assert parse_instance_address(row.address).key in (None, *_TRICKY_KEYS)
+
+
+def test_metadata_terraform_reads_as_absent_never_fakes_a_change() -> None:
+    full = {"schema_version": 0, "attributes": {"id": "x"}, "sensitive_attributes": [], "identity_schema_version": 0,
+            "private": "", "dependencies": [], "create_before_destroy": False}
+    bare = {"schema_version": 0, "attributes": {"id": "x"}}
+    with_identity = {**bare, "identity": {"arn": "a"}, "identity_schema_version": 0}
+
+    def rows(instance: dict[str, object]) -> InstanceRow:
+        doc = {"version": 4, "serial": 1, "lineage": "l", "terraform_version": "1.15.5", "outputs": {},
+               "resources": [{"mode": "managed", "type": "t", "name": "n", "provider": "p", "instances": [instance]}]}
+        parsed = parse_state(json.dumps(doc).encode())
+        assert isinstance(parsed, ParsedState)
+        return parsed.instances[0]
+
+    assert rows(full).attributes_hash == rows(bare).attributes_hash
+    assert "identity_schema_version" in rows(with_identity).instance_json
+    assert rows(with_identity).attributes_hash != rows(bare).attributes_hash
+    assert rows({**bare, "attributes": {"id": "y"}}).attributes_hash != rows(bare).attributes_hash

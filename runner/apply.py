@@ -1,0 +1,269 @@
+"""``kl apply kl-plan.json``: reserve the plan's addresses, re-plan in a private workspace over the
+trunk slice the configuration describes, apply, and commit the write set row by row.
+
+The server re-checks every invariant at commit; the checks here only fail earlier and clearer.
+A post-apply state that could not be committed is kept under KL_DATA_DIR/runs/RUN_ID for
+``kl runs recover``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analyzer.configuration import is_described
+from analyzer.plan import analyze_plan
+from analyzer.state import ParsedState, assemble_state, parse_state
+from app.domain.commit import commit_delta
+from runner import workspace
+from runner.engine_client import EngineClient, EngineError
+from runner.plan import KlExit, TerraformContext, fetch_snapshot, plan_in_workspace, terraform, var_flags
+from runner.spec import PlanSpec
+
+CONFLICT_CODES = {"reservation_conflict", "stale_plan"}
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyOptions:
+    actor: str
+    wait_seconds: float | None
+    dry_run: bool
+    data_dir: Path
+    supplied_vars: Mapping[str, str]  # sensitive values given again at apply time
+    lease_seconds: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyOutcome:
+    run_id: str
+    serial: int | None
+    changed: tuple[str, ...]
+
+
+def check_spec(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplied: Mapping[str, str]) -> None:
+    """Refuse (exit 2: re-plan) when the configuration or the pinned inputs moved since kl plan."""
+    if workspace.config_hash(config_dir) != spec.config_hash:
+        raise KlExit(2, f"the configuration in {config_dir} changed since kl plan: re-run kl plan")
+    for var in spec.variables:
+        if var.kind == "var-file":
+            path = Path(var.name)
+            if not path.is_file() or workspace.file_hash(path) != var.sha256:
+                raise KlExit(2, f"-var-file {var.name} changed or vanished since kl plan: re-run kl plan")
+        elif var.kind == "env":
+            if hashlib.sha256(env.get(var.name, "").encode()).hexdigest() != var.sha256:
+                raise KlExit(2, f"{var.name} differs from what kl plan saw: re-run kl plan")
+        elif var.value is None:
+            given = supplied.get(var.name)
+            if given is None:
+                raise KlExit(3, f"variable {var.name} is sensitive and not stored in the plan file: pass it "
+                                f"again with -var {var.name}=... or TF_VAR_{var.name}")
+            if hashlib.sha256(given.encode()).hexdigest() != var.sha256:
+                raise KlExit(2, f"variable {var.name} differs from what kl plan used: re-run kl plan")
+
+
+class Heartbeat:
+    """Renews the run's lease in the background; a failed renew is loud and sticky."""
+
+    def __init__(self, client: EngineClient, run_id: str, holder: str, every: float, echo: Any) -> None:
+        self._client, self._run_id, self._holder, self._every, self._echo = client, run_id, holder, every, echo
+        self._stop = threading.Event()
+        self.lost: str | None = None
+        self._thread = threading.Thread(target=self._loop, name="kl-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self._client.run_action(self._run_id, "renew", {"holder": self._holder})
+            except EngineError as exc:
+                if exc.code in ("lease_expired", "run_closed", "not_run_holder", "run_not_found"):
+                    self.lost = str(exc)
+                    self._echo(f"kl: LOST the reservations of {self._run_id}: {exc}. Nothing will be committed.")
+                    return
+                self._echo(f"kl: warning: lease renewal failed ({exc}); retrying")
+
+
+def _slice(snapshot_parsed: ParsedState | None, spec: PlanSpec) -> tuple[bytes | None, list[str]]:
+    """The trunk instances the configuration describes, as a state file, and their addresses."""
+    if snapshot_parsed is None:
+        return None, []
+    described = frozenset(spec.described_resources)
+    rows = [r for r in snapshot_parsed.instances if is_described(r.address, described)]
+    raw = assemble_state(serial=snapshot_parsed.serial, lineage=snapshot_parsed.lineage,
+                         terraform_version=snapshot_parsed.terraform_version, instances=rows,
+                         outputs=snapshot_parsed.outputs)
+    return raw, sorted({r.address for r in rows})
+
+
+def _save_recovery(data_dir: Path, run_id: str, spec: PlanSpec, holder: str, result: bytes,
+                   slice_addresses: list[str], reason: str) -> Path:
+    where = data_dir / "runs" / run_id
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "terraform.tfstate").write_bytes(result)
+    where.chmod(0o700)
+    (where / "recovery.json").write_text(json.dumps({
+        "run_id": run_id, "state": spec.state, "address": spec.address, "holder": holder,
+        "base_serial": spec.base_serial, "slice_addresses": slice_addresses,
+        "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations], "reason": reason,
+    }, indent=2))
+    return where
+
+
+def _fail(client: EngineClient, run_id: str, holder: str, summary: str) -> None:
+    try:
+        client.run_action(run_id, "close", {"holder": holder, "status": "failed", "error_summary": summary[-2000:]})
+    except EngineError:
+        pass  # the lease or an operator may have ended it already; the error below is what matters
+
+
+def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, config_dir: Path,
+               options: ApplyOptions) -> ApplyOutcome:
+    check_spec(spec, config_dir, ctx.env, options.supplied_vars)
+    echo = ctx.echo
+    if not spec.write_set and not spec.output_changes:
+        echo("kl apply: the plan has no changes; nothing to do")
+        return ApplyOutcome("", None, ())
+    try:
+        opened = client.open_run(
+            spec.state, actor=options.actor, reservations=spec.reservations, wait_seconds=options.wait_seconds,
+            lease_seconds=options.lease_seconds, base_serial=spec.base_serial,
+            info={"config_hash": spec.config_hash, "dry_run": options.dry_run},
+        )
+    except EngineError as exc:
+        if exc.code in CONFLICT_CODES:
+            raise KlExit(2, str(exc)) from exc
+        raise
+    run_id = opened["run"]["id"]
+    echo(f"reserved for run {run_id} ({options.actor}):")
+    for g, m in spec.reservations:
+        echo(f"  {m:<5} {g}")
+    if options.dry_run:
+        client.run_action(run_id, "close", {"holder": options.actor, "status": "aborted",
+                                            "error_summary": "dry run: reservations released"})
+        echo(f"dry run: would apply {len(spec.write_set)} change(s) to {spec.state!r} at serial "
+             f"{spec.base_serial}; reservations released")
+        return ApplyOutcome(run_id, None, ())
+    with Heartbeat(client, run_id, options.actor, max(options.lease_seconds / 3, 1.0), echo) as heartbeat:
+        return _apply_run(client, ctx, spec, config_dir, options, run_id, heartbeat)
+
+
+def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, config_dir: Path,
+               options: ApplyOptions, run_id: str, heartbeat: Heartbeat) -> ApplyOutcome:
+    echo, holder = ctx.echo, options.actor
+    snapshot = fetch_snapshot(client, spec.state)
+    slice_raw, slice_addresses = _slice(snapshot.parsed, spec)
+    tmp = Path(tempfile.mkdtemp(prefix=f"kl-apply-{run_id}-"))
+    try:
+        ws = workspace.build(config_dir, tmp / "ws", slice_raw)
+        flags = var_flags(spec.variables, options.supplied_vars)
+        try:
+            plan = plan_in_workspace(ctx, ws, flags, spec.targets)
+        except KlExit as exc:
+            _fail(client, run_id, holder, str(exc))
+            raise
+        replanned = analyze_plan(plan)
+        replanned_writes = replanned.write_set - set(spec.orphans)
+        if replanned_writes != set(spec.write_set):
+            extra = sorted(replanned_writes - set(spec.write_set))
+            missing = sorted(set(spec.write_set) - replanned_writes)
+            message = (f"the re-plan over the trunk slice differs from kl-plan.json (new: {extra[:10]}, gone: "
+                       f"{missing[:10]}); nothing was applied: re-run kl plan")
+            _fail(client, run_id, holder, message)
+            raise KlExit(2, message)
+        client.run_action(run_id, "running", {"holder": holder})
+        echo(f"applying {len(spec.write_set)} change(s)...")
+        try:
+            terraform(ctx, ws, ["apply", "-input=false", "-lock=false", "-auto-approve", "-no-color",
+                                "kl.tfplan"])
+        except KlExit as exc:
+            result = ws.read_state()
+            where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses,
+                                   "apply failed") if result else None
+            _fail(client, run_id, holder, str(exc))
+            kept = f"\nthe partial post-apply state is kept in {where} (see kl runs recover)" if where else ""
+            raise KlExit(1, f"{exc}\nnothing was committed; the trunk is unchanged{kept}") from exc
+        result = ws.read_state() or b""
+        return _commit(client, spec, options, run_id, heartbeat, result, slice_raw, slice_addresses)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id: str, heartbeat: Heartbeat,
+            result: bytes, slice_raw: bytes | None, slice_addresses: list[str]) -> ApplyOutcome:
+    holder = options.actor
+    parsed = parse_state(result)
+    before = parse_state(slice_raw) if slice_raw else None
+    if not isinstance(parsed, ParsedState):
+        raise KlExit(1, "terraform left no readable state behind; nothing was committed")
+    base = {(r.address, r.deposed): r.attributes_hash for r in before.instances} \
+        if isinstance(before, ParsedState) else {}
+    delta = commit_delta(base, parsed.instances, slice_addresses)
+    surprise = sorted(set(delta.addresses) - set(spec.write_set))
+    if surprise or heartbeat.lost:
+        reason = (f"the apply changed addresses outside the plan's write set: {', '.join(surprise[:20])}"
+                  if surprise else f"the reservations were lost during the apply: {heartbeat.lost}")
+        where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, reason)
+        _fail(client, run_id, holder, reason)
+        raise KlExit(1, f"{reason}; nothing was committed; the post-apply state is kept in {where}")
+    try:
+        answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses)
+    except EngineError as exc:
+        where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, str(exc))
+        if exc.code not in ("lease_expired", "run_closed"):
+            _fail(client, run_id, holder, str(exc))
+        code = 2 if exc.code in CONFLICT_CODES else 1
+        raise KlExit(code, f"commit refused: {exc}\nthe post-apply state is kept in {where} (kl runs recover "
+                           f"{run_id} retries the commit)") from exc
+    serial = answer["commit"]["serial"]
+    ctx_line = f"committed at serial {serial} (run {run_id})" if serial is not None else \
+        f"nothing changed on the trunk (run {run_id})"
+    c = answer["commit"]
+    print(f"apply complete: {c['created']} created, {c['updated']} changed, {c['deleted']} destroyed")
+    print(ctx_line)
+    return ApplyOutcome(run_id, serial, tuple(c["addresses"]))
+
+
+def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None) -> ApplyOutcome:
+    """Commit the post-apply state kept for a run: through the run itself while it is live, else
+    through a new run holding the same reservations and checked against the same base serial."""
+    where = data_dir / "runs" / run_id
+    try:
+        meta = json.loads((where / "recovery.json").read_text())
+        result = (where / "terraform.tfstate").read_bytes()
+    except FileNotFoundError as exc:
+        raise KlExit(3, f"nothing kept for {run_id} in {where}") from exc
+    holder = meta["holder"]
+    target = run_id
+    status = client.get_run(run_id)["run"]["status"]
+    if status not in ("reserved", "running"):
+        holder = actor or holder
+        try:
+            opened = client.open_run(meta["state"], actor=holder, reservations=[
+                (r["glob"], r["mode"]) for r in meta["reservations"]], base_serial=meta["base_serial"],
+                info={"recovers": run_id})
+        except EngineError as exc:
+            raise KlExit(2 if exc.code in CONFLICT_CODES else 1, f"cannot recover {run_id}: {exc}") from exc
+        target = opened["run"]["id"]
+    try:
+        answer = client.commit(target, holder=holder, state=json.loads(result),
+                               slice_addresses=meta["slice_addresses"])
+    except EngineError as exc:
+        raise KlExit(2 if exc.code in CONFLICT_CODES else 1, f"recovery commit refused: {exc}") from exc
+    shutil.rmtree(where, ignore_errors=True)
+    serial = answer["commit"]["serial"]
+    print(f"recovered {run_id}: committed at serial {serial} (run {target})")
+    return ApplyOutcome(target, serial, tuple(answer["commit"]["addresses"]))

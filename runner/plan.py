@@ -1,0 +1,214 @@
+"""``kl plan``: plan a configuration against a trunk snapshot in a private workspace and write
+kl-plan.json — the write set, the read set, the reservations to take, and what each address does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from analyzer.configuration import described_resources, orphans
+from analyzer.plan import PlanFormatError, analyze_plan
+from analyzer.state import ParsedState, parse_state
+from runner import workspace
+from runner.engine_client import EngineClient, EngineError
+from runner.spec import PinnedVar, PlanSpec
+from runner.terraform import TerraformBinary, TerraformError, run
+
+PLAN_FILE = "kl.tfplan"
+
+
+class KlExit(Exception):
+    """Stop a command with an exit code: 1 failed, 2 conflict or stale plan, 3 usage/config."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class TerraformContext:
+    """How to run Terraform for one command."""
+
+    binary: TerraformBinary
+    env: Mapping[str, str]
+    plugin_cache: Path
+    echo: Callable[[str], None]
+    stream: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The trunk as the rows hold it (None when the state has no versions yet)."""
+
+    raw: bytes | None
+    parsed: ParsedState | None
+
+    @property
+    def serial(self) -> int:
+        return self.parsed.serial if self.parsed else 0
+
+    @property
+    def lineage(self) -> str | None:
+        return self.parsed.lineage if self.parsed else None
+
+
+def fetch_snapshot(client: EngineClient, state: str) -> Snapshot:
+    try:
+        raw = client.assembled(state)
+    except EngineError as exc:
+        if exc.status == 404:
+            return Snapshot(None, None)
+        raise
+    parsed = parse_state(raw)
+    if not isinstance(parsed, ParsedState):
+        raise KlExit(3, f"state {state!r} is encrypted (OpenTofu state encryption): kl cannot slice it")
+    return Snapshot(raw, parsed)
+
+
+def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str], *, quiet: bool = False,
+              ok: tuple[int, ...] = (0,)) -> str:
+    """Run one Terraform command in the workspace, streaming its output unless quiet."""
+    def forward(_: str, line: str) -> None:
+        ctx.echo("  │ " + line.rstrip("\n"))
+
+    env = workspace.terraform_env(ctx.env, ctx.plugin_cache)
+    try:
+        result = run(ctx.binary, ["-chdir=" + str(ws.path), *args], cwd=ws.path, env=env,
+                     stream=None if quiet or not ctx.stream else forward)
+        result.check(ok_codes=ok)
+    except TerraformError as exc:
+        raise KlExit(1, f"terraform {args[0]} failed (exit {exc.exit_code}):\n{exc.stderr_tail}") from exc
+    return result.stdout
+
+
+def init(ctx: TerraformContext, ws: workspace.Workspace) -> None:
+    with workspace.plugin_cache_lock(ctx.plugin_cache):
+        terraform(ctx, ws, ["init", "-input=false", "-no-color"], quiet=True)
+
+
+def var_flags(variables: Sequence[PinnedVar], supplied: Mapping[str, str]) -> list[str]:
+    """Terraform flags for pinned inputs; sensitive values come from ``supplied`` (name → value)."""
+    flags: list[str] = []
+    for var in variables:
+        if var.kind == "var":
+            value = var.value if var.value is not None else supplied.get(var.name)
+            flags.append(f"-var={var.name}={value}")
+        elif var.kind == "var-file":
+            flags.append(f"-var-file={var.name}")
+    return flags
+
+
+def pin_variables(
+    var_args: Sequence[tuple[str, str]], env: Mapping[str, str], sensitive: frozenset[str]
+) -> tuple[PinnedVar, ...]:
+    """Record every input the plan used: -var values (hash only when sensitive), -var-file paths
+    with content hashes, and TF_VAR_ variables (hash only)."""
+    pinned: list[PinnedVar] = []
+    for kind, raw in var_args:
+        if kind == "var":
+            name, _, value = raw.partition("=")
+            digest = hashlib.sha256(value.encode()).hexdigest()
+            pinned.append(PinnedVar("var", name, digest, None if name in sensitive else value))
+        else:
+            path = Path(raw).resolve()
+            if not path.is_file():
+                raise KlExit(3, f"-var-file {raw}: no such file")
+            pinned.append(PinnedVar("var-file", str(path), workspace.file_hash(path)))
+    for key in sorted(k for k in env if k.startswith("TF_VAR_")):
+        pinned.append(PinnedVar("env", key, hashlib.sha256(env[key].encode()).hexdigest()))
+    return tuple(pinned)
+
+
+def sensitive_variables(plan: Mapping[str, Any]) -> frozenset[str]:
+    root = plan.get("configuration", {}).get("root_module", {})
+    return frozenset(name for name, var in (root.get("variables") or {}).items() if var.get("sensitive"))
+
+
+def plan_in_workspace(
+    ctx: TerraformContext, ws: workspace.Workspace, flags: Sequence[str], targets: Sequence[str]
+) -> dict[str, Any]:
+    """init, plan -out, show -json; returns the plan JSON. Plans never refresh: Kilolock plans
+    against the trunk as recorded (see docs/parallel-apply.md)."""
+    init(ctx, ws)
+    terraform(ctx, ws, ["plan", "-input=false", "-lock=false", "-refresh=false", "-no-color",
+                        f"-out={PLAN_FILE}", *flags, *(f"-target={t}" for t in targets)], quiet=True)
+    shown = terraform(ctx, ws, ["show", "-json", PLAN_FILE], quiet=True)
+    try:
+        doc = json.loads(shown)
+    except ValueError as exc:
+        raise KlExit(1, "terraform show -json did not print JSON") from exc
+    if not isinstance(doc, dict):
+        raise KlExit(1, "terraform show -json did not print a plan object")
+    return doc
+
+
+def state_edges(snapshot: Snapshot) -> tuple[list[tuple[str, str]], list[str]]:
+    if snapshot.parsed is None:
+        return [], []
+    edges = [(row.address, dep) for row in snapshot.parsed.instances for dep in row.dependencies]
+    return edges, [row.address for row in snapshot.parsed.instances]
+
+
+def make_plan(
+    client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path,
+    var_args: Sequence[tuple[str, str]], targets: Sequence[str],
+) -> PlanSpec:
+    """Plan ``config_dir`` against the trunk and describe the result as a PlanSpec."""
+    snapshot = fetch_snapshot(client, state)
+    with tempfile.TemporaryDirectory(prefix="kl-plan-") as tmp:
+        ws = workspace.build(config_dir, Path(tmp) / "ws", snapshot.raw)
+        flags = [f"-var={raw}" if kind == "var" else f"-var-file={Path(raw).resolve()}" for kind, raw in var_args]
+        plan = plan_in_workspace(ctx, ws, flags, targets)
+    described = described_resources(plan)
+    edges, addresses = state_edges(snapshot)
+    try:
+        analysis = analyze_plan(plan, state_edges=edges, state_addresses=addresses)
+    except PlanFormatError as exc:
+        raise KlExit(1, f"cannot read Terraform's plan: {exc}") from exc
+    left_alone = orphans(plan.get("resource_changes", []), described)
+    warnings = list(analysis.warnings)
+    if left_alone:
+        warnings.append(
+            f"{len(left_alone)} trunk instance(s) have no resource block in this configuration and are left "
+            f"alone (another change may own them): {', '.join(sorted(left_alone)[:10])}"
+        )
+    write_set = tuple(sorted(analysis.write_set - left_alone))
+    return PlanSpec(
+        state=state, address=client.config.base_url, lineage=snapshot.lineage, base_serial=snapshot.serial,
+        terraform_version=analysis.terraform_version, config_dir=str(config_dir.resolve()),
+        config_hash=workspace.config_hash(config_dir), created_at=datetime.now(UTC).isoformat(),
+        write_set=write_set, read_set=tuple(sorted(analysis.read_set - left_alone)),
+        write_globs=tuple(sorted(set(analysis.write_globs) - left_alone)), read_globs=tuple(analysis.read_globs),
+        actions={c.address: c.summary for c in analysis.changes if c.address in write_set},
+        described_resources=tuple(sorted(described)), orphans=tuple(sorted(left_alone)), warnings=tuple(warnings),
+        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan)), targets=tuple(targets),
+        output_changes={name: "-".join(actions) for name, actions in analysis.output_changes.items()
+                        if tuple(actions) != ("no-op",)},
+    )
+
+
+def summary(spec: PlanSpec) -> str:
+    """The readable account kl plan prints."""
+    lines = [f"kl plan: state {spec.state!r} at serial {spec.base_serial}"]
+    if not spec.write_set and not spec.output_changes:
+        lines.append("No changes: nothing to apply.")
+    counts: dict[str, int] = {}
+    for action in spec.actions.values():
+        counts[action] = counts.get(action, 0) + 1
+    if counts:
+        lines.append("Changes: " + ", ".join(f"{n} to {a}" for a, n in sorted(counts.items())))
+        lines += [f"  {action:<8} {address}" for address, action in sorted(spec.actions.items())]
+    if spec.output_changes:
+        lines.append("Outputs: " + ", ".join(f"{n} ({a})" for n, a in sorted(spec.output_changes.items())))
+    lines.append("Reservations kl apply will take:")
+    lines += [f"  write {g}" for g in spec.write_globs] or ["  (none to write)"]
+    lines += [f"  read  {g}" for g in spec.read_globs]
+    lines += [f"warning: {w}" for w in spec.warnings]
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""kl-plan.json: what ``kl plan`` predicted and ``kl apply`` must reproduce.
+
+Holds addresses, actions, hashes and non-sensitive variable values — never attribute values, and
+never the value of a sensitive variable (only its hash, so ``kl apply`` can check it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPEC_VERSION = 1
+
+
+class SpecError(Exception):
+    """The plan file is missing, unreadable or not a kl-plan.json."""
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedVar:
+    """One ``-var``/``-var-file``/``TF_VAR_`` input. ``value`` is None for sensitive variables."""
+
+    kind: str  # "var" | "var-file" | "env"
+    name: str  # variable name, or the var file's path
+    sha256: str
+    value: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSpec:
+    state: str
+    address: str
+    lineage: str | None
+    base_serial: int | None
+    terraform_version: str
+    config_dir: str
+    config_hash: str
+    created_at: str
+    write_set: tuple[str, ...]
+    read_set: tuple[str, ...]
+    write_globs: tuple[str, ...]
+    read_globs: tuple[str, ...]
+    actions: dict[str, str]
+    described_resources: tuple[str, ...]
+    orphans: tuple[str, ...]
+    warnings: tuple[str, ...]
+    variables: tuple[PinnedVar, ...] = ()
+    targets: tuple[str, ...] = ()
+    output_changes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def reservations(self) -> list[tuple[str, str]]:
+        return [(g, "write") for g in self.write_globs] + [(g, "read") for g in self.read_globs]
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = {"kilolock_plan": SPEC_VERSION, **asdict(self)}
+        doc["reservations"] = [{"glob": g, "mode": m} for g, m in self.reservations]
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def load(cls, path: Path) -> PlanSpec:
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise SpecError(f"{path} does not exist: run kl plan first") from exc
+        except ValueError as exc:
+            raise SpecError(f"{path} is not JSON: it should be the file kl plan wrote") from exc
+        if not isinstance(doc, dict) or doc.get("kilolock_plan") != SPEC_VERSION:
+            raise SpecError(f"{path} is not a kl-plan.json (version {SPEC_VERSION}); re-run kl plan")
+        doc.pop("kilolock_plan")
+        doc.pop("reservations", None)
+        try:
+            doc["variables"] = tuple(PinnedVar(**v) for v in doc.get("variables", ()))
+            for key in ("write_set", "read_set", "write_globs", "read_globs", "described_resources", "orphans",
+                        "warnings", "targets"):
+                doc[key] = tuple(doc.get(key, ()))
+            return cls(**doc)
+        except TypeError as exc:
+            raise SpecError(f"{path} is missing fields ({exc}); re-run kl plan") from exc

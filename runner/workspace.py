@@ -1,0 +1,100 @@
+"""Private Terraform working directories: the configuration copied, its backend replaced by a
+local one, a state slice written as terraform.tfstate, and a shared provider plugin cache.
+
+Terraform never talks to the Kilolock backend from here: a configured backend would receive the
+apply's writes whatever ``-state`` says, so the backend is overridden instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+# Copied configuration never includes Terraform's own working data, local states or our artifacts.
+_SKIP_DIRS = {".terraform", ".git", ".hg", ".kilolock"}
+_SKIP_SUFFIXES = (".tfstate", ".tfstate.backup", ".tfplan", ".igplan")
+_SKIP_NAMES = {"kl-plan.json", ".terraform.tfstate.lock.info"}
+# Files that decide what Terraform plans; their hash pins a kl-plan.json to the configuration.
+_CONFIG_SUFFIXES = (".tf", ".tf.json", ".tfvars", ".tfvars.json", ".tftpl", ".tpl", ".hcl")
+
+OVERRIDE_NAME = "kilolock_override.tf"
+OVERRIDE = 'terraform {\n  backend "local" {}\n}\n'
+
+
+def _copied(config_dir: Path) -> Iterator[Path]:
+    for path in sorted(config_dir.rglob("*")):
+        relative = path.relative_to(config_dir)
+        if any(part in _SKIP_DIRS for part in relative.parts):
+            continue
+        if path.is_file() and not path.name.endswith(_SKIP_SUFFIXES) and path.name not in _SKIP_NAMES \
+                and path.name != OVERRIDE_NAME:
+            yield path
+
+
+def config_hash(config_dir: Path) -> str:
+    """SHA-256 over the configuration files (paths and contents) that shape a plan."""
+    digest = hashlib.sha256()
+    for path in _copied(config_dir):
+        if path.name.endswith(_CONFIG_SUFFIXES):
+            digest.update(str(path.relative_to(config_dir)).encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    path: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / "terraform.tfstate"
+
+    def read_state(self) -> bytes | None:
+        return self.state_file.read_bytes() if self.state_file.exists() else None
+
+
+def build(config_dir: Path, dest: Path, state: bytes | None) -> Workspace:
+    """Copy the configuration into ``dest`` (which must not exist), override its backend with a
+    local one, and write ``state`` (the slice) as terraform.tfstate."""
+    dest.mkdir(parents=True)
+    for path in _copied(config_dir):
+        target = dest / path.relative_to(config_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    (dest / OVERRIDE_NAME).write_text(OVERRIDE)
+    if state is not None:
+        (dest / "terraform.tfstate").write_bytes(state)
+    return Workspace(dest)
+
+
+@contextmanager
+def plugin_cache_lock(cache_dir: Path) -> Iterator[None]:
+    """Serialise ``terraform init`` across processes sharing one plugin cache: concurrent inits
+    writing the same cache entries are a known source of corrupt or half-written providers."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".kilolock-init.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def terraform_env(base: Mapping[str, str], cache_dir: Path) -> dict[str, str]:
+    env = dict(base)
+    env["TF_PLUGIN_CACHE_DIR"] = str(cache_dir)
+    env["TF_IN_AUTOMATION"] = "1"
+    env["TF_INPUT"] = "0"
+    # The workspace's own backend is local; never let TF_HTTP_* settings leak into it.
+    for key in [k for k in env if k.startswith("TF_HTTP_")]:
+        del env[key]
+    return env

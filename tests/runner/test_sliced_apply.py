@@ -1,0 +1,268 @@
+"""kl plan / kl apply end to end: real server, real Terraform, real concurrency. After every
+scenario vanilla Terraform over the whole configuration must see no changes (convergence)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import kl_terraform_bin
+
+pytestmark = pytest.mark.terraform
+
+BACKEND = """terraform {{
+  backend "http" {{
+    address        = "{url}"
+    lock_address   = "{url}"
+    unlock_address = "{url}"
+    lock_method    = "LOCK"
+    unlock_method  = "UNLOCK"
+  }}
+}}
+"""
+
+RESOURCES = """
+resource "terraform_data" "net" {{
+  input = "net-{net}"
+}}
+resource "terraform_data" "web" {{
+  input            = "web-{web}-${{terraform_data.net.output}}"
+  triggers_replace = "{web}"
+  provisioner "local-exec" {{
+    command = "{web_cmd}"
+  }}
+}}
+resource "terraform_data" "db" {{
+  input            = "db-{db}"
+  triggers_replace = "{db}"
+  provisioner "local-exec" {{
+    command = "{db_cmd}"
+  }}
+}}
+output "web" {{
+  value = terraform_data.web.output
+}}
+"""
+
+
+class Repo:
+    """One engineer's checkout of the shared configuration."""
+
+    def __init__(self, root: Path, url: str, env: dict[str, str], name: str) -> None:
+        self.dir = root / name
+        self.dir.mkdir()
+        self.url = url
+        self.env = env
+
+    def write(self, net: str = "v1", web: str = "v1", db: str = "v1", web_cmd: str = "true",
+              db_cmd: str = "true") -> None:
+        (self.dir / "main.tf").write_text(BACKEND.format(url=self.url) + RESOURCES.format(
+            net=net, web=web, db=db, web_cmd=web_cmd, db_cmd=db_cmd))
+
+    def tf(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([kl_terraform_bin(), *args], cwd=self.dir, env=self.env, capture_output=True,
+                              text=True, timeout=180)
+        assert not check or proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def kl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(Path(sys.executable).with_name("kl")), *args], cwd=self.dir, env=self.env,
+                              capture_output=True, text=True, timeout=180)
+
+    def kl_popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([str(Path(sys.executable).with_name("kl")), *args], cwd=self.dir, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def converged(self) -> None:
+        self.tf("init", "-input=false", "-reconfigure")
+        plan = self.tf("plan", "-detailed-exitcode", "-input=false", check=False)
+        assert plan.returncode == 0, "vanilla terraform plan shows changes:\n" + plan.stdout + plan.stderr
+
+
+@pytest.fixture
+def world(live_server, tmp_path, terraform_factory):  # type: ignore[no-untyped-def]
+    env = dict(terraform_factory("seed").env)
+    env["KL_DATA_DIR"] = str(tmp_path / "kl-data")
+    env["PATH"] = os.environ["PATH"]
+    url = live_server.state_url("shared")
+    seed = Repo(tmp_path, url, env, "trunk")
+    seed.write()
+    seed.tf("init", "-input=false")
+    seed.tf("apply", "-auto-approve", "-input=false")
+    return {"url": url, "root": tmp_path, "env": env, "server": live_server, "seed": seed}
+
+
+def checkout(world, name: str) -> Repo:  # type: ignore[no-untyped-def]
+    return Repo(world["root"], world["url"], world["env"], name)
+
+
+def head(world) -> dict:  # type: ignore[type-arg,no-untyped-def]
+    return json.loads(requests.get(world["url"], timeout=10).content)
+
+
+def inputs(world) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {r["name"]: r["instances"][0]["attributes"]["input"]["value"] for r in head(world)["resources"]}
+
+
+def runs(world) -> list[dict]:  # type: ignore[type-arg,no-untyped-def]
+    return requests.get(world["server"].url + "/v1/engine/runs?state=shared", timeout=10).json()["runs"]
+
+
+def test_plan_then_apply_commits_the_change_and_vanilla_terraform_converges(world):
+    before = head(world)
+    alice = checkout(world, "alice")
+    alice.write(db="v2")
+    planned = alice.kl("plan")
+    assert planned.returncode == 0, planned.stderr
+    assert "replace  terraform_data.db" in planned.stdout and "write terraform_data.db" in planned.stdout
+    spec = json.loads((alice.dir / "kl-plan.json").read_text())
+    assert spec["write_set"] == ["terraform_data.db"] and spec["base_serial"] == before["serial"]
+    assert spec["actions"] == {"terraform_data.db": "replace"}
+    applied = alice.kl("apply", "kl-plan.json", "--actor", "alice")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert f"committed at serial {before['serial'] + 1} (run ar_" in applied.stdout
+    after = head(world)
+    assert after["lineage"] == before["lineage"] and after["serial"] == before["serial"] + 1
+    assert inputs(world)["db"] == "db-v2"
+    [run] = runs(world)
+    assert run["status"] == "committed" and run["actor"] == "alice"
+    alice.converged()
+
+
+def test_two_disjoint_applies_run_at_the_same_time_and_both_commit(world):
+    alice, bob = checkout(world, "alice"), checkout(world, "bob")
+    alice.write(web="v2", web_cmd="sleep 4")
+    bob.write(db="v2", db_cmd="sleep 4")
+    assert alice.kl("plan").returncode == 0 and bob.kl("plan").returncode == 0
+    first = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
+    second = bob.kl_popen("apply", "kl-plan.json", "--actor", "bob")
+    out_a, _ = first.communicate(timeout=120)
+    out_b, _ = second.communicate(timeout=120)
+    assert first.returncode == 0, out_a
+    assert second.returncode == 0, out_b
+    done = {r["actor"]: r for r in runs(world)}
+    a, b = done["alice"], done["bob"]
+    assert a["started_at"] < b["finished_at"] and b["started_at"] < a["finished_at"], "run windows did not overlap"
+    assert sorted([a["committed_serial"], b["committed_serial"]]) == [head(world)["serial"] - 1, head(world)["serial"]]
+    assert inputs(world)["db"] == "db-v2" and inputs(world)["web"].startswith("web-v2")
+    merged = checkout(world, "merged")
+    merged.write(web="v2", db="v2", web_cmd="sleep 4", db_cmd="sleep 4")
+    merged.converged()
+
+
+def test_overlapping_write_sets_conflict_with_exit_2(world):
+    alice, carol = checkout(world, "alice"), checkout(world, "carol")
+    alice.write(web="v2", web_cmd="sleep 6")
+    carol.write(web="v3")
+    assert alice.kl("plan").returncode == 0 and carol.kl("plan").returncode == 0
+    first = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(r["status"] in ("reserved", "running") for r in runs(world)):
+        time.sleep(0.2)
+    refused = carol.kl("apply", "kl-plan.json", "--actor", "carol")
+    first.communicate(timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "reservation conflict on terraform_data.web: held by alice (run ar_" in refused.stderr
+    assert first.returncode == 0
+    alice.converged()
+
+
+def test_a_read_address_changed_by_another_run_after_planning_is_stale(world):
+    alice, bob = checkout(world, "alice"), checkout(world, "bob")
+    alice.write(web="v2")          # web reads net
+    bob.write(net="v2")            # bob rewrites net (and so web's input would change: bob writes web too)
+    assert alice.kl("plan").returncode == 0
+    spec = json.loads((alice.dir / "kl-plan.json").read_text())
+    assert "terraform_data.net" in spec["read_set"]
+    assert bob.kl("plan").returncode == 0
+    assert bob.kl("apply", "kl-plan.json", "--actor", "bob").returncode == 0
+    before = head(world)
+    stale = alice.kl("apply", "kl-plan.json", "--actor", "alice")
+    assert stale.returncode == 2, stale.stdout + stale.stderr
+    assert "stale plan" in stale.stderr and "re-run kl plan" in stale.stderr
+    assert head(world) == before
+    bob.converged()
+
+
+def test_a_configuration_edited_after_planning_is_refused(world):
+    alice = checkout(world, "alice")
+    alice.write(db="v2")
+    assert alice.kl("plan").returncode == 0
+    alice.write(db="v2", web="sneaky")
+    refused = alice.kl("apply", "kl-plan.json", "--actor", "alice")
+    assert refused.returncode == 2 and "changed since kl plan" in refused.stderr
+    assert runs(world) == []
+
+
+def test_a_failing_apply_commits_nothing_and_releases_its_reservations(world):
+    before = head(world)
+    alice = checkout(world, "alice")
+    alice.write(db="v2", db_cmd="exit 1")
+    assert alice.kl("plan").returncode == 0
+    failed = alice.kl("apply", "kl-plan.json", "--actor", "alice")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "nothing was committed" in failed.stderr
+    assert head(world) == before
+    [run] = runs(world)
+    assert run["status"] == "failed" and "local-exec" in (run["error_summary"] or "")
+    assert requests.get(world["server"].url + "/v1/engine/reservations", timeout=10).json()["reservations"] == []
+    world["seed"].converged()
+
+
+def test_kill_9_leaves_the_run_until_its_lease_expires_then_the_addresses_are_free(world):
+    before = head(world)
+    alice = checkout(world, "alice")
+    alice.write(db="v2", db_cmd="sleep 60")
+    assert alice.kl("plan").returncode == 0
+    proc = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice", "--lease", "3s")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(r["status"] == "running" for r in runs(world)):
+        time.sleep(0.2)
+    assert any(r["status"] == "running" for r in runs(world))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    time.sleep(4)
+    taken = requests.post(world["server"].url + "/v1/engine/states/shared/runs", timeout=10, json={
+        "actor": "bob", "reservations": [{"glob": "terraform_data.db", "mode": "write"}]})
+    assert taken.status_code == 201, taken.text
+    assert {r["actor"]: r["status"] for r in runs(world)}["alice"] == "expired"
+    assert head(world) == before
+
+
+def test_vanilla_terraform_and_kl_apply_block_each_other(world):
+    alice, vanilla = checkout(world, "alice"), checkout(world, "vanilla")
+    alice.write(db="v2", db_cmd="sleep 6")
+    assert alice.kl("plan").returncode == 0
+    running = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(r["status"] in ("reserved", "running") for r in runs(world)):
+        time.sleep(0.2)
+    vanilla.write(db="v2")
+    vanilla.tf("init", "-input=false")
+    blocked = vanilla.tf("apply", "-auto-approve", "-input=false", check=False)
+    assert blocked.returncode != 0 and "alice" in blocked.stdout + blocked.stderr
+    running.communicate(timeout=120)
+    assert running.returncode == 0
+    # and the other way round: while Terraform holds the lock, kl apply conflicts
+    holder = checkout(world, "holder")
+    holder.write(db="v2", net="v9", db_cmd="true")
+    holder.tf("init", "-input=false")
+    bob = checkout(world, "bob")
+    bob.write(web="v5", db="v2")
+    assert bob.kl("plan").returncode == 0
+    lock = requests.request("LOCK", world["url"], timeout=10, data=json.dumps({
+        "ID": "vanilla-lock", "Operation": "OperationTypeApply", "Who": "vera@laptop",
+        "Created": "2026-11-30T10:00:00Z"}))
+    assert lock.status_code == 200
+    refused = bob.kl("apply", "kl-plan.json", "--actor", "bob")
+    assert refused.returncode == 2 and "vera@laptop" in refused.stderr
+    requests.request("UNLOCK", world["url"], timeout=10, data=json.dumps({"ID": "vanilla-lock", "Who": "vera@laptop"}))
+    alice.converged()

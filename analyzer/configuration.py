@@ -11,6 +11,7 @@ from typing import Any
 
 from analyzer.addresses import AddressError, parse_instance_address
 
+
 def described_resources(plan: Mapping[str, Any]) -> frozenset[str]:
     """Configuration-level resource addresses (module calls and resources without keys), e.g.
     ``module.web.terraform_data.x`` and ``data.terraform_remote_state.other``."""

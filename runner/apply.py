@@ -194,7 +194,7 @@ def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
             where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses,
                                    "apply failed") if result else None
             _fail(client, run_id, holder, str(exc))
-            kept = f"\nthe partial post-apply state is kept in {where} (see kl runs recover)" if where else ""
+            kept = f"\nthe partial post-apply state is kept in {where} (see kl recover)" if where else ""
             raise KlExit(1, f"{exc}\nnothing was committed; the trunk is unchanged{kept}") from exc
         result = ws.read_state() or b""
         return _commit(client, spec, options, run_id, heartbeat, result, slice_raw, slice_addresses)

@@ -356,6 +356,17 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_embedded_stop(args: argparse.Namespace) -> int:
+    from app.embedded import default_data_dir, stop_embedded_postgres, stop_embedded_redis
+    from runner.config import data_dir, process_env
+
+    where = data_dir(process_env()) if process_env().get("KL_DATA_DIR") else default_data_dir()
+    stopped = [name for name, stop in (("Postgres", stop_embedded_postgres), ("Redis", stop_embedded_redis))
+               if stop(where)]
+    print(f"stopped embedded {' and '.join(stopped)} in {where}" if stopped else f"nothing running in {where}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kl", description="Kilolock: Terraform state as rows, applied in parallel.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -437,6 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
     recover_cmd.add_argument("run_id", metavar="RUN_ID")
     recover_cmd.add_argument("--actor", help="holder for the new run when the old one has ended")
     recover_cmd.set_defaults(func=cmd_recover)
+
+    embedded = sub.add_parser("embedded", help="manage the embedded Postgres and Redis under KL_DATA_DIR")
+    embedded_sub = embedded.add_subparsers(dest="embedded_command", required=True, metavar="SUBCOMMAND")
+    embedded_stop = embedded_sub.add_parser("stop", help="stop the embedded servers (they outlive kl serve)")
+    embedded_stop.set_defaults(func=cmd_embedded_stop)
 
     tenants = sub.add_parser("tenants", help="manage tenants (operators with database access)")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="SUBCOMMAND")

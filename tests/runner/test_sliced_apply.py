@@ -266,3 +266,24 @@ def test_vanilla_terraform_and_kl_apply_block_each_other(world):
     assert refused.returncode == 2 and "vera@laptop" in refused.stderr
     requests.request("UNLOCK", world["url"], timeout=10, data=json.dumps({"ID": "vanilla-lock", "Who": "vera@laptop"}))
     alice.converged()
+
+
+def test_recover_commits_the_state_an_apply_left_behind_when_it_failed_halfway(world):
+    before = head(world)
+    alice = checkout(world, "alice")
+    alice.write(db="v2", web="v2", web_cmd="exit 1")
+    assert alice.kl("plan").returncode == 0
+    failed = alice.kl("apply", "kl-plan.json", "--actor", "alice")
+    assert failed.returncode == 1
+    assert "is kept in" in failed.stderr
+    assert head(world) == before
+    [run] = runs(world)
+    kept = Path(world["env"]["KL_DATA_DIR"]) / "runs" / run["id"] / "terraform.tfstate"
+    assert kept.exists()
+    recovered = alice.kl("recover", run["id"], "--actor", "alice")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert f"recovered {run['id']}: committed at serial {before['serial'] + 1}" in recovered.stdout
+    assert inputs(world)["db"] == "db-v2"
+    web = next(r for r in head(world)["resources"] if r["name"] == "web")
+    assert web["instances"][0].get("status") == "tainted"  # the real world, as Terraform left it
+    assert not kept.exists()

@@ -1,0 +1,17 @@
+variable "subnet" { type = string }
+variable "release" { type = string }
+variable "sleep" { type = number }
+
+resource "terraform_data" "server" {
+  count            = 2
+  input            = "db-${var.release}-${count.index} in ${var.subnet}"
+  triggers_replace = var.release
+
+  provisioner "local-exec" {
+    command = "sleep ${var.sleep}"
+  }
+}
+
+output "url" {
+  value = "https://db.example/${var.release}"
+}

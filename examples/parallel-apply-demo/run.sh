@@ -32,7 +32,8 @@ cleanup() {
 }
 trap cleanup EXIT
 for _ in $(seq 1 100); do
-    curl -fs "http://127.0.0.1:$PORT/healthz" > /dev/null 2>&1 && break
+    "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/healthz', timeout=1)" \
+        > /dev/null 2>&1 && break
     sleep 0.2
 done
 
@@ -67,14 +68,14 @@ bob=$(checkout bob '/variable "db_version"/,/}/ s/default = "1"/default = "2"/')
 
 echo
 echo "== both apply at the same time (each server sleeps ${SLEEP}s while it is created)"
-start=$(date +%s.%N)
+start=$("$PY" -c 'import time; print(time.time())')
 (cd "$alice" && "$KL" apply kl-plan.json --actor alice > "$work/alice.out" 2>&1; echo $? > "$work/alice.rc") &
 (cd "$bob" && "$KL" apply kl-plan.json --actor bob > "$work/bob.out" 2>&1; echo $? > "$work/bob.rc") &
 wait %2 %3 2>/dev/null || wait
-end=$(date +%s.%N)
+end=$("$PY" -c 'import time; print(time.time())')
 sed 's/^/alice: /' "$work/alice.out" | grep -v '│' || true
 sed 's/^/bob:   /' "$work/bob.out" | grep -v '│' || true
-printf "both applies finished in %.1fs (each alone takes at least %ss)\n" "$(echo "$end - $start" | bc)" "$SLEEP"
+"$PY" -c "print(f'both applies finished in {$end - $start:.1f}s (each alone takes at least ${SLEEP}s)')"
 [ "$(cat "$work/alice.rc")" = 0 ] && [ "$(cat "$work/bob.rc")" = 0 ]
 
 echo

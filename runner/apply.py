@@ -21,7 +21,7 @@ from typing import Any
 from analyzer.configuration import is_described
 from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, assemble_state, parse_state
-from app.domain.commit import commit_delta
+from app.domain.commit import commit_delta, parse_globs, unreserved_read
 from runner import workspace
 from runner.engine_client import EngineClient, EngineError
 from runner.plan import KlExit, TerraformContext, fetch_snapshot, plan_in_workspace, terraform, var_flags
@@ -211,7 +211,8 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
         raise KlExit(1, "terraform left no readable state behind; nothing was committed")
     base = {(r.address, r.deposed): r.attributes_hash for r in before.instances} \
         if isinstance(before, ParsedState) else {}
-    delta = commit_delta(base, parsed.instances, slice_addresses)
+    delta = commit_delta(base, parsed.instances, slice_addresses,
+                         skip=unreserved_read(parse_globs(spec.write_globs)))
     surprise = sorted(set(delta.addresses) - set(spec.write_set))
     if surprise or heartbeat.lost:
         reason = (f"the apply changed addresses outside the plan's write set: {', '.join(surprise[:20])}"

@@ -3,7 +3,7 @@ reservations, whether its plan went stale, and how outputs merge into the trunk.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from analyzer.globs import Glob, matches, parse_glob
@@ -31,11 +31,16 @@ class CommitDelta:
 
 
 def commit_delta(
-    base: Mapping[Key, str], result: Iterable[InstanceRow], slice_addresses: Iterable[str]
+    base: Mapping[Key, str], result: Iterable[InstanceRow], slice_addresses: Iterable[str],
+    skip: Callable[[str], bool] | None = None,
 ) -> CommitDelta:
     """Compare the post-apply slice with the trunk rows (key → hash) of the same addresses at the
     base serial. Hashes are over canonical JSON, so Terraform re-serialising a no-op instance is
-    no change. An instance object of a slice address that the result lacks was destroyed."""
+    no change. An instance object of a slice address that the result lacks was destroyed.
+    Addresses for which ``skip`` is true are left out entirely."""
+    if skip is not None:
+        base = {k: v for k, v in base.items() if not skip(k[0])}
+        result = [r for r in result if not skip(r.address)]
     upserts: list[InstanceRow] = []
     created = updated = 0
     seen: set[Key] = set()
@@ -52,6 +57,17 @@ def commit_delta(
     in_slice = set(slice_addresses) | {address for address, _ in seen}
     deletes = tuple(sorted(k for k in base if k not in seen and k[0] in in_slice))
     return CommitDelta(upserts=tuple(upserts), deletes=deletes, created=created, updated=updated)
+
+
+def unreserved_read(write_globs: Sequence[Glob]) -> Callable[[str], bool]:
+    """A predicate for data-source addresses no write reservation covers. Terraform re-reads data
+    sources on every run and stores what it read: that is a read, not a write, so a commit keeps
+    the trunk's copy of them instead of being refused."""
+    def skip(address: str) -> bool:
+        is_data = address.startswith("data.") or ".data." in address
+        return is_data and not any(matches(g, address) for g in write_globs)
+
+    return skip
 
 
 def outside(addresses: Iterable[str], globs: Sequence[Glob]) -> list[str]:

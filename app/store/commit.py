@@ -90,7 +90,7 @@ def commit_run(
 
         addresses = sorted({r.address for r in parsed.instances} | set(slice_addresses))
         base = {(a, d): h for a, d, h in conn.execute(_BASE_ROWS, (state_id, addresses, base_serial, base_serial))}
-        delta = rules.commit_delta(base, parsed.instances, slice_addresses)
+        delta = rules.commit_delta(base, parsed.instances, slice_addresses, skip=rules.unreserved_read(write_globs))
         outside = rules.outside(delta.addresses, write_globs)
         if outside:
             shown = ", ".join(outside[:20]) + (f" and {len(outside) - 20} more" if len(outside) > 20 else "")

@@ -191,3 +191,20 @@ def test_malformed_commits_are_400(client):
     assert client.post(f"/v1/engine/runs/{run_id}/commit", json=bad).status_code == 400
     assert client.post(f"/v1/engine/runs/{run_id}/commit",
                        json={"holder": "alice", "state": result_state(), "slice_addresses": "all"}).status_code == 400
+
+
+def test_a_re_read_data_source_is_kept_from_the_trunk_not_refused(client):
+    body = json.loads(trunk())
+    body["resources"].append({"mode": "data", "type": "terraform_remote_state", "name": "other",
+                              "provider": 'provider["terraform.io/builtin/terraform"]',
+                              "instances": [{"schema_version": 0, "attributes": {"outputs": {"v": 1}}}]})
+    client.post(STATE, data=json.dumps(body).encode())
+    run_id = open_run(client, "alice", ("terraform_data.item[1]", "write")).get_json()["run"]["id"]
+    doc = result_state(**{"1": "B"})
+    doc["resources"].append({**body["resources"][-1], "instances": [
+        {"schema_version": 0, "attributes": {"outputs": {"v": 2}}}]})
+    answer = commit(client, run_id, "alice", doc, slice_addresses=None)
+    assert answer.status_code == 200, answer.get_json()
+    assert answer.get_json()["commit"]["addresses"] == ["terraform_data.item[1]"]
+    data = next(r for r in json.loads(client.get(STATE).data)["resources"] if r["mode"] == "data")
+    assert data["instances"][0]["attributes"]["outputs"] == {"v": 1}

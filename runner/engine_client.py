@@ -132,3 +132,15 @@ class EngineClient:
     def commit(self, run_id: str, *, holder: str, state: dict[str, Any], slice_addresses: list[str]) -> dict[str, Any]:
         body = {"holder": holder, "state": state, "slice_addresses": slice_addresses}
         return self._post(f"/runs/{quote(run_id)}/commit", body, timeout=self.timeout * 5)
+
+    def slice(self, state: str, globs: list[str]) -> bytes:
+        """The head's instances under ``globs`` as a v4 state (404 when the state has no versions)."""
+        try:
+            response = self._session.post(self._url(self._state_path(state) + "/slice"), json={"globs": globs},
+                                          timeout=self.timeout)
+        except requests.ConnectionError as exc:
+            raise EngineError(f"cannot reach Kilolock at {self.config.base_url}", status=0,
+                              code="unreachable") from exc
+        if response.status_code >= 400:
+            self._decode(response)
+        return response.content

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from analyzer.addresses import AddressError, has_prefix, parse_instance_address
+from analyzer.globs import Glob, GlobError, canonical, matches, parse_glob
 from analyzer.state import assemble_state
 from app.domain.principal import Principal
 from app.errors import BadRequestError, NotFoundError
@@ -95,3 +97,62 @@ def assemble(db: Database, principal: Principal, name: str, *, serial: int | Non
         serial=version.serial, lineage=version.lineage, terraform_version=version.terraform_version,
         instances=instances, outputs=outputs,
     )
+
+
+_SLICE_ROWS = """
+SELECT address, resource_address, module, mode, type, name, index_key, deposed, provider,
+       instance::text AS instance_json, attributes_hash, dependencies, status
+FROM resources
+WHERE state_id = %s AND delete_serial IS NULL
+  AND (address = ANY(%s) OR address LIKE ANY(%s))
+"""
+
+
+def _like(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def glob_patterns(globs: Iterable[Glob]) -> tuple[list[str], list[str], bool]:
+    """SQL narrowing for globs: exact addresses, LIKE patterns, and whether everything is wanted.
+    The narrowing may over-select (the structured ``matches`` has the last word), never under-select."""
+    exact: list[str] = []
+    patterns: list[str] = []
+    for glob in globs:
+        if glob.is_everything:
+            return [], [], True
+        text = canonical(glob)
+        if glob.is_exact:
+            exact.append(text)
+            continue
+        prefix = text[:-2]  # drop ".*"
+        exact.append(prefix)
+        patterns += [_like(prefix) + ".%", _like(prefix) + "[%"]
+        # A keyless module step also matches keyed instances: module.web.* covers module.web["a"].x
+        first = prefix.split(".", 2)
+        if first[0] == "module" and len(first) > 1:
+            patterns.append(_like(f"module.{first[1].split('[', 1)[0]}") + "[%")
+    return exact, patterns, False
+
+
+def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> bytes:
+    """A v4 state holding the head's instances under ``globs`` (and the head's outputs), at the
+    head's serial and lineage: what a file-scoped workspace starts from."""
+    try:
+        parsed = [parse_glob(g) for g in globs]
+    except GlobError as exc:
+        raise BadRequestError(f"invalid glob: {exc}") from exc
+    with db.transaction() as conn:
+        row = states.find_state(conn, principal, name)
+        head = _resolve_serial(row.current_serial, None, name)
+        version = states.version_at(conn, row.id, head)
+        if version is None or version.encrypted:
+            raise BadRequestError(f"state {name!r} has no readable head version to slice")
+        exact, patterns, everything = glob_patterns(parsed)
+        if everything:
+            instances = resources.instances_at(conn, state_id=row.id, serial=head)
+        else:
+            instances = [resources.instance_row(r) for r in conn.execute(_SLICE_ROWS, (row.id, exact, patterns))]
+        outputs = resources.outputs_of(conn, version_id=version.id)
+    wanted = [i for i in instances if any(matches(g, i.address) for g in parsed)]
+    return assemble_state(serial=version.serial, lineage=version.lineage,
+                          terraform_version=version.terraform_version, instances=wanted, outputs=outputs)

@@ -1,13 +1,14 @@
 """Resource rows: the lifecycle projection of each state version, and the reads over it.
 
 A write closes and opens only what changed (one UPDATE, one COPY); point-in-time reads are a
-range predicate on ``[create_serial, delete_serial)``.
+range predicate on ``[create_serial, delete_serial)``. The live rows a write compares against come
+from ``opencache`` when it holds the state's exact head, else from the table.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,15 +17,33 @@ from psycopg.rows import class_row
 
 from analyzer.state import InstanceRow, OutputRow
 from app.domain.lifecycle import LifecycleDelta, OpenRow, lifecycle_delta
+from app.store.opencache import OPEN_SETS, HeadKey, OpenSet
 
 _LOAD_OPEN = """
 SELECT id, address, deposed, attributes_hash FROM resources
 WHERE state_id = %s AND delete_serial IS NULL
 """
+# The state's head as of now (the caller holds the row lock), and the version the caller inserted at this
+# serial, which becomes the head, stamped updated_at = now(), when the transaction commits.
+_HEADS = """
+SELECT s.head_version_id, s.updated_at, v.id, now()
+FROM states s LEFT JOIN state_versions v ON v.state_id = s.id AND v.serial = %s
+WHERE s.id = %s
+"""
+# Ids for the rows about to be COPYed, so the new open set is known without reading it back.
+_RESERVE_IDS = """
+WITH seq AS MATERIALIZED (SELECT pg_get_serial_sequence('resources', 'id')::regclass AS name)
+SELECT nextval(seq.name) FROM seq, generate_series(1, %s)
+"""
 _CLOSE = "UPDATE resources SET delete_serial = %s WHERE id = ANY(%s)"
 _CLOSE_ALL = "UPDATE resources SET delete_serial = %s WHERE state_id = %s AND delete_serial IS NULL"
 _COPY_RESOURCES = """
 COPY resources (tenant_id, state_id, address, resource_address, module, mode, type, name, index_key,
+                deposed, status, provider, instance, attributes_hash, dependencies, create_serial)
+FROM STDIN
+"""
+_COPY_NEW_ROWS = """
+COPY resources (id, tenant_id, state_id, address, resource_address, module, mode, type, name, index_key,
                 deposed, status, provider, instance, attributes_hash, dependencies, create_serial)
 FROM STDIN
 """
@@ -98,17 +117,80 @@ def project(
     conn: psycopg.Connection, *, tenant_id: int, state_id: int, serial: int, instances: Iterable[InstanceRow]
 ) -> LifecycleDelta:
     """Write the lifecycle delta of a new version at ``serial``: close changed or removed rows,
-    open new or changed ones."""
-    open_rows = {
-        (address, deposed): OpenRow(row_id, digest)
-        for row_id, address, deposed, digest in conn.execute(_LOAD_OPEN, (state_id,))
-    }
+    open new or changed ones.
+
+    The caller holds the state row lock and has inserted the version at ``serial``, which this
+    transaction then makes the head (``states.write_state``). The open set comes from ``OPEN_SETS``
+    when it holds the current head; the new one is stored there under the head this transaction
+    creates, where only a transaction that finds it committed can use it (see ``app.store.opencache``).
+    """
+    instances = tuple(instances)
+    database = _database_of(conn)
+    head_id, updated_at, new_version_id, now = conn.execute(_HEADS, (serial, state_id)).fetchone() or (
+        None, None, None, None)
+    open_rows = None
+    if head_id is not None:
+        open_rows = OPEN_SETS.get(HeadKey(database, state_id, head_id, updated_at))
+    cached = open_rows is not None
+    if open_rows is None:
+        open_rows = load_open_set(conn, state_id=state_id)
     delta = lifecycle_delta(open_rows, instances)
     if delta.close_ids:
         conn.execute(_CLOSE, (serial, list(delta.close_ids)))
+    ids: list[int] = []
     if delta.inserts:
-        insert_rows(conn, tenant_id=tenant_id, state_id=state_id, serial=serial, rows=delta.inserts)
+        ids = [row_id for (row_id,) in conn.execute(_RESERVE_IDS, (len(delta.inserts),))]
+        copy_new_rows(conn, tenant_id=tenant_id, state_id=state_id, serial=serial, rows=delta.inserts, ids=ids)
+    if new_version_id is not None and new_version_id != head_id:
+        following = _following_open_set(open_rows, instances, delta, ids, copy=cached)
+        OPEN_SETS.put(HeadKey(database, state_id, new_version_id, now), following)
     return delta
+
+
+def load_open_set(conn: psycopg.Connection, *, state_id: int) -> dict[tuple[str, str], OpenRow]:
+    """The state's live rows by (address, deposed), read from the table."""
+    return {
+        (address, deposed): OpenRow(row_id, digest)
+        for row_id, address, deposed, digest in conn.execute(_LOAD_OPEN, (state_id,))
+    }
+
+
+def copy_new_rows(
+    conn: psycopg.Connection, *, tenant_id: int, state_id: int, serial: int, rows: Sequence[InstanceRow],
+    ids: Sequence[int],
+) -> None:
+    """COPY ``rows`` opened at ``serial`` under ids reserved from the table's sequence."""
+    with conn.cursor() as cur, cur.copy(_COPY_NEW_ROWS) as copy:
+        for row_id, r in zip(ids, rows, strict=True):
+            copy.write_row(
+                (
+                    row_id, tenant_id, state_id, r.address, r.resource_address, r.module, r.mode, r.type,
+                    r.name, None if r.index_key is None else json.dumps(r.index_key), r.deposed, r.status,
+                    r.provider, r.instance_json, r.attributes_hash, list(r.dependencies), serial,
+                )
+            )
+
+
+def _following_open_set(
+    open_rows: OpenSet, instances: Sequence[InstanceRow], delta: LifecycleDelta, ids: Sequence[int], *,
+    copy: bool,
+) -> dict[tuple[str, str], OpenRow]:
+    """The live rows once ``delta`` is written: ``open_rows`` with the inserted rows under their new ids
+    and without the closed rows no instance replaced. Copies ``open_rows`` when ``copy`` (a cached
+    map is shared and never changed)."""
+    following = dict(open_rows) if copy or not isinstance(open_rows, dict) else open_rows
+    for row, row_id in zip(delta.inserts, ids, strict=True):
+        following[(row.address, row.deposed)] = OpenRow(row_id, row.attributes_hash)
+    if len(following) != len(instances):  # some rows closed for good: their instances are gone
+        live = {(row.address, row.deposed) for row in instances}
+        for key in [key for key in following if key not in live]:
+            del following[key]
+    return following
+
+
+def _database_of(conn: psycopg.Connection) -> str:
+    info = conn.info
+    return f"{info.host}:{info.port}/{info.dbname}"
 
 
 def insert_rows(
@@ -171,15 +253,18 @@ def edges_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> list[Ed
 def instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> list[InstanceRow]:
     """The rows alive at ``serial`` as analyzer rows, ready for re-assembly."""
     rows = conn.execute(_ROWS_FOR_ASSEMBLY, {"state_id": state_id, "serial": serial}).fetchall()
-    return [
-        InstanceRow(
-            address=address, resource_address=resource_address, module=module, mode=mode, type=type_,
-            name=name, index_key=index_key, deposed=deposed, provider=provider, instance_json=instance_json,
-            attributes_hash=attributes_hash, dependencies=tuple(dependencies), status=status,
-        )
-        for (address, resource_address, module, mode, type_, name, index_key, deposed, provider,
-             instance_json, attributes_hash, dependencies, status) in rows
-    ]
+    return [instance_row(r) for r in rows]
+
+
+def instance_row(r: Sequence[Any]) -> InstanceRow:
+    """An analyzer row from a SELECT of the assembly columns, in _ROWS_FOR_ASSEMBLY's order."""
+    (address, resource_address, module, mode, type_, name, index_key, deposed, provider, instance_json,
+     attributes_hash, dependencies, status) = r
+    return InstanceRow(
+        address=address, resource_address=resource_address, module=module, mode=mode, type=type_,
+        name=name, index_key=index_key, deposed=deposed, provider=provider, instance_json=instance_json,
+        attributes_hash=attributes_hash, dependencies=tuple(dependencies), status=status,
+    )
 
 
 def outputs_of(conn: psycopg.Connection, *, version_id: int) -> list[OutputRow]:

@@ -77,3 +77,16 @@ def events(name: str) -> Response:
     with services().db.transaction() as conn:
         found = events_store.list_events(conn, who, state_name(name), limit)
     return jsonify({"ok": True, "events": found})
+
+
+@bp.post("/states/<path:name>/slice")
+def slice_(name: str) -> Response:
+    """The head's instances under the given globs as a v4 state: ``{"globs": [...]}``."""
+    doc = request.get_json(force=True, silent=True)
+    globs = doc.get("globs") if isinstance(doc, dict) else None
+    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+        raise BadRequestError('body must be {"globs": ["module.web.*", ...]}')
+    body = graph.slice_state(services().db, principal(), state_name(name), globs)
+    response = Response(body, mimetype="application/json")
+    response.headers["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,264 @@
+"""Git, through GitPython: the only module that imports it.
+
+Owns: opening the repository that contains a directory, resolving refs, collecting what changed between
+a ref and the working tree (or another ref) as :class:`analyzer.gitdiff.DiffEntry` values, reading a
+file's text at a ref, merge bases, and :func:`changed_from`, which feeds all of that to
+:func:`analyzer.gitdiff.scope_changes` for ``kl plan --changed-from REF`` and the pull-request bot.
+
+Must not: decide what a change means for a plan (``analyzer.gitdiff`` does), fetch, commit, check out, or
+write the user's index or working tree. The working-tree diff runs against a private copy of the index,
+so a concurrent ``git`` command never meets a lock or a changed index; the only trace it can leave is
+the empty blob object that ``git add --intent-to-add`` records.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import MappingProxyType
+from typing import Final
+
+from git import Blob, Commit, Diff, Repo
+from git.exc import CommandError, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
+
+from analyzer.gitdiff import Change, ChangeScope, DiffEntry, scope_changes
+
+_CHANGE_KINDS: Final = {
+    "A": Change.ADDED,
+    "M": Change.MODIFIED,
+    "D": Change.DELETED,
+    "R": Change.RENAMED,
+    "C": Change.COPIED,
+    "T": Change.TYPE_CHANGED,
+    "U": Change.UNMERGED,
+}
+_CONFIG_SUFFIXES = (".tf", ".tf.json")
+_NO_MODULES: Final[Mapping[str, str]] = MappingProxyType({})
+_NO_READERS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
+_DEEPEN = "fetch more history (git fetch --unshallow, or fetch-depth: 0 with actions/checkout)"
+
+
+class GitError(Exception):
+    """A git operation failed; the message says what to do next."""
+
+
+class NotARepositoryError(GitError):
+    """The directory is not inside a git working tree; carries the directory."""
+
+    def __init__(self, path: Path, message: str):
+        super().__init__(message)
+        self.path = path
+
+
+class UnknownRefError(GitError):
+    """A ref does not name a commit in the repository; carries the ref and how to fetch it."""
+
+    def __init__(self, ref: str, hint: str):
+        super().__init__(f"unknown git ref {ref!r}: {hint}")
+        self.ref = ref
+        self.hint = hint
+
+
+def changed_entries(repo_dir: Path, ref: str, *, against: str | None = None) -> list[DiffEntry]:
+    """What changed from ``ref`` to the working tree, or to the commit ``against`` when given.
+
+    The working-tree side includes staged and unstaged changes and untracked files that are not
+    ignored (as ``added``). Renames are detected on both sides (git's default 50 % similarity), also
+    for an unstaged delete plus an untracked add of similar content, because untracked files join a
+    private copy of the index as intent-to-add entries before diffing. For a pull request pass the merge
+    base as ``ref`` and the head as ``against`` (see :func:`merge_base`). Raises :class:`GitError`.
+    """
+    with _open(repo_dir) as repo:
+        return _changed_entries(repo, ref, against)
+
+
+def text_at(repo_dir: Path, ref: str, path: str) -> str:
+    """The UTF-8 text of the file at repository-relative ``path`` in ``ref`` (``git show REF:path``).
+
+    Raises :class:`GitError` when the path is missing at ``ref``, is not a regular file (a directory, a
+    symbolic link or a submodule), or is not UTF-8.
+    """
+    with _open(repo_dir) as repo, _git_errors(f"reading {path} at {ref}"):
+        return _text(_resolve(repo, ref), ref, path)
+
+
+def merge_base(repo_dir: Path, a: str, b: str) -> str:
+    """The commit id of the best common ancestor of ``a`` and ``b`` (what ``a...b`` diffs from)."""
+    with _open(repo_dir) as repo:
+        with _git_errors(f"finding the merge base of {a} and {b}"):
+            bases = repo.merge_base(_resolve(repo, a), _resolve(repo, b))
+        commits = [c for c in bases if isinstance(c, Commit)]
+        if not commits:
+            shallow = " this is a shallow clone:" if _is_shallow(repo) else ""
+            raise GitError(f"{a} and {b} have no common ancestor in {_where(repo)};{shallow} {_DEEPEN}")
+        return commits[0].hexsha
+
+
+def changed_from(
+    repo_dir: Path,
+    config_dir: Path,
+    ref: str,
+    *,
+    against: str | None = None,
+    module_sources: Mapping[str, str] = _NO_MODULES,
+    file_readers: Mapping[str, tuple[str, ...]] = _NO_READERS,
+) -> ChangeScope:
+    """The file-scoped plan scope of ``config_dir`` for the changes since ``ref`` (see :func:`changed_entries`).
+
+    ``repo_dir`` may be any directory inside the working tree; a relative ``config_dir`` is taken
+    relative to it. The text at ``ref`` of every removed ``.tf``/``.tf.json`` file is collected; one that
+    cannot be read (a symbolic link, not UTF-8) is left out, which ``scope_changes`` reports as a failure.
+    ``module_sources`` and ``file_readers`` come from the HCL analysis (see ``scope_changes``).
+    """
+    with _open(repo_dir) as repo:
+        relative_dir = _config_dir_in(repo, repo_dir, config_dir)
+        entries = _changed_entries(repo, ref, against)
+        texts = _removed_texts(repo, ref, entries)
+    return scope_changes(entries, config_dir=relative_dir, texts_at_ref=texts, module_sources=module_sources,
+                         file_readers=file_readers)
+
+
+def _removed_texts(repo: Repo, ref: str, entries: list[DiffEntry]) -> dict[str, str]:
+    """The text at ``ref`` of every deleted or renamed-away ``.tf``/``.tf.json`` file that has one."""
+    texts: dict[str, str] = {}
+    with _git_errors(f"reading removed files at {ref}"):
+        base = _resolve(repo, ref)
+        for entry in entries:
+            if entry.change == Change.DELETED:
+                removed: str | None = entry.path
+            elif entry.change == Change.RENAMED:
+                removed = entry.old_path
+            else:
+                continue
+            if removed is None or not removed.endswith(_CONFIG_SUFFIXES):
+                continue
+            try:
+                texts[removed] = _text(base, ref, removed)
+            except GitError:
+                continue  # scope_changes reports the missing text as a failure
+    return texts
+
+
+def _open(repo_dir: Path) -> Repo:
+    try:
+        return Repo(repo_dir, search_parent_directories=True)
+    except NoSuchPathError:
+        raise NotARepositoryError(repo_dir, f"{repo_dir} does not exist") from None
+    except InvalidGitRepositoryError:
+        raise NotARepositoryError(repo_dir, f"{repo_dir} is not inside a git repository: run kl from a clone of "
+                                            "the repository that holds the configuration") from None
+
+
+@contextmanager
+def _git_errors(doing: str) -> Iterator[None]:
+    """Turn GitPython's command errors (including a missing ``git`` binary) into :class:`GitError`."""
+    try:
+        yield
+    except CommandError as exc:
+        detail = (exc.stderr or "").strip() if isinstance(exc, GitCommandError) else str(exc)
+        raise GitError(f"git failed while {doing}: {detail or exc}") from exc
+
+
+def _where(repo: Repo) -> str:
+    return str(repo.working_tree_dir or repo.git_dir)
+
+
+def _is_shallow(repo: Repo) -> bool:
+    return (Path(repo.git_dir) / "shallow").exists()
+
+
+def _resolve(repo: Repo, ref: str) -> Commit:
+    # A ref is never allowed to look like an option: it is passed to git on a command line.
+    if not ref or ref.startswith("-"):
+        raise UnknownRefError(ref, "a ref is a branch, tag or commit id and cannot be empty or start with '-'")
+    try:
+        sha = repo.git.rev_parse("--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
+    except GitCommandError:
+        raise UnknownRefError(ref, _fetch_hint(repo, ref)) from None
+    return repo.commit(sha)
+
+
+def _fetch_hint(repo: Repo, ref: str) -> str:
+    remotes = [remote.name for remote in repo.remotes]
+    head, _, rest = ref.partition("/")
+    if head in remotes and rest:
+        hint = f"fetch it first: git fetch {head} {rest}"
+    elif remotes:
+        remote = "origin" if "origin" in remotes else remotes[0]
+        hint = f"check the spelling, or fetch it first: git fetch {remote} {ref}"
+    else:
+        hint = "check the spelling (git branch -a and git tag list what exists); this repository has no remote"
+    if _is_shallow(repo):
+        hint += f"; this is a shallow clone, so older commits are missing: {_DEEPEN}"
+    return f"{hint} (in {_where(repo)})"
+
+
+def _changed_entries(repo: Repo, ref: str, against: str | None) -> list[DiffEntry]:
+    with _git_errors(f"diffing {ref}"):
+        base = _resolve(repo, ref)
+        if against is not None:
+            diffs = list(base.diff(_resolve(repo, against)))
+        else:
+            diffs = _diff_working_tree(repo, base)
+    return [_entry(diff) for diff in diffs]
+
+
+def _diff_working_tree(repo: Repo, base: Commit) -> list[Diff]:
+    if repo.bare or repo.working_tree_dir is None:
+        raise GitError(f"{repo.git_dir} is a bare repository with no working tree: compare two refs with against=")
+    with tempfile.TemporaryDirectory(prefix="kl-git-index-") as tmp:
+        index = Path(tmp) / "index"
+        real_index = Path(repo.git_dir) / "index"
+        if real_index.exists():
+            shutil.copyfile(real_index, index)
+        with repo.git.custom_environment(GIT_INDEX_FILE=str(index)):
+            # Intent-to-add makes untracked, non-ignored files visible to `git diff REF` (and to its
+            # rename detection) without hashing their content or touching the real index.
+            repo.git.add("--intent-to-add", "--all", "--", ".")
+            return list(base.diff(None))
+
+
+def _entry(diff: Diff) -> DiffEntry:
+    kind = _CHANGE_KINDS.get(diff.change_type or "")
+    old, new = diff.a_path, diff.b_path
+    if kind in (Change.RENAMED, Change.COPIED) and old and new:
+        return DiffEntry(kind, new, old, diff.score)
+    path = (old if kind == Change.DELETED else new) or old or new or ""
+    return DiffEntry(kind if kind is not None else f"unknown ({diff.change_type})", path)
+
+
+def _text(commit: Commit, ref: str, path: str) -> str:
+    try:
+        item = commit.tree / path
+    except KeyError:
+        raise GitError(f"{path} does not exist at {ref}") from None
+    if not isinstance(item, Blob):
+        raise GitError(f"{path} is not a file at {ref}")
+    if item.mode == Blob.link_mode:
+        raise GitError(f"{path} is a symbolic link at {ref}, not a file")
+    data: bytes = item.data_stream.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise GitError(f"{path} is not UTF-8 text at {ref}") from None
+
+
+def _config_dir_in(repo: Repo, repo_dir: Path, config_dir: Path) -> str:
+    """``config_dir`` relative to the repository root, ``/``-separated (``""`` for the root itself)."""
+    if repo.working_tree_dir is None:
+        if config_dir.is_absolute():
+            raise GitError(f"{repo.git_dir} is a bare repository: give the config dir relative to its root")
+        relative = config_dir
+    else:
+        root = Path(repo.working_tree_dir).resolve()
+        target = (config_dir if config_dir.is_absolute() else repo_dir / config_dir).resolve()
+        try:
+            relative = target.relative_to(root)
+        except ValueError:
+            raise GitError(f"{target} is not inside the repository at {root}: pass the configuration directory "
+                           "of a Terraform root module in that repository") from None
+    posix = relative.as_posix()
+    return "" if posix == "." else posix

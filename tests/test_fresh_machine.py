@@ -79,6 +79,7 @@ def test_kl_serve_runs_on_an_embedded_postgres_and_terraform_applies_through_it(
 def test_the_control_api_can_live_on_its_own_port(clean_db, tmp_path):
     port, control = _free_port(), _free_port()
     env = _clean_env(KL_DATABASE_URL=clean_db, KL_AUTH_MODE="database", KL_CONTROL_TOKEN="ctl-secret",
+                     KL_SESSION_SECRET="test-session-secret-0123456789-abcdefghijkl",
                      KL_DATA_DIR=str(tmp_path))
     proc = subprocess.Popen([str(BIN / "kl"), "serve", "--port", str(port), "--control-port", str(control)],
                             env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -43,7 +43,12 @@ def config_address(instance_address: str) -> str:
 
 
 def is_described(instance_address: str, described: frozenset[str]) -> bool:
+    """Whether a configuration-level address in ``described`` covers the instance. An entry
+    ``module.NAME.*`` covers everything inside that root module call."""
     try:
+        parsed = parse_instance_address(instance_address)
+        if parsed.module and f"module.{parsed.module[0].name}.*" in described:
+            return True
         return config_address(instance_address) in described
     except AddressError:
         return False

@@ -13,7 +13,7 @@ import json
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,19 @@ class ApplyOptions:
     data_dir: Path
     supplied_vars: Mapping[str, str]  # sensitive values given again at apply time
     lease_seconds: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A workspace ready to re-plan, with the slice it starts from."""
+
+    ws: workspace.Workspace
+    slice_raw: bytes | None
+    slice_addresses: list[str]
+
+
+# Builds the run's workspace under the given directory (it must not exist yet).
+Builder = Callable[[Path], Prepared]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +143,23 @@ def _fail(client: EngineClient, run_id: str, holder: str, summary: str) -> None:
         pass  # the lease or an operator may have ended it already; the error below is what matters
 
 
+def full_builder(client: EngineClient, spec: PlanSpec, config_dir: Path) -> Builder:
+    """The whole configuration over the trunk instances it describes (kl apply kl-plan.json)."""
+    def build(dest: Path) -> Prepared:
+        snapshot = fetch_snapshot(client, spec.state)
+        slice_raw, slice_addresses = _slice(snapshot.parsed, spec)
+        return Prepared(workspace.build(config_dir, dest, slice_raw), slice_raw, slice_addresses)
+
+    return build
+
+
 def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, config_dir: Path,
-               options: ApplyOptions) -> ApplyOutcome:
-    check_spec(spec, config_dir, ctx.env, options.supplied_vars)
+               options: ApplyOptions, *, builder: Builder | None = None, checked: bool = False) -> ApplyOutcome:
+    """Reserve, re-plan, apply and commit ``spec``. ``builder`` makes the workspace (default: the whole
+    configuration); ``checked`` says the caller already verified the configuration against the spec."""
+    if not checked:
+        check_spec(spec, config_dir, ctx.env, options.supplied_vars)
+    builder = builder or full_builder(client, spec, config_dir)
     echo = ctx.echo
     if not spec.write_set and not spec.output_changes:
         echo("kl apply: the plan has no changes; nothing to do")
@@ -158,17 +185,16 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
              f"{spec.base_serial}; reservations released")
         return ApplyOutcome(run_id, None, ())
     with Heartbeat(client, run_id, options.actor, max(options.lease_seconds / 3, 1.0), echo) as heartbeat:
-        return _apply_run(client, ctx, spec, config_dir, options, run_id, heartbeat)
+        return _apply_run(client, ctx, spec, builder, options, run_id, heartbeat)
 
 
-def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, config_dir: Path,
+def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, builder: Builder,
                options: ApplyOptions, run_id: str, heartbeat: Heartbeat) -> ApplyOutcome:
     echo, holder = ctx.echo, options.actor
-    snapshot = fetch_snapshot(client, spec.state)
-    slice_raw, slice_addresses = _slice(snapshot.parsed, spec)
     tmp = Path(tempfile.mkdtemp(prefix=f"kl-apply-{run_id}-"))
     try:
-        ws = workspace.build(config_dir, tmp / "ws", slice_raw)
+        prepared = builder(tmp / "ws")
+        ws, slice_raw, slice_addresses = prepared.ws, prepared.slice_raw, prepared.slice_addresses
         flags = var_flags(spec.variables, options.supplied_vars)
         try:
             plan = plan_in_workspace(ctx, ws, flags, spec.targets)

@@ -144,3 +144,7 @@ class EngineClient:
         if response.status_code >= 400:
             self._decode(response)
         return response.content
+
+    def edges(self, state: str, globs: list[str]) -> list[tuple[str, str]]:
+        body = self._post(self._state_path(state) + "/edges", {"globs": globs})
+        return [(e["address"], e["depends_on"]) for e in body["edges"]]

@@ -49,6 +49,15 @@ class PlanSpec:
     variables: tuple[PinnedVar, ...] = ()
     targets: tuple[str, ...] = ()
     output_changes: dict[str, str] = field(default_factory=dict)
+    # File-scoped plans (kl plan -f) only:
+    mode: str = "full"                                    # "full" | "files"
+    selected_files: tuple[str, ...] = ()
+    files: dict[str, str] = field(default_factory=dict)   # every file the workspace was cut from -> sha256
+    deleted_files: dict[str, str] = field(default_factory=dict)  # deleted at REF -> sha256 of the old text
+    deleted_globs: tuple[str, ...] = ()                   # addresses the deleted files declared (destroyed)
+    validation_globs: tuple[str, ...] = ()
+    slice_globs: tuple[str, ...] = ()
+    diagnostics: tuple[dict[str, Any], ...] = ()
 
     @property
     def reservations(self) -> list[tuple[str, str]]:
@@ -74,7 +83,8 @@ class PlanSpec:
         try:
             doc["variables"] = tuple(PinnedVar(**v) for v in doc.get("variables", ()))
             for key in ("write_set", "read_set", "write_globs", "read_globs", "described_resources", "orphans",
-                        "warnings", "targets"):
+                        "warnings", "targets", "selected_files", "deleted_globs", "validation_globs", "slice_globs",
+                        "diagnostics"):
                 doc[key] = tuple(doc.get(key, ()))
             return cls(**doc)
         except TypeError as exc:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from analyzer.addresses import AddressError, has_prefix, parse_instance_address
-from analyzer.globs import Glob, GlobError, canonical, matches, parse_glob
+from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
 from analyzer.state import assemble_state
 from app.domain.principal import Principal
 from app.errors import BadRequestError, NotFoundError
@@ -156,3 +156,35 @@ def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[s
     wanted = [i for i in instances if any(matches(g, i.address) for g in parsed)]
     return assemble_state(serial=version.serial, lineage=version.lineage,
                           terraform_version=version.terraform_version, instances=wanted, outputs=outputs)
+
+
+_EDGES_TOUCHING = """
+SELECT r.address, dep
+FROM resources r, unnest(r.dependencies) AS dep
+WHERE r.state_id = %(state)s AND r.delete_serial IS NULL
+  AND (r.address = ANY(%(exact)s) OR r.address LIKE ANY(%(patterns)s)
+       OR dep = ANY(%(exact)s) OR dep LIKE ANY(%(patterns)s) OR %(everything)s)
+"""
+
+
+def edges_touching(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[tuple[str, str]]:
+    """Recorded dependencies (instance address, resource address it depends on) at the head where
+    either end lies under ``globs``: what a file-scoped footprint adds from the trunk's graph."""
+    try:
+        parsed = [parse_glob(g) for g in globs]
+    except GlobError as exc:
+        raise BadRequestError(f"invalid glob: {exc}") from exc
+    exact, patterns, everything = glob_patterns(parsed)
+    with db.transaction() as conn:
+        row = states.find_state(conn, principal, name)
+        found = conn.execute(_EDGES_TOUCHING, {"state": row.id, "exact": exact, "patterns": patterns,
+                                               "everything": everything}).fetchall()
+    # Resource-level ends (no instance key) match a glob when the glob covers any of their instances.
+    return sorted({(a, d) for a, d in found if any(_touches(g, a) or _touches(g, d) for g in parsed)})
+
+
+def _touches(glob: Glob, address: str) -> bool:
+    try:
+        return matches(glob, address) or intersects(glob, parse_glob(address + ".*"))
+    except (GlobError, AddressError):
+        return False

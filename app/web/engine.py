@@ -90,3 +90,14 @@ def slice_(name: str) -> Response:
     response = Response(body, mimetype="application/json")
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+@bp.post("/states/<path:name>/edges")
+def edges(name: str) -> Response:
+    """Recorded dependency edges at the head touching the given globs: ``{"globs": [...]}``."""
+    doc = request.get_json(force=True, silent=True)
+    globs = doc.get("globs") if isinstance(doc, dict) else None
+    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+        raise BadRequestError('body must be {"globs": ["module.web.*", ...]}')
+    found = graph.edges_touching(services().db, principal(), state_name(name), globs)
+    return jsonify({"ok": True, "edges": [{"address": a, "depends_on": d} for a, d in found]})

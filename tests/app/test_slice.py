@@ -49,3 +49,22 @@ def test_a_bad_glob_is_a_400(client):
     assert client.post("/v1/engine/states/big/slice", json={"globs": ["module.web*"]}).status_code == 400
     assert client.post("/v1/engine/states/big/slice", json={"globz": []}).status_code == 400
     assert client.post("/v1/engine/states/nope/slice", json={"globs": ["*"]}).status_code == 404
+
+
+def test_edges_touching_globs_come_from_both_ends(client):
+    body = state(1, [
+        resource("net", [instance(None, "n")]),
+        resource("web", [instance(0, "w", deps=["terraform_data.net"])]),
+        resource("db", [instance(None, "d", deps=["terraform_data.net"])]),
+        resource("other", [instance(None, "o")]),
+    ])
+    assert client.post("/v1/states/g", data=body).status_code == 200
+
+    def edges(*globs: str) -> list[tuple[str, str]]:
+        found = client.post("/v1/engine/states/g/edges", json={"globs": list(globs)}).get_json()["edges"]
+        return [(e["address"], e["depends_on"]) for e in found]
+
+    assert edges("terraform_data.web.*") == [("terraform_data.web[0]", "terraform_data.net")]
+    assert edges("terraform_data.net.*") == [("terraform_data.db", "terraform_data.net"),
+                                             ("terraform_data.web[0]", "terraform_data.net")]
+    assert edges("terraform_data.other") == []

@@ -22,6 +22,8 @@ class AuthMode(StrEnum):
 
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+LOG_FORMATS = ("text", "json")
+MIN_SECRET_LENGTH = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,9 @@ class Settings:
     log_level: str = "INFO"
     public_url: str | None = None
     max_wait_seconds: int = 300
+    session_secret: str | None = field(default=None, repr=False)
+    log_format: str = "text"
+    metrics_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -88,6 +93,15 @@ class Settings:
         control_token = text("KL_CONTROL_TOKEN")
         if auth_mode is AuthMode.DATABASE and control_token is None:
             problems.append("KL_CONTROL_TOKEN is required when KL_AUTH_MODE=database (it guards /v1/api)")
+        session_secret = text("KL_SESSION_SECRET")
+        if auth_mode is AuthMode.DATABASE and session_secret is None:
+            problems.append("KL_SESSION_SECRET is required when KL_AUTH_MODE=database (it signs dashboard sessions); "
+                            'generate one with: python3 -c "import secrets; print(secrets.token_urlsafe(48))"')
+        elif session_secret is not None and len(session_secret) < MIN_SECRET_LENGTH:
+            problems.append(f"KL_SESSION_SECRET must be at least {MIN_SECRET_LENGTH} characters")
+        log_format = (text("KL_LOG_FORMAT") or "text").lower()
+        if log_format not in LOG_FORMATS:
+            problems.append(f"KL_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}; got {log_format!r}")
         data_dir = text("KL_DATA_DIR")
         settings = cls(
             database_url=text("KL_DATABASE_URL"),
@@ -103,6 +117,9 @@ class Settings:
             log_level=(text("KL_LOG_LEVEL") or "INFO").upper(),
             public_url=text("KL_PUBLIC_URL"),
             max_wait_seconds=integer("KL_MAX_WAIT_SECONDS", 300, minimum=0),
+            session_secret=session_secret,
+            log_format=log_format,
+            metrics_token=text("KL_METRICS_TOKEN"),
         )
         if problems:
             raise ConfigError(problems)

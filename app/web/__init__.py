@@ -8,6 +8,7 @@ Production: ``gunicorn 'app.web:create_app()'``.
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from datetime import date, datetime
@@ -20,10 +21,13 @@ from app.config import AuthMode, Settings
 from app.errors import ConfigError
 from app.store import Database
 from app.store.migrate import migrate
-from app.web import backend, control, engine, errors, runs
+from app.web import backend, control, engine, errors, metrics, runs, ui
 from app.web.context import Services, services
+from app.web.logs import configure_logging
 
 log = logging.getLogger("kilolock.web")
+# A client-supplied X-Request-Id is kept only when it is short and plain, so it cannot forge log lines.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 class _JSONProvider(DefaultJSONProvider):
@@ -36,13 +40,6 @@ class _JSONProvider(DefaultJSONProvider):
         if isinstance(o, bytes | memoryview):
             return bytes(o).decode("utf-8", "replace")
         return DefaultJSONProvider.default(o)
-
-
-def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
 
 
 def resolve_database_url(settings: Settings) -> str:
@@ -73,6 +70,11 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["kilolock"] = Services(settings=settings, db=Database(url, pool_size=settings.db_pool_size))
     errors.register(app)
+    # --- observability and dashboard (issue 8): metrics for every lane, /metrics and /ui/ with the public lanes
+    metrics.init_app(app, serve=lanes in ("all", "public"))
+    if lanes in ("all", "public"):
+        ui.init_app(app, settings)
+    # --- end observability and dashboard
     if lanes in ("all", "public"):
         app.register_blueprint(backend.bp)
         app.register_blueprint(engine.bp)
@@ -87,7 +89,8 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
 
     @app.before_request
     def _start() -> None:
-        g.request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
+        presented = request.headers.get("X-Request-Id", "")
+        g.request_id = presented if _REQUEST_ID.fullmatch(presented) else uuid.uuid4().hex[:16]
         g.started = time.perf_counter()
 
     @app.after_request
@@ -96,7 +99,9 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
         elapsed_ms = (time.perf_counter() - g.get("started", time.perf_counter())) * 1000
         # Method, path and status only: bodies (states, lock info, tokens) never reach the log.
         log.info("request id=%s %s %s -> %s %.1fms", g.get("request_id"), request.method, request.path,
-                 response.status_code, elapsed_ms)
+                 response.status_code, elapsed_ms,
+                 extra={"request_id": g.get("request_id"), "method": request.method, "path": request.path,
+                        "status": response.status_code, "duration_ms": round(elapsed_ms, 1)})
         return response
 
     return app

@@ -50,7 +50,12 @@ _MISSING = ("credentials required: set password in the backend block (or TF_HTTP
 
 def authenticate(request: Request, settings: Settings, db: Database) -> Principal:
     """Who is calling. Raises UnauthorizedError (401, no credentials) or ForbiddenError (403)."""
-    creds = credentials_of(request)
+    return principal_for(credentials_of(request), request, settings, db)
+
+
+def principal_for(creds: Credentials | None, request: Request, settings: Settings, db: Database) -> Principal:
+    """The principal these credentials stand for (the dashboard's login form builds them from a
+    token field). Raises like ``authenticate``; refusals are audited with the request's path."""
     if settings.auth_mode is AuthMode.OPEN:
         return default_principal(actor=(creds.username if creds and creds.username else "anonymous"))
     if creds is None or not creds.secret:

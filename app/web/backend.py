@@ -11,6 +11,7 @@ from flask import Blueprint, Response, request
 from app.domain.locking import classify_unlock
 from app.errors import InvalidStateNameError, StateNotFoundError
 from app.store import states
+from app.web import metrics
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("backend", __name__)
@@ -30,6 +31,7 @@ def missing_name() -> Response:
 
 
 @bp.route("/v1/states/<path:name>", methods=_STATE_METHODS, strict_slashes=False)
+@metrics.backend_call
 def state(name: str) -> Response:
     name = state_name(name)
     who = principal()
@@ -54,6 +56,7 @@ def state(name: str) -> Response:
 
 
 @bp.route("/v1/state-unlock/<path:name>", methods=["POST", "UNLOCK"], strict_slashes=False)
+@metrics.backend_call
 def state_unlock(name: str) -> Response:
     """The unlock alias for edges that drop UNLOCK requests with a body."""
     name = state_name(name)

@@ -16,6 +16,7 @@ from app.domain.reservations import RunStatus, Wanted, lease_for, parse_wanted
 from app.errors import BadRequestError
 from app.store import commit as commit_store
 from app.store import runs
+from app.web import metrics
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("runs", __name__, url_prefix="/v1/engine")
@@ -87,6 +88,7 @@ def _run_response(run: runs.Run, status: int = 200) -> tuple[Response, int]:
 
 
 @bp.post("/states/<path:name>/runs")
+@metrics.engine_call("open")
 def open_run(name: str) -> tuple[Response, int]:
     doc = _body()
     base_serial = doc.get("base_serial")
@@ -126,6 +128,7 @@ def get_run(run_id: str) -> tuple[Response, int]:
 
 
 @bp.post("/runs/<run_id>/reservations")
+@metrics.engine_call("more")
 def acquire_more(run_id: str) -> tuple[Response, int]:
     doc = _body()
     run = runs.acquire_more(services().db, principal(), run_id, holder=_text(doc, "holder"),
@@ -134,12 +137,14 @@ def acquire_more(run_id: str) -> tuple[Response, int]:
 
 
 @bp.post("/runs/<run_id>/renew")
+@metrics.engine_call("renew")
 def renew(run_id: str) -> tuple[Response, int]:
     doc = _body()
     return _run_response(runs.renew(services().db, principal(), run_id, holder=_text(doc, "holder")))
 
 
 @bp.post("/runs/<run_id>/release")
+@metrics.engine_call("release")
 def release(run_id: str) -> tuple[Response, int]:
     doc = _body()
     globs = doc.get("globs")
@@ -149,12 +154,14 @@ def release(run_id: str) -> tuple[Response, int]:
 
 
 @bp.post("/runs/<run_id>/running")
+@metrics.engine_call("running")
 def running(run_id: str) -> tuple[Response, int]:
     doc = _body()
     return _run_response(runs.mark_running(services().db, principal(), run_id, holder=_text(doc, "holder")))
 
 
 @bp.post("/runs/<run_id>/close")
+@metrics.engine_call("close")
 def close(run_id: str) -> tuple[Response, int]:
     doc = _body()
     try:
@@ -170,6 +177,7 @@ def close(run_id: str) -> tuple[Response, int]:
 
 
 @bp.post("/runs/<run_id>/abort")
+@metrics.engine_call("abort")
 def abort(run_id: str) -> tuple[Response, int]:
     doc = _body()
     run = runs.abort(services().db, principal(), run_id, reason=_text(doc, "reason", required=False))
@@ -177,6 +185,7 @@ def abort(run_id: str) -> tuple[Response, int]:
 
 
 @bp.post("/runs/<run_id>/commit")
+@metrics.engine_call("commit")
 def commit(run_id: str) -> tuple[Response, int]:
     """Row-level commit of the run's post-apply slice: ``{"holder", "state", "slice_addresses"}``."""
     doc = _body()

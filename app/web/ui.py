@@ -1,0 +1,372 @@
+"""The operator dashboard at ``/ui/``: server-rendered pages over states, reservations and apply runs.
+
+Authentication is the API's: the login form's token is resolved to a Principal by
+``app.web.auth.principal_for``. The session (a signed, HttpOnly, SameSite=Lax cookie scoped to
+``/ui``, Secure over https) keeps only what identifies that principal again — the token's internal
+id (database mode, re-checked each request so a revoked token ends its sessions) or a keyed
+fingerprint of ``KL_AUTH_TOKEN`` (static mode) — never a secret. Every POST carries the session's
+CSRF token. Pages render through Jinja's autoescaping and never show a state body: one resource's
+attribute diffs at most, with sensitive values masked, and outputs whose sensitive values never
+leave the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from flask import (
+    Blueprint,
+    Flask,
+    Response,
+    current_app,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
+from flask.sessions import SecureCookieSessionInterface
+from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response as Redirect
+
+from app.config import AuthMode, Settings
+from app.domain.attributes import AttributeChange, attribute_diff, sensitive_paths
+from app.domain.principal import Principal, default_principal
+from app.errors import BadRequestError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
+from app.store import dashboard, runs
+from app.web import errors, metrics, timeline
+from app.web.auth import Credentials, principal_for
+from app.web.context import principal, services, state_name
+
+log = logging.getLogger("kilolock.ui")
+
+bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates", static_folder="static",
+               static_url_path="/static")
+
+SESSION_LIFETIME = timedelta(hours=12)
+_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'")
+_OPEN_PAGES = frozenset({"ui.login", "ui.static"})
+MAX_ROWS = 500
+
+
+class _Sessions(SecureCookieSessionInterface):
+    """Flask's signed-cookie sessions, Secure whenever the dashboard is served over https."""
+
+    def __init__(self, always_secure: bool) -> None:
+        self.always_secure = always_secure
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        return self.always_secure or request.is_secure
+
+
+def session_secret(settings: Settings) -> str:
+    """KL_SESSION_SECRET; in static mode a key derived from KL_AUTH_TOKEN (rotating the token ends
+    the sessions); otherwise an ephemeral key, with a warning: sessions then end at restart and
+    are not shared between worker processes."""
+    if settings.session_secret:
+        return settings.session_secret
+    if settings.auth_mode is AuthMode.STATIC and settings.auth_token:
+        return hmac.new(settings.auth_token.encode(), b"kilolock dashboard sessions v1", hashlib.sha256).hexdigest()
+    log.warning("KL_SESSION_SECRET is unset: dashboard sessions use an ephemeral key and end when the process "
+                "restarts; set it (32+ characters) to keep them")
+    return secrets.token_urlsafe(48)
+
+
+def init_app(app: Flask, settings: Settings) -> None:
+    """Configure signed sessions and register the dashboard blueprint."""
+    app.secret_key = session_secret(settings)
+    app.config.update(
+        SESSION_COOKIE_NAME="kl_session", SESSION_COOKIE_PATH="/ui", SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax", PERMANENT_SESSION_LIFETIME=SESSION_LIFETIME,
+    )
+    app.session_interface = _Sessions(always_secure=(settings.public_url or "").startswith("https://"))
+    app.register_blueprint(bp)
+
+
+# --- sessions, CSRF and the gate ---------------------------------------------------------------------------
+
+def _fingerprint(token: str) -> str:
+    key = str(current_app.secret_key)
+    return hmac.new(key.encode(), b"static-token:" + token.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _csrf_token() -> str:
+    token = session.get("csrf")
+    if not isinstance(token, str):
+        token = secrets.token_urlsafe(32)
+        session["csrf"] = token
+        session.permanent = True
+    return token
+
+
+def _check_csrf() -> None:
+    expected = session.get("csrf")
+    presented = request.form.get("csrf_token", "")
+    if not isinstance(expected, str) or not hmac.compare_digest(presented.encode(), expected.encode()):
+        raise ForbiddenError("missing or stale CSRF token: reload the page and try again")
+
+
+def _session_principal() -> Principal | None:
+    settings = services().settings
+    if settings.auth_mode is AuthMode.OPEN:
+        return default_principal(actor=str(session.get("actor") or "dashboard"))
+    if session.get("mode") != settings.auth_mode.value:
+        return None
+    if settings.auth_mode is AuthMode.STATIC:
+        presented = session.get("fp")
+        expected = _fingerprint(settings.auth_token or "")
+        if not isinstance(presented, str) or not hmac.compare_digest(presented.encode(), expected.encode()):
+            return None
+        return default_principal(actor=str(session.get("actor") or "dashboard"))
+    token_id = session.get("tid")
+    token = dashboard.session_token(services().db, token_id) if isinstance(token_id, int) else None
+    if token is None:
+        return None
+    return Principal(tenant_id=token.tenant_id, actor=token.name, scope=token.scope, token_name=token.name)
+
+
+def _wants_html() -> bool:
+    return request.accept_mimetypes.accept_html
+
+
+@bp.before_request
+def _gate() -> Redirect | None:
+    g.now = datetime.now(UTC)
+    if request.endpoint in _OPEN_PAGES:
+        return None
+    who = _session_principal()
+    if who is None:
+        if "mode" in session:
+            session.clear()  # revoked token, rotated KL_AUTH_TOKEN or changed auth mode: log out
+        if _wants_html():
+            target = request.full_path if request.method == "GET" else None
+            return redirect(url_for("ui.login", next=target))
+        raise UnauthorizedError("the dashboard needs a session: log in at /ui/login")
+    g.principal = who  # app.web.context.principal() answers with the session's principal
+    if request.method == "POST":
+        _check_csrf()
+    return None
+
+
+@bp.after_request
+def _headers(response: Response) -> Response:
+    response.headers["Content-Security-Policy"] = _CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["Referrer-Policy"] = "same-origin"
+    if request.endpoint != "ui.static":
+        response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@bp.errorhandler(KlError)
+def _kl_error(error: KlError) -> tuple[str, int] | Response:
+    if not _wants_html():
+        return errors.error_response(error)
+    return render_template("ui/error.html", error=error, nav=""), error.status
+
+
+@bp.errorhandler(HTTPException)
+def _http_error(error: HTTPException) -> tuple[str, int] | Response:
+    generic = KlError(error.description or error.name)
+    generic.status, generic.code = error.code or 500, error.name.lower().replace(" ", "_")
+    return _kl_error(generic)
+
+
+@bp.app_context_processor
+def _template_globals() -> dict[str, Any]:
+    if request.blueprint != "ui":
+        return {}
+    return {"csrf_token": _csrf_token, "who": g.get("principal"), "mode": services().settings.auth_mode.value,
+            "now": g.get("now")}
+
+
+# --- time formatting -------------------------------------------------------------------------------------
+
+def _span(seconds: float) -> str:
+    seconds = int(abs(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    shown = [f"{n}{unit}" for n, unit in parts if n][:2]
+    return "".join(shown) or "0s"
+
+
+@bp.app_template_filter("kl_ago")
+def _ago(at: datetime | None) -> str:
+    if at is None:
+        return "—"
+    return _span((g.now - at).total_seconds()) + " ago"
+
+
+@bp.app_template_filter("kl_left")
+def _left(at: datetime | None) -> str:
+    if at is None:
+        return "no lease"
+    seconds = (at - g.now).total_seconds()
+    return f"{_span(seconds)} left" if seconds > 0 else f"lapsed {_span(seconds)} ago"
+
+
+@bp.app_template_filter("kl_utc")
+def _utc(at: datetime | None) -> str:
+    return "—" if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@bp.app_template_filter("kl_duration")
+def _duration(run: runs.Run) -> str:
+    return _span(((run.finished_at or g.now) - run.created_at).total_seconds())
+
+
+# --- login -----------------------------------------------------------------------------------------------
+
+def _safe_next(target: str | None) -> str:
+    """Only a path inside the dashboard: never another host (``//evil``) or scheme."""
+    if target and target.startswith("/ui/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return url_for("ui.states")
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login() -> Redirect | tuple[str, int] | str:
+    settings = services().settings
+    if settings.auth_mode is AuthMode.OPEN:
+        return redirect(_safe_next(request.args.get("next")))
+    if request.method == "GET":
+        return render_template("ui/login.html", next=request.args.get("next", ""), error=None, nav="")
+    _check_csrf()
+    secret = request.form.get("token", "").strip()
+    name = "".join(ch for ch in request.form.get("name", "").strip() if ch.isprintable())[:100]
+    creds = Credentials(username=(name or "dashboard") if settings.auth_mode is AuthMode.STATIC else "",
+                        secret=secret, scheme="bearer")
+    try:
+        who = principal_for(creds, request, settings, services().db)
+    except (UnauthorizedError, ForbiddenError) as refused:
+        metrics.DASHBOARD_LOGINS.labels("refused").inc()
+        message = "enter a token" if isinstance(refused, UnauthorizedError) else "that token was refused"
+        return render_template("ui/login.html", next=request.form.get("next", ""), error=message,
+                               nav=""), refused.status
+    session.clear()
+    session.permanent = True
+    session.update(mode=settings.auth_mode.value, actor=who.actor, csrf=secrets.token_urlsafe(32))
+    if settings.auth_mode is AuthMode.STATIC:
+        session["fp"] = _fingerprint(settings.auth_token or "")
+    else:
+        session["tid"] = dashboard.token_id_for_secret(services().db, secret)
+    metrics.DASHBOARD_LOGINS.labels("ok").inc()
+    log.info("dashboard login by %s", who.actor)
+    return redirect(_safe_next(request.form.get("next")))
+
+
+@bp.post("/logout")
+def logout() -> Redirect:
+    session.clear()
+    return redirect(url_for("ui.login"))
+
+
+# --- pages -----------------------------------------------------------------------------------------------
+
+@bp.get("/")
+def states() -> str:
+    found = dashboard.state_overviews(services().db, principal(), now=g.now)
+    return render_template("ui/states.html", states=found, nav="states")
+
+
+@bp.get("/states/<path:name>")
+def state(name: str) -> str:
+    name = state_name(name)
+    query = request.args.get("q", "").strip()[:200]
+    head = dashboard.state_head(services().db, principal(), name)
+    page = dashboard.head_resources(services().db, principal(), name, contains=query or None, limit=MAX_ROWS)
+    outputs = dashboard.head_outputs(services().db, principal(), name)
+    return render_template("ui/state.html", head=head, page=page, outputs=outputs, query=query, nav="states")
+
+
+def _lifecycle_views(found: list[dashboard.Lifecycle]) -> list[dict[str, Any]]:
+    """Each lifecycle with the attribute changes from the previous one of the same object."""
+    views: list[dict[str, Any]] = []
+    previous: dict[str, dashboard.Lifecycle] = {}
+    for cycle in found:
+        before = previous.get(cycle.deposed)
+        masked = sensitive_paths(cycle.sensitive_attributes) | (
+            sensitive_paths(before.sensitive_attributes) if before else frozenset())
+        changes: tuple[AttributeChange, ...] = attribute_diff(
+            before.attributes if before else None, cycle.attributes, masked=masked)
+        views.append({"cycle": cycle, "changes": changes[:MAX_ROWS], "more": max(len(changes) - MAX_ROWS, 0),
+                      "first": before is None})
+        previous[cycle.deposed] = cycle
+    return list(reversed(views))
+
+
+@bp.get("/states/<path:name>/resource")
+def resource(name: str) -> str:
+    name = state_name(name)
+    address = request.args.get("address", "").strip()
+    if not address:
+        raise BadRequestError("query parameter address is required, e.g. ?address=terraform_data.web[0]")
+    head = dashboard.state_head(services().db, principal(), name)
+    found = dashboard.lifecycles(services().db, principal(), name, address)
+    near = dashboard.neighbourhood(services().db, principal(), name, address)
+    return render_template("ui/resource.html", head=head, address=address, lifecycles=_lifecycle_views(found),
+                           near=near, alive=any(c.delete_serial is None for c in found), nav="states")
+
+
+@bp.get("/states/<path:name>/runs")
+def state_runs(name: str) -> str:
+    name = state_name(name)
+    head = dashboard.state_head(services().db, principal(), name)
+    found = runs.list_runs(services().db, principal(), state=name, limit=100)
+    return render_template("ui/state_runs.html", head=head, runs=found, chart=timeline.layout(found, g.now),
+                           nav="runs")
+
+
+@bp.get("/runs")
+def all_runs() -> str:
+    found = runs.list_runs(services().db, principal(), limit=300)
+    by_state: dict[str, list[runs.Run]] = {}
+    for run in found:
+        by_state.setdefault(run.state, []).append(run)
+    charts = [(name, timeline.layout(items, g.now), items) for name, items in sorted(by_state.items())]
+    return render_template("ui/runs.html", charts=charts, nav="runs")
+
+
+@bp.get("/runs/<run_id>")
+def run(run_id: str) -> str:
+    found = runs.get_run(services().db, principal(), run_id)
+    held = runs.run_reservations(services().db, principal(), run_id)
+    tail = dashboard.run_events(services().db, principal(), run_id, limit=50)
+    return render_template("ui/run.html", run=found, reservations=held, events=tail, nav="runs")
+
+
+@bp.post("/runs/<run_id>/abort")
+def abort(run_id: str) -> Redirect:
+    reason = "".join(ch for ch in request.form.get("reason", "").strip() if ch.isprintable())[:500]
+    try:
+        done = runs.abort(services().db, principal(), run_id, reason=reason or "from the dashboard")
+    except RunClosedError as closed:
+        flash(closed.message, "error")
+    else:
+        metrics.record_run_finished(done.status, done.created_at, done.finished_at)
+        flash(f"apply run {run_id} aborted; its reservations are released", "ok")
+    target = request.form.get("next")
+    return redirect(_safe_next(target) if target else url_for("ui.run", run_id=run_id))
+
+
+@bp.get("/reservations")
+def reservations() -> str:
+    state = request.args.get("state", "").strip()
+    found = runs.list_reservations(services().db, principal(), state=state_name(state) if state else None)
+    return render_template("ui/reservations.html", reservations=found, state=state, nav="reservations")
+
+
+@bp.get("/pulls")
+def pulls() -> str:
+    return render_template("ui/pulls.html", nav="pulls")

@@ -1,0 +1,117 @@
+"""Dashboard pages over real rows: the states list, one state with its filter and outputs, a
+resource's lifecycles and neighbourhood, the runs timeline, run details, reservations and abort."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+from tests.helpers import counted_state, lock_info
+from tests.ui.conftest import TOKEN, csrf_of, page
+
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def cells(html: str, table_id: str) -> list[list[str]]:
+    body = html.split(f'id="{table_id}"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)
+    return [[re.sub(r"<[^>]+>|\s+", " ", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)]
+            for r in rows if "<td" in r]
+
+
+def test_the_states_list_shows_serial_resources_lock_holder_reservations_and_last_write(ui, seeded):
+    assert ui.post("/v1/states/other", data=counted_state(1, 4), headers=BEARER).status_code == 200
+    ui.open("/v1/states/other", method="LOCK", data=lock_info("lock-1", who="erin@laptop"), headers=BEARER)
+    rows = {r[0]: r for r in cells(page(ui, "/ui/"), "states")}
+    assert rows["prod"][1:3] == ["2", "6"] and rows["prod"][4:6] == ["1", "1"]
+    assert "alice (apply)" in rows["prod"][6]
+    assert rows["other"][1:3] == ["1", "4"] and rows["other"][3].startswith("erin@laptop")
+
+
+def test_the_states_list_has_an_empty_state(ui):
+    assert "No states yet" in page(ui, "/ui/")
+
+
+def test_a_state_page_filters_resources_by_any_part_of_the_address(ui, seeded):
+    every = cells(page(ui, "/ui/states/prod"), "resources")
+    assert len(every) == 6 and every[0][0] == "module.a.terraform_data.x"
+    assert every[0][2] == "2"  # the commit opened a new lifecycle at serial 2
+    filtered = page(ui, "/ui/states/prod?q=MODULE.B")
+    assert [r[0] for r in cells(filtered, "resources")] == ["module.b.terraform_data.x"]
+    assert "1 of 6 match" in filtered
+    assert "No resources match" in page(ui, "/ui/states/prod?q=nothing-like-this")
+
+
+def test_a_resource_history_shows_each_lifecycle_with_its_diff_and_the_neighbourhood(ui, seeded):
+    html = page(ui, "/ui/states/prod/resource?address=module.a.terraform_data.x")
+    assert "2 lifecycles" in html and "serial 2 → now" in html and "serial 1 → 2" in html
+    newest = html.split('class="lifecycle card"')[1]
+    assert "input.value" in newest and "&#34;a&#34;" in newest and "&#34;A2&#34;" in newest
+    assert "input.type" not in newest  # unchanged attributes are not repeated
+    assert 'terraform_data.web[&#34;blue&#34;]' in html.split('id="dependents"')[1].split("</ul>")[0]
+    web = page(ui, "/ui/states/prod/resource?address=terraform_data.web%5B%22blue%22%5D")
+    assert "module.a.terraform_data.x" in web.split('id="depends-on"')[1].split("</ul>")[0]
+
+
+def test_unknown_states_runs_and_addresses_are_html_404s(ui, seeded):
+    for path in ("/ui/states/nope", "/ui/states/nope/runs", "/ui/runs/ar_0000000000000000",
+                 "/ui/states/prod/resource?address=terraform_data.never"):
+        response = ui.get(path)
+        assert response.status_code == 404 and "<h1>404" in response.get_data(as_text=True), path
+    assert ui.get("/ui/states/prod/resource").status_code == 400
+    assert ui.get("/ui/states/bad%20name").status_code == 400
+
+
+def test_the_runs_page_of_a_state_without_runs_says_so(ui):
+    assert ui.post("/v1/states/quiet", data=counted_state(1, 1), headers=BEARER).status_code == 200
+    assert "No apply runs yet" in page(ui, "/ui/states/quiet/runs")
+
+
+def test_the_runs_pages_draw_one_bar_per_run_with_status_and_serial(ui, seeded):
+    html = page(ui, "/ui/states/prod/runs")
+    bars = re.findall(r'<rect class="bar status-(\w+)[^"]*" data-run="(ar_\w+)"', html)
+    assert sorted(bars) == sorted([("failed", seeded.failed), ("committed", seeded.committed),
+                                   ("reserved", seeded.running)])
+    assert ">#2</text>" in html
+    assert seeded.running in page(ui, "/ui/runs")
+
+
+def test_a_run_page_shows_reservations_counters_error_summary_and_its_events(ui, seeded):
+    live = page(ui, f"/ui/runs/{seeded.running}")
+    assert cells(live, "run-reservations")[0][:2] == ["module.b.*", "write"]
+    assert 'id="abort-form"' in live and "run_open" in live and "reservation_acquire" in live
+    failed = page(ui, f"/ui/runs/{seeded.failed}")
+    assert "terraform apply exited 1" in failed and 'id="abort-form"' not in failed
+    assert re.search(r"<th>applied</th><td class=\"num\">0</td>", failed)
+    committed = page(ui, f"/ui/runs/{seeded.committed}")
+    assert 'id="committed-serial">2<' in committed and "run_commit" in committed
+
+
+def test_aborting_from_the_reservations_page_releases_the_run_and_is_audited(ui, seeded, clean_db):
+    html = page(ui, "/ui/reservations")
+    assert [r[3] for r in cells(html, "reservations")] == ["bob"]
+    answer = ui.post(f"/ui/runs/{seeded.running}/abort",
+                     data={"csrf_token": csrf_of(html), "reason": "stuck", "next": "/ui/reservations?"})
+    assert answer.status_code == 302 and answer.headers["Location"].startswith("/ui/reservations")
+    after = page(ui, "/ui/reservations")
+    assert "aborted; its reservations are released" in after and "No live reservations" in after
+    with psycopg.connect(clean_db) as conn:
+        run = conn.execute("SELECT status, error_summary FROM apply_runs WHERE id = %s", (seeded.running,)).fetchone()
+        event = conn.execute("SELECT actor, detail ->> 'reason' FROM events WHERE kind = 'run_abort'").fetchone()
+    assert run == ("aborted", "aborted by operator: stuck") and event == ("operator", "stuck")
+    again = ui.post(f"/ui/runs/{seeded.running}/abort", data={"csrf_token": csrf_of(after)})
+    assert again.status_code == 302
+    assert "already aborted" in page(ui, f"/ui/runs/{seeded.running}")
+
+
+def test_the_terraform_lock_shows_as_a_reservation_without_an_abort_button(ui):
+    ui.post("/v1/states/locked", data=counted_state(1, 1), headers=BEARER)
+    ui.open("/v1/states/locked", method="LOCK", data=lock_info("lock-9", who="frank@ci"), headers=BEARER)
+    html = page(ui, "/ui/reservations")
+    [row] = cells(html, "reservations")
+    assert row[1] == "*" and row[3] == "frank@ci" and "Terraform state lock" in row[4] and "force-unlock" in row[7]
+
+
+def test_the_pull_requests_page_says_the_bot_is_not_configured(ui):
+    assert "The GitHub bot is not configured" in page(ui, "/ui/pulls")

@@ -1,20 +1,186 @@
 """The only importer of python-hcl2: reads what Kilolock needs out of .tf files.
 
-Pure: callers hand in file texts; nothing here touches the filesystem.
+Owns parsing (python-hcl2's raw lark tree, with the garbage collector paused, because the tree's many small
+objects make the cyclic collector cost about 3x the parse itself), the content-hash cache of analyses, the
+entry points ``analyze_file``/``analyze_block``, the cheap header ``prescan``, and ``find_http_backend``. The
+shape of an analysis (``FileAnalysis`` → ``Block`` → ``Reference``/``LocalDef``, with character spans so a
+workspace builder can copy blocks verbatim) is defined in ``analyzer.blocks`` and ``analyzer.references`` and
+re-exported here: import it from this module.
+
+A block's ``references`` are Terraform's own (see ``analyzer.references``): every reference in the block body
+except in the meta-arguments whose values are not references (``provider``/``providers``, ``moved``/``import``
+``from``/``to``, ``lifecycle.ignore_changes``, a variable's ``type``, provisioner ``when``/``on_failure``,
+a dynamic block's ``iterator``), and nothing from a ``terraform`` block.
+
+Pure: callers hand in file texts; nothing here touches the filesystem. Must not decide footprints.
 """
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import hcl2
+from lark import Token, Tree
+from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
+
+from analyzer.blocks import Block, FileAnalysis, HclError, LocalDef, Span, implicit_provider, read_blocks
+from analyzer.prescan import BlockHeader, scan
+from analyzer.references import ExpressionReader, Reference, UnreadableExpressionError
+
+__all__ = [
+    "Block",
+    "BlockHeader",
+    "FileAnalysis",
+    "HclError",
+    "HttpBackend",
+    "LocalDef",
+    "ParseCache",
+    "Reference",
+    "Span",
+    "analyze_block",
+    "analyze_file",
+    "content_digest",
+    "find_http_backend",
+    "implicit_provider",
+    "prescan",
+]
+
+@dataclass(slots=True)
+class ParseCache:
+    """Analyses and prescans keyed by content sha256, in memory; picklable, so a caller may persist it.
+
+    An entry found for a different path is handed back re-labelled with the path asked for.
+    """
+
+    analyses: dict[str, FileAnalysis] = field(default_factory=dict)
+    blocks: dict[tuple[str, int], Block] = field(default_factory=dict)
+    prescans: dict[str, tuple[tuple[BlockHeader, ...], bool]] = field(default_factory=dict)
+    parse_count: int = 0  # full or partial parses made through this cache (observability for callers)
+
+    def __len__(self) -> int:
+        return len(self.analyses) + len(self.blocks)
 
 
-class HclError(ValueError):
-    """A .tf file could not be parsed; the message names the file."""
+def content_digest(text: str) -> str:
+    """The sha256 hex digest the cache uses for ``text``."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def prescan(path: str, text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The top-level block headers ``(type, labels)`` of a file, found without a full parse.
+
+    Cheap: one regular-expression pass (``analyzer.prescan``). Raises HclError when the scan cannot follow the
+    text (an unterminated string or heredoc, a header it cannot read); a full parse then says more.
+    """
+    result = scan(text)
+    if not result.complete:
+        raise HclError(f"{path}:1: cannot scan the top-level blocks; parse the file for details")
+    return tuple((h.type, h.labels) for h in result.headers)
+
+
+def analyze_file(path: str, text: str, *, cache: ParseCache | None = None) -> FileAnalysis:
+    """Parse one .tf file and describe its top-level blocks; raises HclError (``file:line: …``)."""
+    digest = content_digest(text)
+    if cache is not None:
+        hit = cache.analyses.get(digest)
+        if hit is not None:
+            return hit if hit.path == path else _relabel(hit, path)
+        cache.parse_count += 1
+    tree = _parse(path, text)
+    blocks = tuple(read_blocks(path, tree, _READER))
+    analysis = FileAnalysis(path=path, sha256=digest, blocks=blocks)
+    if cache is not None:
+        cache.analyses[digest] = analysis
+    return analysis
+
+
+def analyze_block(
+    path: str, text: str, header: BlockHeader, *, cache: ParseCache | None = None, digest: str | None = None
+) -> Block:
+    """Parse only the one top-level block ``header`` (from the prescan) locates; spans and lines are the file's.
+
+    ``digest`` is ``content_digest(text)`` when the caller has it already. Raises HclError when that part of
+    the text is not exactly one block of the header's type and labels.
+    """
+    key = (digest or content_digest(text), header.start_pos)
+    if cache is not None:
+        hit = cache.blocks.get(key)
+        if hit is not None:
+            return hit if hit.file == path else replace(hit, file=path)
+        cache.parse_count += 1
+    source = text[header.start_pos : header.end_pos]
+    tree = _parse(path, source, line_offset=header.line - 1)
+    blocks = list(read_blocks(path, tree, _READER, line_offset=header.line - 1, pos_offset=header.start_pos))
+    if len(blocks) != 1 or (blocks[0].type, blocks[0].labels) != (header.type, header.labels):
+        raise HclError(f"{path}:{header.line}: the prescan found {header.type} {header.labels!r} here but it "
+                       "does not parse as that one block")
+    if cache is not None:
+        cache.blocks[key] = blocks[0]
+    return blocks[0]
+
+
+# --- parsing --------------------------------------------------------------------------------------------
+
+
+def _parse(path: str, text: str, *, line_offset: int = 0) -> Tree[Token]:
+    # python-hcl2 8.x cannot parse strip markers on interpolations ("${~ x ~}"), which only trim whitespace
+    # from the rendered string. Blanking them keeps every offset and every reference the same.
+    if "~}" in text or "${~" in text:
+        text = text.replace("${~", "${ ").replace("~}", " }")
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return hcl2.parses_to_tree(text)
+    except (UnexpectedCharacters, UnexpectedToken) as exc:
+        found = getattr(exc, "token", None) or getattr(exc, "char", "?")
+        raise HclError(f"{path}:{exc.line + line_offset}: cannot parse HCL: unexpected {str(found)!r} "
+                       f"at column {exc.column}") from exc
+    except UnexpectedEOF as exc:
+        raise HclError(f"{path}:{text.count(chr(10)) + 1 + line_offset}: cannot parse HCL: the file ends "
+                       "inside a block or expression") from exc
+    except LarkError as exc:
+        raise HclError(f"{path}:{1 + line_offset}: cannot parse HCL: {exc}") from exc
+    except RecursionError as exc:
+        raise HclError(f"{path}:{1 + line_offset}: cannot parse HCL: an expression is nested too deeply") from exc
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _parse_expression(source: str) -> Tree[Token]:
+    """Parse the text of one expression (from inside a heredoc template)."""
+    try:
+        tree = _parse("<template>", f"x = (\n{source}\n)\n")
+    except HclError as exc:
+        raise UnreadableExpressionError(f"cannot parse the template expression {source.strip()!r}") from exc
+    attribute = next(tree.find_data("attribute"))
+    term = attribute.children[-1]
+    assert isinstance(term, Tree)
+    inner = [c for c in term.children if isinstance(c, Tree) and c.data != "new_line_or_comment"]
+    # The expression sits on line 2 of the synthetic text; the reader numbers lines from 1 at its start.
+    for node in inner[0].iter_subtrees():
+        if not node.meta.empty:
+            node.meta.line -= 1
+    for token in inner[0].scan_values(lambda v: isinstance(v, Token)):
+        if token.line is not None:
+            token.line -= 1
+    return inner[0]
+
+
+_READER = ExpressionReader(_parse_expression)
+
+
+def _relabel(analysis: FileAnalysis, path: str) -> FileAnalysis:
+    return FileAnalysis(path=path, sha256=analysis.sha256,
+                        blocks=tuple(replace(block, file=path) for block in analysis.blocks))
+
+
+# --- the http backend ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +195,7 @@ class HttpBackend:
     password: str | None
 
 
-def _literal(value: Any) -> str | None:
+def _dict_literal(value: Any) -> str | None:
     """python-hcl2 8.x keeps string literals quoted (``'"x"'``); backend settings must be literals."""
     if value is None:
         return None
@@ -59,10 +225,10 @@ def find_http_backend(files: Mapping[str, str]) -> HttpBackend | None:
                         continue
                     return HttpBackend(
                         file=path,
-                        address=_literal(body.get("address")),
-                        lock_address=_literal(body.get("lock_address")),
-                        unlock_address=_literal(body.get("unlock_address")),
-                        username=_literal(body.get("username")),
-                        password=_literal(body.get("password")),
+                        address=_dict_literal(body.get("address")),
+                        lock_address=_dict_literal(body.get("lock_address")),
+                        unlock_address=_dict_literal(body.get("unlock_address")),
+                        username=_dict_literal(body.get("username")),
+                        password=_dict_literal(body.get("password")),
                     )
     return None

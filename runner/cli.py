@@ -311,38 +311,106 @@ def _var_args(args: argparse.Namespace) -> list[tuple[str, str]]:
     return found
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from runner.config import process_env
-    from runner.plan import make_plan, summary
+def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
+    """The file selection of -f / --changed-from, or None for a full plan."""
+    from runner.filescoped import Selection, module_sources, read_configuration, selection_from_changes
 
-    env = process_env()
+    if not args.file and not args.changed_from:
+        return None
+    files = [str(Path(f)) for f in args.file or []]
+    for name in files:
+        if "/" in name or not name.endswith((".tf", ".tf.json")):
+            raise UsageError(f"-f {name}: name a .tf file of the configuration directory (e.g. -f database.tf)")
+    if not args.changed_from:
+        return Selection(tuple(files))
+    from analyzer.hcl import ParseCache
+    from runner.git import GitError, changed_from
+
+    texts = read_configuration(config_dir)
+    try:
+        scope = changed_from(config_dir, config_dir, args.changed_from,
+                             module_sources=module_sources(texts, ParseCache()))
+    except GitError as exc:
+        raise UsageError(str(exc)) from exc
+    chosen = selection_from_changes(scope, config_dir, texts)
+    return Selection(tuple(sorted(set(chosen.files) | set(files))), chosen.deleted)
+
+
+def _plan_spec(args: argparse.Namespace, env: dict[str, str]) -> tuple[Any, Any, Any]:
+    from runner.config import data_dir
+    from runner.filescoped import plan_files
+    from runner.plan import make_plan
+
     config_dir = Path(args.config_dir).resolve()
     config = resolve(config_dir=config_dir, address=args.address, state=args.state, token=args.token, env=env)
     if not config.state:
         raise ClientConfigError("no state name: pass --state NAME or use a backend address ending in /v1/states/NAME")
-    spec = make_plan(EngineClient(config), _terraform_context(env), state=config.state, config_dir=config_dir,
-                     var_args=_var_args(args), targets=args.target or [])
-    out = Path(args.out)
+    client, ctx = EngineClient(config), _terraform_context(env)
+    selection = _selection(args, config_dir)
+    if selection is None:
+        return make_plan(client, ctx, state=config.state, config_dir=config_dir, var_args=_var_args(args),
+                         targets=args.target or []), client, selection
+    spec = plan_files(client, ctx, state=config.state, config_dir=config_dir, selection=selection,
+                      var_args=_var_args(args), data_dir=data_dir(env))
+    return spec, client, selection
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from runner.config import process_env
+    from runner.plan import summary
+
+    env = process_env()
+    spec, _, selection = _plan_spec(args, env)
+    out = Path(args.out or ("kl-plan.igplan" if selection is not None else "kl-plan.json"))
     out.write_text(spec.to_json())
     print(summary(spec))
     print(f"\nwrote {out}: apply it with kl apply {out}")
     return EXIT_OK
 
 
+def _rerun_command(args: argparse.Namespace) -> str:
+    parts = ["kl apply"] + [f"-f {f}" for f in args.file or []]
+    if args.changed_from:
+        parts.append(f"--changed-from {args.changed_from}")
+    if args.config_dir != ".":
+        parts.append(f"--config-dir {args.config_dir}")
+    return " ".join(parts + ["--confirm-scope"])
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     from runner.apply import ApplyOptions, apply_spec
     from runner.config import data_dir, default_actor, process_env
+    from runner.filescoped import apply_files
+    from runner.plan import summary
     from runner.spec import PlanSpec
 
     env = process_env()
-    spec = PlanSpec.load(Path(args.plan_file))
-    config_dir = Path(spec.config_dir)
-    config = resolve(config_dir=config_dir, address=args.address or spec.address, state=spec.state,
-                     token=args.token, env=env)
+    if args.config_dir == "." and args.chdir != ".":
+        args.config_dir = args.chdir
     supplied = dict(raw.split("=", 1) for kind, raw in _var_args(args) if kind == "var")
     options = ApplyOptions(actor=args.actor or default_actor(env), wait_seconds=args.wait, dry_run=args.dry_run,
                            data_dir=data_dir(env), supplied_vars=supplied, lease_seconds=args.lease)
-    apply_spec(EngineClient(config), _terraform_context(env), spec, config_dir, options)
+    if args.plan_file and (args.file or args.changed_from):
+        raise UsageError("give either a plan file or -f/--changed-from, not both")
+    if args.plan_file:
+        spec = PlanSpec.load(Path(args.plan_file))
+        client = EngineClient(resolve(config_dir=Path(spec.config_dir), address=args.address or spec.address,
+                                      state=spec.state, token=args.token, env=env))
+    elif args.file or args.changed_from:
+        spec, client, _ = _plan_spec(args, env)
+        print(summary(spec))
+        if args.dry_run or not args.confirm_scope:
+            print(f"\nto apply exactly this scope, run:\n  {_rerun_command(args)}")
+            if args.dry_run:
+                return EXIT_OK
+            raise UsageError("a file-scoped apply changes real infrastructure: review the scope above and re-run "
+                             "with --confirm-scope")
+    else:
+        raise UsageError("give a plan file (kl apply kl-plan.json) or files (kl apply -f FILE --confirm-scope)")
+    if spec.mode == "files":
+        apply_files(client, _terraform_context(env), spec, options, {})
+    else:
+        apply_spec(client, _terraform_context(env), spec, Path(spec.config_dir), options)
     return EXIT_OK
 
 
@@ -382,6 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = sub.add_parser("migrate", help="apply pending database migrations")
     migrate.set_defaults(func=cmd_migrate)
+
+    def file_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-f", "--file", action="append", metavar="FILE",
+                       help="file-scoped: plan only this .tf file and what it needs (repeatable)")
+        p.add_argument("--changed-from", metavar="GIT_REF",
+                       help="file-scoped: the .tf files changed since GIT_REF (git diff against the working tree)")
 
     def client_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("-C", "--chdir", default=".", help="configuration directory (default: .)")
@@ -424,7 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="plan against the trunk and write kl-plan.json (reservations to take)")
     client_options(plan)
     plan.add_argument("config_dir", nargs="?", default=".", metavar="CONFIG_DIR")
-    plan.add_argument("--out", default="kl-plan.json", help="where to write the plan file (default kl-plan.json)")
+    plan.add_argument("--out", help="where to write the plan file (default kl-plan.json, or kl-plan.igplan with -f)")
+    file_options(plan)
     plan.add_argument("-var", "--var", action="append", metavar="NAME=VALUE", help="an input variable")
     plan.add_argument("-var-file", "--var-file", action="append", metavar="FILE", help="a variables file")
     plan.add_argument("--target", action="append", metavar="ADDRESS", help="plan only this address (repeatable)")
@@ -432,7 +507,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     apply = sub.add_parser("apply", help="apply a kl-plan.json: reserve, apply the slice, commit row by row")
     client_options(apply)
-    apply.add_argument("plan_file", metavar="PLAN_FILE")
+    apply.add_argument("plan_file", nargs="?", metavar="PLAN_FILE")
+    apply.add_argument("--config-dir", dest="config_dir", default=".", help="configuration directory for -f")
+    file_options(apply)
+    apply.add_argument("--confirm-scope", action="store_true",
+                       help="with -f/--changed-from: apply the derived scope (without it, kl prints it and stops)")
+    apply.add_argument("-var-file", "--var-file", action="append", metavar="FILE", help="with -f: a variables file")
+    apply.add_argument("--target", action="append", help=argparse.SUPPRESS)
     apply.add_argument("--actor", help="who is applying (default: KL_ACTOR or user@host)")
     apply.add_argument("--wait", type=parse_duration, metavar="DURATION",
                        help="wait up to this long for conflicting reservations (default: fail fast)")
@@ -441,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="reservation lease, renewed while Terraform runs (default 15m)")
     apply.add_argument("-var", "--var", action="append", metavar="NAME=VALUE",
                        help="a sensitive variable's value again (not stored in the plan file)")
-    apply.set_defaults(func=cmd_apply, var_file=None)
+    apply.set_defaults(func=cmd_apply)
 
     recover_cmd = sub.add_parser("recover", help="commit the post-apply state kept for a run that did not commit")
     client_options(recover_cmd)

@@ -63,7 +63,7 @@ def fetch_snapshot(client: EngineClient, state: str) -> Snapshot:
     try:
         raw = client.assembled(state)
     except EngineError as exc:
-        if exc.status == 404:
+        if exc.code == "state_not_found":
             return Snapshot(None, None)
         raise
     parsed = parse_state(raw)
@@ -197,6 +197,10 @@ def make_plan(
 def summary(spec: PlanSpec) -> str:
     """The readable account kl plan prints."""
     lines = [f"kl plan: state {spec.state!r} at serial {spec.base_serial}"]
+    if spec.mode == "files":
+        lines.append("File-scoped: " + ", ".join(spec.selected_files or ("(deleted files only)",)))
+        if spec.deleted_globs:
+            lines.append("Deleted files declared: " + ", ".join(spec.deleted_globs))
     if not spec.write_set and not spec.output_changes:
         lines.append("No changes: nothing to apply.")
     counts: dict[str, int] = {}

@@ -221,6 +221,8 @@ def terraform_env(home: Path) -> dict[str, str]:
         "TF_CLI_CONFIG_FILE": str(rc),
         "TF_INPUT": "0",
         "NO_COLOR": "1",
+        # kl resolves terraform/tofu on PATH first; the suite always runs the embedded Terraform.
+        "KL_TERRAFORM_BIN": kl_terraform_bin(),
     }
 
 

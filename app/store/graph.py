@@ -9,7 +9,7 @@ from analyzer.addresses import AddressError, has_prefix, parse_instance_address
 from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
 from analyzer.state import assemble_state
 from app.domain.principal import Principal
-from app.errors import BadRequestError, NotFoundError
+from app.errors import BadRequestError, NotFoundError, StateNotFoundError
 from app.store import resources, states
 from app.store.db import Database
 from app.store.resources import Edge, ResourceRow
@@ -24,7 +24,7 @@ class Listing:
 
 def _resolve_serial(head: int | None, serial: int | None, name: str) -> int:
     if head is None:
-        raise NotFoundError(f"state {name!r} has no versions yet")
+        raise StateNotFoundError(f"state {name!r} has no versions yet")
     if serial is None:
         return head
     if serial < 0:

@@ -1,0 +1,176 @@
+"""A cheap scan of a .tf file for its top-level block headers, without parsing it.
+
+Owns finding which top-level blocks (``resource "a" "b" {``, ``locals {``, ``moved {`` …) a file declares and
+where each one starts and ends, so the footprint can decide which files, and which blocks in them, to parse.
+
+The scan is a single regular-expression pass that skips comments, quoted strings (with nested ``${…}``
+templates), and heredocs as whole tokens and counts braces (inert text and ordinary strings are consumed
+inside the regular expression, so Python sees little more than the braces). A header is recognised only at
+brace depth 0, so blocks nested in others, or HCL text inside heredocs and strings, are never reported. It
+does not validate the file: on text it cannot follow (an unterminated string or heredoc, a top-level brace
+after no readable header) it sets ``complete`` to False, so the caller parses the file or fails closed.
+
+Must not import hcl2 or touch the filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+__all__ = ["BlockHeader", "Prescan", "scan"]
+
+# Everything that can neither open nor close a block, swallowed in C: text without braces, quotes, comments or
+# heredoc introducers, and whole quoted strings whose templates hold no braces or quotes (nearly all of them).
+_INERT = r"""(?:[^"{}\#/<]+|\\.|/(?![/*])|<(?!<)|"(?:[^"\\$%\n]|\\.|\$\$\{|%%\{|[$%](?!\{)|[$%]\{[^{}"\n]*\})*")*+"""
+_TOKEN = re.compile(
+    _INERT
+    + r"""(?:
+      (?P<quote>")                                   # a quoted string with nested templates: the slow path
+    | (?P<comment>\#[^\n]*|//[^\n]*|/\*.*?\*/)
+    | (?P<heredoc><<-?(?P<marker>[A-Za-z][\w.-]*)[ \t]*\r?\n)
+    | (?P<open>\{)
+    | (?P<close>\})
+    | (?P<end>\Z)
+    )""",
+    re.S | re.X,
+)
+_IN_TEMPLATE = re.compile(r'"|\\.|\$\$\{|%%\{|[$%]\{|\n', re.S)
+_IN_EXPRESSION = re.compile(r'"|\{|\}|\n', re.S)
+_HEADER = re.compile(r'[ \t]*([A-Za-z_][\w-]*)((?:[ \t]+(?:"(?:[^"\\\n]|\\.)*"|[A-Za-z_][\w-]*))*)[ \t]*\Z')
+_LABEL = re.compile(r'"(?:[^"\\\n]|\\.)*"|[A-Za-z_][\w-]*')
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHeader:
+    """One top-level block: its type, its labels (unquoted), and where it lies.
+
+    ``start_pos``/``end_pos`` are character offsets into the file text (end exclusive, just past the
+    closing brace); ``line`` is the 1-based line of the header.
+    """
+
+    type: str
+    labels: tuple[str, ...]
+    line: int
+    start_pos: int
+    end_pos: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prescan:
+    """The headers of one file, and whether the scan reached the end of the text."""
+
+    headers: tuple[BlockHeader, ...]
+    complete: bool
+
+
+class _Unterminated(Exception):
+    pass
+
+
+def scan(text: str) -> Prescan:
+    """Find the top-level block headers of ``text`` (see the module docstring)."""
+    headers: list[BlockHeader] = []
+    complete = True
+    depth = 0
+    pending: tuple[str, tuple[str, ...], int, int] | None = None  # the open top-level block
+    pos = 0
+    line, counted = 1, 0
+    try:
+        while True:
+            match = _TOKEN.match(text, pos)
+            if match is None:
+                return Prescan(tuple(headers), False)  # e.g. a stray "<<" that starts no heredoc
+            kind = match.lastgroup
+            pos = match.end()
+            if kind == "end":
+                break
+            if kind == "open":
+                if depth == 0:
+                    brace = match.start(kind)
+                    line += text.count("\n", counted, brace)  # counted incrementally: one pass per file
+                    counted = brace
+                    pending = _header_at(text, brace, line)
+                    # A top-level brace that does not follow a header on its own line (a comment before the
+                    # header, two blocks on one line): the scan cannot name this block, so it says so.
+                    complete = complete and pending is not None
+                depth += 1
+            elif kind == "close":
+                depth -= 1
+                if depth == 0 and pending is not None:
+                    type_, labels, line, start = pending
+                    headers.append(BlockHeader(type_, labels, line, start, pos))
+                    pending = None
+                elif depth < 0:
+                    return Prescan(tuple(headers), False)
+            elif kind == "quote":
+                pos = _template_end(text, pos)
+            elif kind == "heredoc":
+                pos = _heredoc_end(text, pos, match.group("marker"))
+    except _Unterminated:
+        return Prescan(tuple(headers), False)
+    return Prescan(tuple(headers), complete and depth == 0)
+
+
+def _header_at(text: str, brace: int, line: int) -> tuple[str, tuple[str, ...], int, int] | None:
+    line_start = text.rfind("\n", 0, brace) + 1
+    match = _HEADER.match(text, line_start, brace)
+    if match is None:
+        return None  # e.g. a top-level attribute with an object value: not a block
+    labels = tuple(_unquote(label) for label in _LABEL.findall(match.group(2)))
+    start = line_start + (len(match.group(0)) - len(match.group(0).lstrip(" \t")))
+    return match.group(1), labels, line, start
+
+
+def _unquote(label: str) -> str:
+    if not label.startswith('"'):
+        return label
+    if "\\" not in label:
+        return label[1:-1]
+    try:
+        value = json.loads(label)
+    except ValueError:
+        return label[1:-1]
+    return value if isinstance(value, str) else label[1:-1]
+
+
+def _template_end(text: str, pos: int) -> int:
+    """Just past the closing quote of a quoted template whose contents start at ``pos``."""
+    while True:
+        match = _IN_TEMPLATE.search(text, pos)
+        if match is None or match.group() == "\n":
+            raise _Unterminated
+        token = match.group()
+        pos = match.end()
+        if token == '"':
+            return pos
+        if token in ("${", "%{"):
+            pos = _expression_end(text, pos)
+
+
+def _expression_end(text: str, pos: int) -> int:
+    """Just past the ``}`` closing a template sequence whose expression starts at ``pos``."""
+    depth = 0
+    while True:
+        match = _IN_EXPRESSION.search(text, pos)
+        if match is None:
+            raise _Unterminated
+        token = match.group()
+        pos = match.end()
+        if token == '"':
+            pos = _template_end(text, pos)
+        elif token == "{":
+            depth += 1
+        elif token == "}":
+            if depth == 0:
+                return pos
+            depth -= 1
+
+
+def _heredoc_end(text: str, pos: int, marker: str) -> int:
+    closing = re.compile(r"^[ \t]*" + re.escape(marker) + r"[ \t]*\r?$", re.M)
+    match = closing.search(text, pos)
+    if match is None:
+        raise _Unterminated
+    return match.end()

@@ -132,6 +132,7 @@ def _save_recovery(data_dir: Path, run_id: str, spec: PlanSpec, holder: str, res
         "run_id": run_id, "state": spec.state, "address": spec.address, "holder": holder,
         "base_serial": spec.base_serial, "slice_addresses": slice_addresses,
         "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations], "reason": reason,
+        "prune_outputs": spec.mode == "full",
     }, indent=2))
     return where
 
@@ -247,7 +248,8 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
         _fail(client, run_id, holder, reason)
         raise KlExit(1, f"{reason}; nothing was committed; the post-apply state is kept in {where}")
     try:
-        answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses)
+        answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses,
+                               prune_outputs=spec.mode == "full")
     except EngineError as exc:
         where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, str(exc))
         if exc.code not in ("lease_expired", "run_closed"):
@@ -287,7 +289,7 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
         target = opened["run"]["id"]
     try:
         answer = client.commit(target, holder=holder, state=json.loads(result),
-                               slice_addresses=meta["slice_addresses"])
+                               slice_addresses=meta["slice_addresses"], prune_outputs=meta.get("prune_outputs", True))
     except EngineError as exc:
         raise KlExit(2 if exc.code in CONFLICT_CODES else 1, f"recovery commit refused: {exc}") from exc
     shutil.rmtree(where, ignore_errors=True)

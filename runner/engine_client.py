@@ -129,8 +129,9 @@ class EngineClient:
         """renew, release, running, close, abort or reservations on one run."""
         return self._post(f"/runs/{quote(run_id)}/{action}", body)
 
-    def commit(self, run_id: str, *, holder: str, state: dict[str, Any], slice_addresses: list[str]) -> dict[str, Any]:
-        body = {"holder": holder, "state": state, "slice_addresses": slice_addresses}
+    def commit(self, run_id: str, *, holder: str, state: dict[str, Any], slice_addresses: list[str],
+               prune_outputs: bool = True) -> dict[str, Any]:
+        body = {"holder": holder, "state": state, "slice_addresses": slice_addresses, "prune_outputs": prune_outputs}
         return self._post(f"/runs/{quote(run_id)}/commit", body, timeout=self.timeout * 5)
 
     def slice(self, state: str, globs: list[str]) -> bytes:

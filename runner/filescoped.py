@@ -22,7 +22,7 @@ from pathlib import Path
 from analyzer.configuration import is_described
 from analyzer.footprint import Footprint, compute_footprint
 from analyzer.gitdiff import ChangeScope
-from analyzer.globs import matches, parse_glob
+from analyzer.globs import intersects, matches, parse_glob
 from analyzer.hcl import ParseCache
 from analyzer.plan import PlanFormatError, analyze_plan
 from analyzer.prescan import scan
@@ -91,16 +91,66 @@ def deleted_globs(deleted: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def described_in(fp: Footprint, extra: Iterable[str] = ()) -> tuple[str, ...]:
-    """Configuration-level addresses the workspace holds (``module.NAME.*`` for module calls)."""
+    """Configuration-level addresses whose trunk rows the slice carries: the workspace's resource and
+    module blocks (``module.NAME.*``), plus every written address — a ``moved`` source or a deleted
+    declaration must be in the slice for Terraform to move or destroy it."""
     names: set[str] = set()
     for block in fp.blocks:
         if block.type in ("resource", "data", "ephemeral"):
             names.add(block.name)
         elif block.type == "module":
             names.add(block.name + ".*")
-    for glob in extra:  # deleted declarations: in the slice so that Terraform plans their destruction
-        names.add(glob[:-2] if glob.endswith(".*") and not glob.startswith("module.") else glob)
+    for glob in (*fp.write_globs, *extra):
+        if glob.startswith("module."):
+            names.add("module." + glob.split(".")[1].split("[")[0] + ".*")
+        else:
+            names.add(_keyless(glob[:-2] if glob.endswith(".*") else glob))
     return tuple(sorted(names))
+
+
+def _keyless(address: str) -> str:
+    return address.split("[", 1)[0]
+
+
+def declaring_files(files: Mapping[str, str]) -> dict[str, str]:
+    """Root-level resource/data address or ``module.NAME`` → the file declaring it (prescan only)."""
+    found: dict[str, str] = {}
+    for name, text in files.items():
+        if not name.endswith(".tf"):
+            continue
+        for header in scan(text).headers:
+            if header.type == "resource" and len(header.labels) == 2:
+                found[f"{header.labels[0]}.{header.labels[1]}"] = name
+            elif header.type == "data" and len(header.labels) == 2:
+                found[f"data.{header.labels[0]}.{header.labels[1]}"] = name
+            elif header.type == "module" and header.labels:
+                found[f"module.{header.labels[0]}"] = name
+    return found
+
+
+def _declared_by(address: str, declarations: Mapping[str, str]) -> str | None:
+    if address.startswith("module."):
+        return declarations.get("module." + address.split(".")[1].split("[")[0])
+    return declarations.get(_keyless(address))
+
+
+def dependents_to_add(edges: Iterable[tuple[str, str]], write_globs: Sequence[str],
+                      declarations: Mapping[str, str], selected: Iterable[str]) -> dict[str, str]:
+    """Files declaring trunk resources that depend on something this change writes: a full apply
+    would re-plan them, so the file-scoped one must too. file → why."""
+    globs = [parse_glob(g) for g in write_globs]
+    chosen = set(selected)
+    added: dict[str, str] = {}
+    for address, depends_on in edges:
+        if any(matches(g, address) for g in globs):
+            continue
+        target = parse_glob(depends_on + ".*")
+        if not any(matches(g, depends_on) or intersects(g, target) for g in globs):
+            continue
+        file = _declared_by(address, declarations)
+        if file and file not in chosen and file not in added:
+            added[file] = f"{address} depends on {depends_on}, which this change writes"
+    return added
 
 
 def _diagnostics_text(fp: Footprint) -> str:
@@ -189,16 +239,26 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
     """kl plan -f: the footprint, the minimal workspace, a plan over it, and the artifact."""
     files = read_configuration(config_dir)
     cache = load_cache(data_dir)
-    first = footprint(files, selection, cache)
-    try:
-        edges = client.edges(state, list(first.write_globs)) if first.write_globs else []
-    except EngineError as exc:
-        if exc.code != "state_not_found":
-            raise
-        edges = []
-    fp = footprint(files, selection, cache, edges) if edges else first
-    save_cache(data_dir, cache)
     gone = deleted_globs(selection.deleted)
+    declarations = declaring_files(files)
+    widened: list[str] = []
+    edges: list[tuple[str, str]] = []
+    while True:
+        fp = footprint(files, selection, cache, edges)
+        wanted = sorted(set(fp.write_globs) | set(gone))
+        try:
+            edges = client.edges(state, wanted) if wanted else []
+        except EngineError as exc:
+            if exc.code != "state_not_found":
+                raise
+            edges = []
+        more = dependents_to_add(edges, wanted, declarations, selection.files)
+        if not more:
+            fp = footprint(files, selection, cache, edges)
+            break
+        widened += [f"widened to {file}: {why}" for file, why in sorted(more.items())]
+        selection = Selection(tuple(sorted(set(selection.files) | set(more))), selection.deleted)
+    save_cache(data_dir, cache)
     write_globs = tuple(sorted(set(fp.write_globs) | set(gone)))
     slice_globs = tuple(sorted(set(write_globs) | set(fp.read_globs) | set(fp.validation_globs)))
     described = described_in(fp, gone)
@@ -216,7 +276,7 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
     if outside:
         raise KlExit(3, "the workspace plans changes outside the file-scoped footprint (" + ", ".join(outside[:10])
                         + "): run kl plan without -f (a full plan)")
-    warnings = [f"{d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics]
+    warnings = widened + [f"{d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics]
     write_set = tuple(sorted(analysis.write_set))
     return PlanSpec(
         state=state, address=client.config.base_url, lineage=snapshot.lineage if snapshot else None,

@@ -89,18 +89,20 @@ def _same(a: OutputRow, b: OutputRow) -> bool:
 
 
 def merge_outputs(
-    head: Iterable[OutputRow], base: Iterable[OutputRow], result: Iterable[OutputRow]
+    head: Iterable[OutputRow], base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True
 ) -> tuple[OutputRow, ...]:
     """Keep the trunk's outputs; take from the apply only what it changed relative to its base
-    (new or different values), and drop the outputs it removed. An output the apply did not
-    touch keeps whatever value a concurrent commit gave it."""
+    (new or different values), and — when ``prune``, i.e. the workspace held the whole
+    configuration — drop the outputs it no longer has. An output the apply did not touch keeps
+    whatever value a concurrent commit gave it. A file-scoped workspace holds only some outputs, so
+    it never prunes: its missing outputs are simply not its business."""
     merged = {o.name: o for o in head}
     before = {o.name: o for o in base}
     after = {o.name: o for o in result}
     for name, output in after.items():
         if name not in before or not _same(before[name], output):
             merged[name] = output
-    for name in before:
+    for name in before if prune else ():
         if name not in after:
             merged.pop(name, None)
     return tuple(merged[n] for n in sorted(merged))

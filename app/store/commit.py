@@ -65,7 +65,7 @@ class CommitResult:
 
 def commit_run(
     db: Database, principal: Principal, run_id: str, *, holder: str, state_body: bytes,
-    slice_addresses: Sequence[str], clock: runs.Clock = runs.utcnow,
+    slice_addresses: Sequence[str], prune_outputs: bool = True, clock: runs.Clock = runs.utcnow,
 ) -> CommitResult:
     """Commit the post-apply state of a run's slice. Raises WriteOutsideReservationError,
     StalePlanError, LeaseExpiredError, RunClosedError, NotRunHolderError; refusals write nothing."""
@@ -103,7 +103,7 @@ def commit_run(
         version = states.version_at(conn, state_id, base_serial)
         base_outputs = resources.outputs_of(conn, version_id=version.id) if version else []
         head_outputs = resources.outputs_of(conn, version_id=head_version_id) if head_version_id else []
-        outputs = rules.merge_outputs(head_outputs, base_outputs, parsed.outputs)
+        outputs = rules.merge_outputs(head_outputs, base_outputs, parsed.outputs, prune=prune_outputs)
         before, after = {o.name: o for o in head_outputs}, {o.name: o for o in outputs}
         outputs_changed = tuple(sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n)))
 

@@ -187,7 +187,8 @@ def abort(run_id: str) -> tuple[Response, int]:
 @bp.post("/runs/<run_id>/commit")
 @metrics.engine_call("commit")
 def commit(run_id: str) -> tuple[Response, int]:
-    """Row-level commit of the run's post-apply slice: ``{"holder", "state", "slice_addresses"}``."""
+    """Row-level commit of the run's post-apply slice: ``{"holder", "state", "slice_addresses",
+    "prune_outputs"}`` (prune: the workspace held every output, so missing ones were removed)."""
     doc = _body()
     state = doc.get("state")
     if not isinstance(state, dict):
@@ -195,9 +196,12 @@ def commit(run_id: str) -> tuple[Response, int]:
     slice_addresses = doc.get("slice_addresses", [])
     if not isinstance(slice_addresses, list) or not all(isinstance(a, str) for a in slice_addresses):
         raise BadRequestError("slice_addresses must be a list of instance addresses")
+    prune = doc.get("prune_outputs", True)
+    if not isinstance(prune, bool):
+        raise BadRequestError("prune_outputs must be true or false")
     result = commit_store.commit_run(
         services().db, principal(), run_id, holder=_text(doc, "holder"),
-        state_body=json.dumps(state).encode(), slice_addresses=slice_addresses,
+        state_body=json.dumps(state).encode(), slice_addresses=slice_addresses, prune_outputs=prune,
     )
     payload = {"serial": result.serial, "created": result.created, "updated": result.updated,
                "deleted": result.deleted, "addresses": list(result.addresses),

@@ -1,0 +1,260 @@
+"""kl plan -f / kl apply X.igplan / --changed-from end to end, with real Terraform and real git.
+After every change the trunk must be what a full apply would have produced: vanilla Terraform over the
+whole configuration plans no changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import kl_terraform_bin
+
+pytestmark = pytest.mark.terraform
+
+BACKEND = """terraform {{
+  backend "http" {{
+    address        = "{url}"
+    lock_address   = "{url}"
+    unlock_address = "{url}"
+    lock_method    = "LOCK"
+    unlock_method  = "UNLOCK"
+  }}
+}}
+"""
+FILES = {
+    "variables.tf": 'variable "env" {\n  type    = string\n  default = "prod"\n}\n\n'
+                    'locals {\n  prefix = "${var.env}-app"\n}\n',
+    "network.tf": 'resource "terraform_data" "net" {\n  input = "${local.prefix}-net-v1"\n}\n',
+    "web.tf": 'resource "terraform_data" "web" {\n  count = 2\n'
+              '  input = "${local.prefix}-web-${count.index}-${terraform_data.net.output}"\n}\n',
+    "db.tf": 'resource "terraform_data" "db" {\n  input = "${local.prefix}-db-v1"\n}\n\n'
+             'resource "terraform_data" "db_backup" {\n  input = "backup"\n}\n\n'
+             'output "db" {\n  value = terraform_data.db.output\n}\n',
+    "app.tf": 'module "app" {\n  source = "./modules/app"\n  name   = "app-v1"\n}\n',
+    "modules/app/main.tf": 'variable "name" {\n  type = string\n}\n\n'
+                           'resource "terraform_data" "svc" {\n  input = var.name\n}\n',
+    # Planning the whole configuration fails on this file; a file-scoped plan never loads it.
+    "trap.tf": 'resource "terraform_data" "trap" {\n  input = "ok"\n}\n',
+}
+
+
+class Repo:
+    def __init__(self, root: Path, url: str, env: dict[str, str]) -> None:
+        self.dir, self.url, self.env = root, url, env
+        root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, name: str, text: str) -> None:
+        path = self.dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def edit(self, name: str, old: str, new: str) -> None:
+        text = (self.dir / name).read_text()
+        assert old in text, (name, old)
+        self.write(name, text.replace(old, new))
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(list(args), cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=180)
+        assert not check or proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def tf(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run(kl_terraform_bin(), *args, check=check)
+
+    def kl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run(str(Path(sys.executable).with_name("kl")), *args, check=False)
+
+    def git(self, *args: str) -> None:
+        self.run("git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args)
+
+    def converged(self) -> None:
+        plan = self.tf("plan", "-detailed-exitcode", "-input=false", check=False)
+        assert plan.returncode == 0, "vanilla terraform plan shows changes:\n" + plan.stdout[-3000:] + plan.stderr
+
+
+@pytest.fixture
+def repo(live_server, tmp_path, terraform_factory):  # type: ignore[no-untyped-def]
+    env = dict(terraform_factory("home").env)
+    env.update(KL_DATA_DIR=str(tmp_path / "kl-data"), PATH=os.environ["PATH"], HOME=str(tmp_path))
+    r = Repo(tmp_path / "repo", live_server.state_url("files"), env)
+    r.write("backend.tf", BACKEND.format(url=r.url))
+    for name, text in FILES.items():
+        r.write(name, text)
+    r.tf("init", "-input=false")
+    r.tf("apply", "-auto-approve", "-input=false")
+    r.write(".gitignore", ".terraform/\n*.igplan\nkl-plan.json\n.terraform.lock.hcl\n")
+    r.git("init", "-q")
+    r.git("add", "-A")
+    r.git("commit", "-qm", "trunk")
+    # From now on a full plan breaks on trap.tf: file-scoped plans must not read it.
+    r.write("trap.tf", 'resource "terraform_data" "trap" {\n  input = file("missing.txt")\n}\n')
+    r.git("commit", "-qam", "a file no full plan survives")
+    return r
+
+
+def spec(repo: Repo, name: str = "kl-plan.igplan") -> dict:  # type: ignore[type-arg]
+    return json.loads((repo.dir / name).read_text())
+
+
+def plan_apply(repo: Repo, *plan_args: str, actor: str = "alice") -> dict:  # type: ignore[type-arg]
+    planned = repo.kl("plan", *plan_args)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    applied = repo.kl("apply", "kl-plan.igplan", "--actor", actor)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "committed at serial" in applied.stdout or "nothing changed" in applied.stdout
+    return spec(repo)
+
+
+def untrap(repo: Repo) -> None:
+    repo.write("trap.tf", FILES["trap.tf"])
+
+
+def test_an_attribute_edit_plans_only_its_file_and_converges(repo):
+    repo.edit("db.tf", "db-v1", "db-v2")
+    planned = plan_apply(repo, "-f", "db.tf")
+    assert planned["mode"] == "files" and planned["selected_files"] == ["db.tf"]
+    assert planned["write_set"] == ["terraform_data.db"]
+    assert set(planned["files"]) <= {"db.tf", "variables.tf", "backend.tf"}, planned["files"]
+    assert all("web" not in g and "trap" not in g for g in planned["slice_globs"])
+    untrap(repo)
+    repo.converged()
+
+
+def test_added_and_count_changed_resources_converge(repo):
+    repo.write("db.tf", FILES["db.tf"] + '\nresource "terraform_data" "cache" {\n  input = "new"\n}\n')
+    repo.edit("web.tf", "count = 2", "count = 3")
+    planned = plan_apply(repo, "-f", "db.tf", "-f", "web.tf")
+    assert set(planned["write_set"]) == {"terraform_data.cache", "terraform_data.web[2]"}
+    untrap(repo)
+    repo.converged()
+
+
+def test_a_module_input_change_converges(repo):
+    repo.edit("app.tf", "app-v1", "app-v2")
+    planned = plan_apply(repo, "-f", "app.tf")
+    assert planned["write_set"] == ["module.app.terraform_data.svc"] and "module.app.*" in planned["write_globs"]
+    untrap(repo)
+    repo.converged()
+
+
+def test_a_rename_with_a_moved_block_moves_instead_of_recreating(repo):
+    before = {r["name"]: r["instances"][0]["attributes"]["id"]
+              for r in requests.get(repo.url, timeout=10).json()["resources"]}
+    repo.write("db.tf", FILES["db.tf"].replace('"db_backup"', '"backup"')
+               + '\nmoved {\n  from = terraform_data.db_backup\n  to   = terraform_data.backup\n}\n')
+    planned = plan_apply(repo, "-f", "db.tf")
+    assert planned["actions"] == {"terraform_data.backup": "move"}
+    after = {r["name"]: r["instances"][0]["attributes"]["id"]
+             for r in requests.get(repo.url, timeout=10).json()["resources"]}
+    assert after["backup"] == before["db_backup"] and "db_backup" not in after
+    untrap(repo)
+    repo.converged()
+
+
+def test_editing_a_file_others_depend_on_widens_to_their_files(repo):
+    repo.edit("network.tf", "net-v1", "net-v2")
+    planned = plan_apply(repo, "-f", "network.tf")
+    assert "web.tf" in planned["selected_files"]
+    assert any("widened to web.tf" in w for w in planned["warnings"])
+    assert set(planned["write_set"]) == {"terraform_data.net", "terraform_data.web[0]", "terraform_data.web[1]"}
+    untrap(repo)
+    repo.converged()
+
+
+def test_changed_from_covers_edits_new_files_deleted_blocks_and_deleted_files(repo):
+    repo.edit("db.tf", 'resource "terraform_data" "db_backup" {\n  input = "backup"\n}\n\n', "")
+    repo.write("queue.tf", 'resource "terraform_data" "queue" {\n  input = "q"\n}\n')
+    (repo.dir / "app.tf").unlink()
+    planned = plan_apply(repo, "--changed-from", "HEAD")
+    assert set(planned["write_set"]) == {"terraform_data.db_backup", "terraform_data.queue",
+                                         "module.app.terraform_data.svc"}
+    assert planned["actions"]["terraform_data.db_backup"] == "delete"
+    assert planned["actions"]["module.app.terraform_data.svc"] == "delete"
+    untrap(repo)
+    repo.converged()
+
+
+def test_changed_from_follows_renames(repo):
+    repo.git("mv", "db.tf", "database.tf")
+    repo.edit("database.tf", "db-v1", "db-v3")
+    planned = plan_apply(repo, "--changed-from", "HEAD")
+    assert planned["selected_files"] == ["database.tf"] and planned["write_set"] == ["terraform_data.db"]
+    untrap(repo)
+    repo.converged()
+
+
+def test_a_tfvars_change_fails_closed_naming_the_full_plan(repo):
+    repo.write("prod.auto.tfvars", 'env = "staging"\n')
+    refused = repo.kl("plan", "--changed-from", "HEAD")
+    assert refused.returncode == 3 and "prod.auto.tfvars" in refused.stderr
+    assert "kl plan without -f" in refused.stderr
+
+
+@pytest.mark.parametrize("name, text, construct", [
+    ("broken.tf", 'resource "terraform_data" "b" {\n  input = \n}\n', "parse_error"),
+    ("undefined.tf", 'resource "terraform_data" "u" {\n  input = terraform_data.nowhere.output\n}\n',
+     "undefined_reference"),
+    ("json.tf.json", '{"resource": {"terraform_data": {"j": {"input": "x"}}}}', "tf_json"),
+])
+def test_unsafe_constructs_fail_closed_with_file_line_and_fallback(repo, name, text, construct):
+    repo.write(name, text)
+    before = requests.get(repo.url, timeout=10).content
+    refused = repo.kl("plan", "-f", name)
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert f"{name}:" in refused.stderr and construct in refused.stderr
+    assert "kl plan without -f" in refused.stderr
+    assert requests.get(repo.url, timeout=10).content == before
+
+
+def test_apply_f_needs_confirm_scope_and_dry_run_prints_the_rerun_command(repo):
+    repo.edit("db.tf", "db-v1", "db-v4")
+    refused = repo.kl("apply", "-f", "db.tf")
+    assert refused.returncode == 3 and "--confirm-scope" in refused.stderr
+    assert "write terraform_data.db" in refused.stdout
+    dry = repo.kl("apply", "-f", "db.tf", "--dry-run")
+    assert dry.returncode == 0 and "kl apply -f db.tf --confirm-scope" in dry.stdout
+    done = repo.kl("apply", "-f", "db.tf", "--confirm-scope", "--actor", "alice")
+    assert done.returncode == 0 and "committed at serial" in done.stdout, done.stdout + done.stderr
+    untrap(repo)
+    repo.converged()
+
+
+def test_an_igplan_refuses_files_edited_after_planning(repo):
+    repo.edit("db.tf", "db-v1", "db-v5")
+    assert repo.kl("plan", "-f", "db.tf").returncode == 0
+    repo.edit("db.tf", "db-v5", "db-v6")
+    refused = repo.kl("apply", "kl-plan.igplan")
+    assert refused.returncode == 2 and "db.tf changed since kl plan -f" in refused.stderr
+
+
+def test_disjoint_file_scoped_applies_run_together_and_overlapping_ones_conflict(repo, tmp_path):
+    repo.write("slow_a.tf", 'resource "terraform_data" "a" {\n  input = "a1"\n'
+               '  provisioner "local-exec" {\n    command = "sleep 4"\n  }\n}\n')
+    repo.write("slow_b.tf", 'resource "terraform_data" "b" {\n  input = "b1"\n'
+               '  provisioner "local-exec" {\n    command = "sleep 4"\n  }\n}\n')
+    kl = str(Path(sys.executable).with_name("kl"))
+    assert repo.kl("plan", "-f", "slow_a.tf", "--out", "a.igplan").returncode == 0
+    assert repo.kl("plan", "-f", "slow_b.tf", "--out", "b.igplan").returncode == 0
+    assert repo.kl("plan", "-f", "slow_a.tf", "--out", "a2.igplan").returncode == 0
+    procs = [subprocess.Popen([kl, "apply", plan, "--actor", actor], cwd=repo.dir, env=repo.env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for plan, actor in (("a.igplan", "alice"), ("b.igplan", "bob"))]
+    import time
+
+    time.sleep(1.5)
+    conflict = repo.kl("apply", "a2.igplan", "--actor", "carol")
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert conflict.returncode == 2 and "held by alice" in conflict.stderr, conflict.stdout + conflict.stderr
+    runs = requests.get(repo.url.replace("/v1/states/files", "/v1/engine/runs?state=files"), timeout=10).json()["runs"]
+    done = {r["actor"]: r for r in runs if r["status"] == "committed"}
+    assert done["alice"]["started_at"] < done["bob"]["finished_at"]
+    assert done["bob"]["started_at"] < done["alice"]["finished_at"]
+    untrap(repo)
+    repo.converged()

@@ -166,7 +166,7 @@ def footprint(files: Mapping[str, str], selection: Selection, cache: ParseCache,
     fp = compute_footprint(files, selection.files, trunk_edges=edges, cache=cache)
     if fp.fails_closed:
         raise KlExit(3, "the file-scoped footprint cannot be proven safe, so nothing was planned:\n"
-                        + _diagnostics_text(fp) + "\nrun kl plan without -f (a full plan) instead")
+                        + _diagnostics_text(fp))
     return fp
 
 
@@ -196,10 +196,22 @@ def build_minimal(config_dir: Path, files: Mapping[str, str], fp: Footprint, des
         if source.is_dir():
             shutil.copytree(source, dest / module_dir, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns(".terraform", "*.tfstate*"))
+    for extra in carried_files(config_dir, fp):
+        target = dest / extra.relative_to(config_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(extra, target)
     (dest / workspace.OVERRIDE_NAME).write_text(workspace.OVERRIDE)
     if state is not None:
         (dest / "terraform.tfstate").write_bytes(state)
     return workspace.Workspace(dest)
+
+
+def carried_files(config_dir: Path, fp: Footprint) -> list[Path]:
+    """Non-.tf files the workspace must carry: when a block reads files (file(), templatefile()…),
+    every file of the configuration directory that is not Terraform's own."""
+    if not any(d.construct == "file_function" for d in fp.diagnostics):
+        return []
+    return [p for p in workspace.copied_files(config_dir) if not p.name.endswith((".tf", ".tf.json"))]
 
 
 def fetch_slice(client: EngineClient, state: str, globs: Sequence[str],
@@ -226,6 +238,8 @@ def _hash_tree(config_dir: Path, fp: Footprint) -> dict[str, str]:
         hashes[block.file] = workspace.file_hash(config_dir / block.file)
     for name in fp.selected_files:
         hashes[name] = workspace.file_hash(config_dir / name)
+    for path in carried_files(config_dir, fp):
+        hashes[str(path.relative_to(config_dir))] = workspace.file_hash(path)
     for module_dir in fp.module_dirs:
         root = config_dir / module_dir
         for path in sorted(root.rglob("*")) if root.is_dir() else []:
@@ -287,7 +301,10 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
         actions={c.address: c.summary for c in analysis.changes if c.address in analysis.write_set},
         described_resources=described, orphans=(), warnings=tuple(warnings),
         variables=pin_variables(var_args, ctx.env, sensitive_variables(plan)),
-        output_changes={n: "-".join(a) for n, a in analysis.output_changes.items() if tuple(a) != ("no-op",)},
+        # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a
+        # file-scoped commit never prunes outputs, so those are not changes of this plan.
+        output_changes={n: "-".join(a) for n, a in analysis.output_changes.items()
+                        if tuple(a) not in (("no-op",), ("delete",))},
         mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp),
         deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},
         deleted_globs=gone, validation_globs=tuple(fp.validation_globs), slice_globs=slice_globs,

@@ -36,6 +36,11 @@ def _copied(config_dir: Path) -> Iterator[Path]:
             yield path
 
 
+def copied_files(config_dir: Path) -> list[Path]:
+    """The files a workspace copies from ``config_dir`` (no Terraform working data or states)."""
+    return list(_copied(config_dir))
+
+
 def config_hash(config_dir: Path) -> str:
     """SHA-256 over the configuration files (paths and contents) that shape a plan."""
     digest = hashlib.sha256()

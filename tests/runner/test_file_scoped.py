@@ -258,3 +258,13 @@ def test_disjoint_file_scoped_applies_run_together_and_overlapping_ones_conflict
     assert done["bob"]["started_at"] < done["alice"]["finished_at"]
     untrap(repo)
     repo.converged()
+
+
+def test_a_block_reading_files_carries_the_configurations_other_files(repo):
+    repo.write("greeting.txt", "hello\n")
+    repo.write("greet.tf", 'resource "terraform_data" "greet" {\n  input = file("${path.module}/greeting.txt")\n}\n')
+    planned = plan_apply(repo, "-f", "greet.tf")
+    assert "greeting.txt" in planned["files"]
+    assert any("file_function" in w for w in planned["warnings"])
+    untrap(repo)
+    repo.converged()

@@ -46,6 +46,21 @@ class Settings:
     session_secret: str | None = field(default=None, repr=False)
     log_format: str = "text"
     metrics_token: str | None = field(default=None, repr=False)
+    # The GitHub bot (docs/github.md).
+    github_webhook_secret: str | None = field(default=None, repr=False)
+    github_app_id: str | None = None
+    github_private_key: str | None = field(default=None, repr=False)
+    github_token: str | None = field(default=None, repr=False)
+    github_api_url: str = "https://api.github.com"
+    github_clone_urls: tuple[tuple[str, str], ...] = ()
+    bot_token: str | None = field(default=None, repr=False)
+    repo_cache_dir: Path | None = None
+    job_timeout: int = 3600
+    webhook_max_bytes: int = 25 * 1024 * 1024
+
+    @property
+    def github_enabled(self) -> bool:
+        return bool(self.github_app_id or self.github_token)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -103,6 +118,26 @@ class Settings:
         if log_format not in LOG_FORMATS:
             problems.append(f"KL_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}; got {log_format!r}")
         data_dir = text("KL_DATA_DIR")
+        private_key = text("KL_GITHUB_PRIVATE_KEY")
+        if private_key and "-----BEGIN" not in private_key:
+            key_path = Path(private_key).expanduser()
+            try:
+                private_key = key_path.read_text()
+            except OSError as exc:
+                problems.append(f"KL_GITHUB_PRIVATE_KEY is neither PEM text nor a readable file ({exc.strerror})")
+        app_id = text("KL_GITHUB_APP_ID")
+        if app_id and not private_key:
+            problems.append("KL_GITHUB_PRIVATE_KEY is required with KL_GITHUB_APP_ID")
+        clone_urls: list[tuple[str, str]] = []
+        for item in (text("KL_GITHUB_CLONE_URLS") or "").split(","):
+            if not item.strip():
+                continue
+            repo, sep, url = item.strip().partition("=")
+            if not sep or "/" not in repo or not url:
+                problems.append(f"KL_GITHUB_CLONE_URLS entries are owner/repo=URL; got {item.strip()!r}")
+                continue
+            clone_urls.append((repo.strip(), url.strip()))
+        cache_dir = text("KL_REPO_CACHE_DIR")
         settings = cls(
             database_url=text("KL_DATABASE_URL"),
             redis_url=text("KL_REDIS_URL"),
@@ -120,6 +155,16 @@ class Settings:
             session_secret=session_secret,
             log_format=log_format,
             metrics_token=text("KL_METRICS_TOKEN"),
+            github_webhook_secret=text("KL_GITHUB_WEBHOOK_SECRET"),
+            github_app_id=app_id,
+            github_private_key=private_key,
+            github_token=text("KL_GITHUB_TOKEN"),
+            github_api_url=(text("KL_GITHUB_API_URL") or "https://api.github.com").rstrip("/"),
+            github_clone_urls=tuple(clone_urls),
+            bot_token=text("KL_BOT_TOKEN"),
+            repo_cache_dir=Path(cache_dir).expanduser() if cache_dir else None,
+            job_timeout=integer("KL_JOB_TIMEOUT", 3600, minimum=10),
+            webhook_max_bytes=integer("KL_WEBHOOK_MAX_BYTES", 25 * 1024 * 1024),
         )
         if problems:
             raise ConfigError(problems)

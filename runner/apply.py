@@ -147,7 +147,11 @@ def _fail(client: EngineClient, run_id: str, holder: str, summary: str) -> None:
 def full_builder(client: EngineClient, spec: PlanSpec, config_dir: Path) -> Builder:
     """The whole configuration over the trunk instances it describes (kl apply kl-plan.json)."""
     def build(dest: Path) -> Prepared:
-        snapshot = fetch_snapshot(client, spec.state)
+        # The trunk as the plan saw it. The reserved addresses cannot have changed since (the stale
+        # check guarantees it), and every other address is this checkout's business only if it
+        # writes it: starting from the head would re-plan, and revert, other runs' commits the
+        # checkout does not know about. The server diffs against the same base serial.
+        snapshot = fetch_snapshot(client, spec.state, serial=spec.base_serial or None)
         slice_raw, slice_addresses = _slice(snapshot.parsed, spec)
         return Prepared(workspace.build(config_dir, dest, slice_raw), slice_raw, slice_addresses)
 

@@ -313,7 +313,7 @@ def _var_args(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
     """The file selection of -f / --changed-from, or None for a full plan."""
-    from runner.filescoped import Selection, module_sources, read_configuration, selection_from_changes
+    from runner.filescoped import Selection, changed_selection
 
     if not args.file and not args.changed_from:
         return None
@@ -323,28 +323,13 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
             raise UsageError(f"-f {name}: name a .tf file of the configuration directory (e.g. -f database.tf)")
     if not args.changed_from:
         return Selection(tuple(files))
-    import posixpath
+    from runner.git import GitError
 
-    from analyzer.hcl import ParseCache
-    from runner.git import GitError, changed_from, text_at
-
-    texts = read_configuration(config_dir)
     try:
-        scope = changed_from(config_dir, config_dir, args.changed_from,
-                             module_sources=module_sources(texts, ParseCache()))
+        chosen = changed_selection(config_dir, args.changed_from)
     except GitError as exc:
         raise UsageError(str(exc)) from exc
-    chosen = selection_from_changes(scope, config_dir, texts)
-    deleted = dict(chosen.deleted)
-    for name in chosen.files:
-        # A block removed from a file that still exists is a deletion too: what the file declared at
-        # the ref joins the write footprint, so Terraform plans its destruction.
-        try:
-            deleted[f"{name}@{args.changed_from}"] = text_at(config_dir, args.changed_from,
-                                                              posixpath.join(scope.config_dir, name))
-        except GitError:
-            continue  # new at the working tree: nothing declared before
-    return Selection(tuple(sorted(set(chosen.files) | set(files))), deleted)
+    return Selection(tuple(sorted(set(chosen.files) | set(files))), chosen.deleted)
 
 
 def _plan_spec(args: argparse.Namespace, env: dict[str, str]) -> tuple[Any, Any, Any]:

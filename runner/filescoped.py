@@ -248,11 +248,25 @@ def _hash_tree(config_dir: Path, fp: Footprint) -> dict[str, str]:
     return hashes
 
 
-def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, selection: Selection,
-               var_args: Sequence[tuple[str, str]], data_dir: Path) -> PlanSpec:
-    """kl plan -f: the footprint, the minimal workspace, a plan over it, and the artifact."""
-    files = read_configuration(config_dir)
-    cache = load_cache(data_dir)
+@dataclass(frozen=True, slots=True)
+class ScopedFootprint:
+    """The footprint of a selection after widening to the trunk's dependents: what ``kl apply`` would
+    reserve (``write_globs``: the footprint's writes and what deleted files declared; ``read_globs``: its
+    reads and validation globs), without running Terraform. ``selection`` is the widened selection and
+    ``widened`` says why each file joined it."""
+
+    footprint: Footprint
+    selection: Selection
+    write_globs: tuple[str, ...]
+    read_globs: tuple[str, ...]
+    deleted_globs: tuple[str, ...]
+    widened: tuple[str, ...]
+
+
+def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str], selection: Selection,
+                     cache: ParseCache) -> ScopedFootprint:
+    """The file-scoped footprint of ``selection`` against the trunk's recorded dependencies, widened to the
+    files of resources that depend on what it writes. Raises KlExit(3) when it fails closed."""
     gone = deleted_globs(selection.deleted)
     declarations = declaring_files(files)
     widened: list[str] = []
@@ -272,8 +286,19 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
             break
         widened += [f"widened to {file}: {why}" for file, why in sorted(more.items())]
         selection = Selection(tuple(sorted(set(selection.files) | set(more))), selection.deleted)
+    return ScopedFootprint(fp, selection, tuple(sorted(set(fp.write_globs) | set(gone))),
+                           tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))), gone, tuple(widened))
+
+
+def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, selection: Selection,
+               var_args: Sequence[tuple[str, str]], data_dir: Path) -> PlanSpec:
+    """kl plan -f: the footprint, the minimal workspace, a plan over it, and the artifact."""
+    files = read_configuration(config_dir)
+    cache = load_cache(data_dir)
+    scoped = derive_footprint(client, state, files, selection, cache)
+    fp, selection, gone, widened = scoped.footprint, scoped.selection, scoped.deleted_globs, list(scoped.widened)
     save_cache(data_dir, cache)
-    write_globs = tuple(sorted(set(fp.write_globs) | set(gone)))
+    write_globs = scoped.write_globs
     slice_globs = tuple(sorted(set(write_globs) | set(fp.read_globs) | set(fp.validation_globs)))
     described = described_in(fp, gone)
     slice_raw, slice_addresses, snapshot = fetch_slice(client, state, slice_globs, frozenset(described))
@@ -368,6 +393,28 @@ def selection_from_changes(scope: ChangeScope, config_dir: Path, files: Mapping[
     if not selected and not deleted:
         raise KlExit(0, "no Terraform files changed: nothing to plan")
     return Selection(tuple(sorted(selected)), deleted)
+
+
+def changed_selection(config_dir: Path, ref: str, *, against: str | None = None) -> Selection:
+    """--changed-from REF: the selection for what changed since ``ref`` in the git repository holding
+    ``config_dir`` — up to the working tree, or up to the commit ``against`` (the pull-request bot, on a
+    checkout of that commit). What a still-present selected file declared at ``ref`` joins the deleted
+    texts, so a block removed from it is planned for destruction. Raises runner.git.GitError, KlExit."""
+    import posixpath
+
+    from runner.git import GitError, changed_from, text_at
+
+    texts = read_configuration(config_dir)
+    scope = changed_from(config_dir, config_dir, ref, against=against,
+                         module_sources=module_sources(texts, ParseCache()))
+    chosen = selection_from_changes(scope, config_dir, texts)
+    deleted = dict(chosen.deleted)
+    for name in chosen.files:
+        try:
+            deleted[f"{name}@{ref}"] = text_at(config_dir, ref, posixpath.join(scope.config_dir, name))
+        except GitError:
+            continue  # new since the ref: nothing declared before
+    return Selection(chosen.files, deleted)
 
 
 def module_sources(files: Mapping[str, str], cache: ParseCache) -> dict[str, str]:

@@ -5,21 +5,29 @@ a ref and the working tree (or another ref) as :class:`analyzer.gitdiff.DiffEntr
 file's text at a ref, merge bases, and :func:`changed_from`, which feeds all of that to
 :func:`analyzer.gitdiff.scope_changes` for ``kl plan --changed-from REF`` and the pull-request bot.
 
-Must not: decide what a change means for a plan (``analyzer.gitdiff`` does), fetch, commit, check out, or
-write the user's index or working tree. The working-tree diff runs against a private copy of the index,
-so a concurrent ``git`` command never meets a lock or a changed index; the only trace it can leave is
-the empty blob object that ``git add --intent-to-add`` records.
+For the pull-request bot it also owns a cache of bare mirrors (:func:`mirror`: clone once, fetch after,
+the token kept out of argv and config) and private per-job checkouts (:func:`worktree`).
+
+Must not: decide what a change means for a plan (``analyzer.gitdiff`` does), commit, or fetch into, check
+out in, or write the index or working tree of a user's repository (only the bot's own cache is fetched).
+The working-tree diff runs against a private copy of the index, so a concurrent ``git`` command never
+meets a lock or a changed index; the only trace it can leave is the
+empty blob object that ``git add --intent-to-add`` records.
 """
 
 from __future__ import annotations
 
+import base64
+import fcntl
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final
+from urllib.parse import urlsplit
 
 from git import Blob, Commit, Diff, Repo
 from git.exc import CommandError, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
@@ -262,3 +270,175 @@ def _config_dir_in(repo: Repo, repo_dir: Path, config_dir: Path) -> str:
                            "of a Terraform root module in that repository") from None
     posix = relative.as_posix()
     return "" if posix == "." else posix
+
+
+# --- The bot's repository cache (appended for the GitHub bot) -------------------------------------------
+#
+# Workers keep one bare mirror per repository under KL_REPO_CACHE_DIR: cloned once, fetched after, with
+# the installation token sent as an HTTP header through the environment (never in argv, the remote URL or
+# the mirror's config). Each job checks out the commit it needs into a private worktree and removes it
+# afterwards. A file lock next to the mirror serialises clone, fetch and worktree bookkeeping between
+# worker processes; jobs on different repositories never wait on each other.
+
+_REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+
+def clone_url(repo: str, *, clone_urls: Mapping[str, str], api_url: str) -> str:
+    """Where to clone ``owner/name`` from: the configured URL (``KL_GITHUB_CLONE_URLS``, used by tests
+    and mirrors), else the web host of ``api_url`` (github.com, or a GitHub Enterprise Server)."""
+    if repo in clone_urls:
+        return clone_urls[repo]
+    parts = urlsplit(api_url)
+    host = "github.com" if parts.netloc in ("api.github.com", "api.github.com:443") else parts.netloc
+    return f"{parts.scheme or 'https'}://{host}/{repo}.git"
+
+
+def mirror(cache_dir: Path, repo: str, url: str, *, token: str | None = None, want: Sequence[str] = (),
+           refresh: bool = False) -> Path:
+    """The bare mirror of ``repo`` under ``cache_dir``: cloned on first use, fetched when ``refresh`` is
+    set or a commit in ``want`` is missing. Raises :class:`GitError` when the clone or fetch fails or a
+    wanted commit is still missing afterwards (force-pushed away, or not pushed yet)."""
+    if not _REPO_NAME.match(repo) or ".." in repo.split("/"):
+        raise GitError(f"{repo!r} is not an owner/name repository")
+    owner, name = repo.split("/")
+    where = cache_dir / owner / f"{name}.git"
+    where.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(where.with_name(f"{name}.git.lock")), _auth_env(url, token) as env:
+        if not (where / "HEAD").exists():
+            shutil.rmtree(where, ignore_errors=True)
+            with _git_errors(f"cloning {repo}"):
+                Repo.clone_from(url, where, mirror=True, env=env)
+        bare = Repo(where)
+        try:
+            missing = [sha for sha in want if not _has_commit(bare, sha)]
+            if refresh or missing:
+                with bare.git.custom_environment(**env), _git_errors(f"fetching {repo}"):
+                    bare.git.fetch("--prune", "--quiet", url, *_MIRROR_REFSPECS)
+            for sha in [s for s in want if not _has_commit(bare, s)]:
+                # A commit no ref points at any more (a force-pushed head) can still be fetched by id.
+                try:
+                    with bare.git.custom_environment(**env):
+                        bare.git.fetch("--quiet", url, sha)
+                except GitCommandError:
+                    pass
+                if not _has_commit(bare, sha):
+                    raise GitError(f"commit {sha} is not in {repo} after fetching from {_safe_url(url)}: it may "
+                                   "have been force-pushed away, or not pushed yet")
+        finally:
+            bare.close()
+    return where
+
+
+@contextmanager
+def worktree(mirror_dir: Path, sha: str) -> Iterator[Path]:
+    """A private checkout of ``sha`` from a mirror, removed when the block ends."""
+    if not re.fullmatch(r"[0-9a-fA-F]{7,64}", sha):
+        raise UnknownRefError(sha, "a job checks out commit ids only")
+    base = Path(tempfile.mkdtemp(prefix="kl-checkout-"))
+    path = base / f"{mirror_dir.name.removesuffix('.git')}-{sha[:12]}"
+    lock = mirror_dir.with_name(mirror_dir.name + ".lock")
+    with _file_lock(lock):
+        with Repo(mirror_dir) as bare, _git_errors(f"checking out {sha}"):
+            bare.git.worktree("add", "--detach", "--force", str(path), sha)
+    try:
+        yield path
+    finally:
+        with _file_lock(lock):
+            with Repo(mirror_dir) as bare:
+                try:
+                    bare.git.worktree("remove", "--force", str(path))
+                except GitCommandError:
+                    pass
+                shutil.rmtree(base, ignore_errors=True)
+                bare.git.worktree("prune")
+
+
+def resolve_commit(repo_dir: Path, ref: str) -> str:
+    """The commit id ``ref`` names. Raises :class:`UnknownRefError`."""
+    with _open(repo_dir) as repo:
+        return _resolve(repo, ref).hexsha
+
+
+def is_ancestor(repo_dir: Path, ancestor: str, descendant: str) -> bool:
+    """Whether ``ancestor`` is reachable from ``descendant`` (a commit is its own ancestor)."""
+    with _open(repo_dir) as repo:
+        with _git_errors(f"comparing {ancestor} and {descendant}"):
+            return bool(repo.is_ancestor(_resolve(repo, ancestor), _resolve(repo, descendant)))
+
+
+def parents(repo_dir: Path, sha: str) -> tuple[str, ...]:
+    """The parent commit ids of ``sha``, first parent first."""
+    with _open(repo_dir) as repo, _git_errors(f"reading {sha}"):
+        return tuple(p.hexsha for p in _resolve(repo, sha).parents)
+
+
+def first_parent_back(repo_dir: Path, sha: str, steps: int) -> str | None:
+    """The commit ``steps`` first-parent steps behind ``sha`` (``sha~steps``), or None past the root."""
+    with _open(repo_dir) as repo:
+        commit = _resolve(repo, sha)
+        for _ in range(steps):
+            if not commit.parents:
+                return None
+            commit = commit.parents[0]
+        return commit.hexsha
+
+
+def commit_count(repo_dir: Path, since: str, until: str) -> int:
+    """How many commits ``since..until`` holds."""
+    with _open(repo_dir) as repo, _git_errors(f"counting {since}..{until}"):
+        return int(repo.git.rev_list("--count", f"{_resolve(repo, since).hexsha}..{_resolve(repo, until).hexsha}"))
+
+
+def changed_paths(repo_dir: Path, ref: str, against: str) -> tuple[str, ...]:
+    """Every repository path touched between two commits (both sides of a rename)."""
+    found: dict[str, None] = {}
+    for entry in changed_entries(repo_dir, ref, against=against):
+        if entry.old_path:
+            found[entry.old_path] = None
+        found[entry.path] = None
+    return tuple(found)
+
+
+def commit_subject(repo_dir: Path, sha: str) -> str:
+    with _open(repo_dir) as repo, _git_errors(f"reading {sha}"):
+        message = _resolve(repo, sha).message
+        text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
+        return text.strip().splitlines()[0] if text.strip() else ""
+
+
+_MIRROR_REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*", "+refs/pull/*:refs/pull/*")
+
+
+def _has_commit(repo: Repo, sha: str) -> bool:
+    try:
+        repo.git.cat_file("-e", f"{sha}^{{commit}}")
+        return True
+    except GitCommandError:
+        return False
+
+
+@contextmanager
+def _auth_env(url: str, token: str | None) -> Iterator[dict[str, str]]:
+    """Environment for git: no prompts, and the token as an Authorization header for http(s) URLs,
+    through GIT_CONFIG_* so it appears in no command line, remote URL or config file."""
+    env = {"GIT_TERMINAL_PROMPT": "0"}
+    if token and url.startswith(("https://", "http://")):
+        basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()
+        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.extraHeader",
+                   GIT_CONFIG_VALUE_0=f"Authorization: Basic {basic}")
+    yield env
+
+
+def _safe_url(url: str) -> str:
+    parts = urlsplit(url)
+    return url if not parts.password else url.replace(parts.password, "***")
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

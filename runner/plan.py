@@ -59,9 +59,10 @@ class Snapshot:
         return self.parsed.lineage if self.parsed else None
 
 
-def fetch_snapshot(client: EngineClient, state: str) -> Snapshot:
+def fetch_snapshot(client: EngineClient, state: str, serial: int | None = None) -> Snapshot:
+    """The trunk at its head, or as it was at ``serial``."""
     try:
-        raw = client.assembled(state)
+        raw = client.assembled(state, serial=serial)
     except EngineError as exc:
         if exc.code == "state_not_found":
             return Snapshot(None, None)
@@ -89,7 +90,7 @@ def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str
 
 
 def init(ctx: TerraformContext, ws: workspace.Workspace) -> None:
-    with workspace.plugin_cache_lock(ctx.plugin_cache):
+    with workspace.plugin_cache_lock(ctx.plugin_cache, exclusive=workspace.may_install_providers(ws, ctx.plugin_cache)):
         terraform(ctx, ws, ["init", "-input=false", "-no-color"], quiet=True)
 
 

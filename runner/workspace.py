@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -82,16 +83,37 @@ def build(config_dir: Path, dest: Path, state: bytes | None) -> Workspace:
 
 
 @contextmanager
-def plugin_cache_lock(cache_dir: Path) -> Iterator[None]:
-    """Serialise ``terraform init`` across processes sharing one plugin cache: concurrent inits
-    writing the same cache entries are a known source of corrupt or half-written providers."""
+def plugin_cache_lock(cache_dir: Path, *, exclusive: bool = True) -> Iterator[None]:
+    """Serialise ``terraform init`` runs that may write the shared plugin cache: concurrent inits
+    writing the same cache entries are a known source of corrupt or half-written providers. Inits
+    that only read it share the lock, so parallel applies do not queue behind each other."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     with open(cache_dir / ".kilolock-init.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+_RESOURCE_TYPE = re.compile(r'^\s*(?:resource|data|ephemeral)\s+"([A-Za-z0-9_-]+)"', re.M)
+_LOCKED_PROVIDER = re.compile(r'provider\s+"([^"]+)"\s*\{[^}]*?version\s*=\s*"([^"]+)"', re.S)
+
+
+def may_install_providers(ws: Workspace, cache_dir: Path) -> bool:
+    """Whether ``terraform init`` in ``ws`` may write to the plugin cache (conservative: True
+    unless every provider is built in or already cached at the locked version)."""
+    lock_file = ws.path / ".terraform.lock.hcl"
+    if lock_file.exists():
+        locked = _LOCKED_PROVIDER.findall(lock_file.read_text())
+        return any(not (cache_dir / source / version).is_dir() for source, version in locked)
+    for path in ws.path.rglob("*.tf"):
+        text = path.read_text(errors="replace")
+        if "required_providers" in text:
+            return True
+        if any(t.split("_", 1)[0] != "terraform" for t in _RESOURCE_TYPE.findall(text)):
+            return True
+    return False
 
 
 def terraform_env(base: Mapping[str, str], cache_dir: Path) -> dict[str, str]:

@@ -287,3 +287,19 @@ def test_recover_commits_the_state_an_apply_left_behind_when_it_failed_halfway(w
     web = next(r for r in head(world)["resources"] if r["name"] == "web")
     assert web["instances"][0].get("status") == "tainted"  # the real world, as Terraform left it
     assert not kept.exists()
+
+
+def test_applies_planned_on_the_same_trunk_both_land_one_after_another(world):
+    alice, bob = checkout(world, "alice"), checkout(world, "bob")
+    alice.write(web="v2")
+    bob.write(db="v2")
+    assert alice.kl("plan").returncode == 0 and bob.kl("plan").returncode == 0
+    first = alice.kl("apply", "kl-plan.json", "--actor", "alice")
+    assert first.returncode == 0, first.stdout + first.stderr
+    # bob's checkout does not know alice's change; his apply must still land, and leave hers alone.
+    second = bob.kl("apply", "kl-plan.json", "--actor", "bob")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert inputs(world)["db"] == "db-v2" and inputs(world)["web"].startswith("web-v2")
+    merged = checkout(world, "merged")
+    merged.write(web="v2", db="v2")
+    merged.converged()

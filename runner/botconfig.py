@@ -1,0 +1,354 @@
+"""The repository's ``.kilolock.yml``: which directories are Kilolock projects, which changed files
+trigger them, and how merges are applied.
+
+Owns: reading the file as it is (``RawConfig``, atlantis's raw shape), validating it into frozen
+dataclasses (``BotConfig``, ``Project``) with every problem listed at once, discovering projects when
+the file is absent (each directory whose ``.tf`` files hold a ``backend "http"`` block), and matching
+changed paths to projects with the trigger globs. Errors are :class:`BotConfigError`; the jobs report
+them in the check run, because nobody reads a worker's log.
+
+Must not: talk to GitHub, git or the server, or decide what a change means for a plan (the file-scoped
+analysis does that for every triggered project).
+
+The format::
+
+    apply_on_merge: true        # apply each project a merged pull request touches (default true)
+    apply_on_push: false        # apply pushes to the default branch that are not merged PRs (default false)
+    merge_wait: 10m             # how long a merge apply waits for reservations (default 10m)
+    projects:
+      - dir: infra/prod         # the Terraform root module, relative to the repository root
+        name: prod              # default: the directory
+        state: prod             # default: from the directory's backend "http" block
+        files: ["infra/prod/**", "modules/**", "!**/*.md"]   # default: the directory and its local modules
+        apply_on_merge: true    # default: the top-level value
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from analyzer.hcl import HclError, ParseCache, find_http_backend
+from runner.config import ClientConfigError, read_tf_files, split_backend_address
+
+CONFIG_NAMES = (".kilolock.yml", ".kilolock.yaml")
+DEFAULT_MERGE_WAIT = 600
+MAX_MERGE_WAIT = 6 * 3600
+_TOP_KEYS = frozenset({"version", "apply_on_merge", "apply_on_push", "merge_wait", "projects"})
+_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge"})
+_SKIP_DIRS = frozenset({".git", ".terraform", "node_modules"})
+
+
+class BotConfigError(Exception):
+    """``.kilolock.yml`` is invalid; ``problems`` lists every one, each saying what to change."""
+
+    def __init__(self, problems: Iterable[str], *, source: str = CONFIG_NAMES[0]) -> None:
+        self.problems = tuple(problems)
+        self.source = source
+        super().__init__(f"{source} is invalid:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+@dataclass(frozen=True, slots=True)
+class RawConfig:
+    """The file as read: a mapping, not yet validated (None when the repository has no file)."""
+
+    source: str
+    document: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Project:
+    """One Terraform root module the bot plans and applies.
+
+    ``dir`` is repository-relative with ``/`` separators (``""`` for the root); ``address`` is the
+    Kilolock server from the directory's backend block (None: the worker's ``KL_PUBLIC_URL``);
+    ``files`` are the trigger globs, repository-relative, ``!`` marking an exclusion.
+    """
+
+    name: str
+    dir: str
+    state: str
+    address: str | None
+    files: tuple[str, ...]
+    apply_on_merge: bool
+
+    @property
+    def shown_dir(self) -> str:
+        return self.dir or "."
+
+
+@dataclass(frozen=True, slots=True)
+class BotConfig:
+    projects: tuple[Project, ...]
+    apply_on_merge: bool = True
+    apply_on_push: bool = False
+    merge_wait: int = DEFAULT_MERGE_WAIT
+    source: str = "discovered"
+
+    def project(self, name: str) -> Project | None:
+        return next((p for p in self.projects if p.name == name), None)
+
+
+def load(root: Path) -> BotConfig:
+    """The validated configuration of the checkout at ``root`` (discovered when there is no file).
+
+    Raises :class:`BotConfigError` listing every problem.
+    """
+    return validate(read_raw(root), root)
+
+
+def read_raw(root: Path) -> RawConfig:
+    for name in CONFIG_NAMES:
+        path = root / name
+        if path.is_file():
+            return RawConfig(name, parse(path.read_text(encoding="utf-8", errors="replace"), source=name))
+    return RawConfig("discovered", None)
+
+
+def parse(text: str, *, source: str = CONFIG_NAMES[0]) -> Mapping[str, Any]:
+    """YAML text → the top-level mapping; an empty file is an empty mapping."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise BotConfigError([f"not valid YAML{where}: {problem}"], source=source) from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise BotConfigError([f"the top level must be a mapping (apply_on_merge:, projects: …), not a "
+                              f"{type(doc).__name__}"], source=source)
+    return doc
+
+
+def validate(raw: RawConfig, root: Path) -> BotConfig:
+    """Check every field and resolve defaults against the checkout (states from backend blocks,
+    trigger globs from local module calls)."""
+    if raw.document is None:
+        return BotConfig(projects=tuple(_project_from(d, None, None, None, True, root, [], "")
+                                        for d in discover(root)), source="discovered")
+    doc, problems = raw.document, []
+    for key in sorted(set(doc) - _TOP_KEYS):
+        problems.append(f"unknown key {key!r} (known: {', '.join(sorted(_TOP_KEYS))})")
+    version = doc.get("version", 1)
+    if version != 1:
+        problems.append(f"version must be 1, got {version!r}")
+    apply_on_merge = _boolean(doc, "apply_on_merge", True, "", problems)
+    apply_on_push = _boolean(doc, "apply_on_push", False, "", problems)
+    merge_wait = _duration(doc.get("merge_wait", DEFAULT_MERGE_WAIT), "merge_wait", problems)
+    items = doc.get("projects")
+    projects: list[Project] = []
+    if items is None:
+        projects = [_project_from(d, None, None, None, apply_on_merge, root, problems, "") for d in discover(root)]
+    elif not isinstance(items, list) or not items:
+        problems.append("projects must be a non-empty list of {dir: …} mappings (or left out to discover them)")
+    else:
+        for index, item in enumerate(items):
+            where = f"projects[{index}]"
+            if not isinstance(item, dict):
+                problems.append(f"{where} must be a mapping with at least dir:, got {item!r}")
+                continue
+            for key in sorted(set(item) - _PROJECT_KEYS):
+                problems.append(f"{where}: unknown key {key!r} (known: {', '.join(sorted(_PROJECT_KEYS))})")
+            directory = _directory(item.get("dir"), where, root, problems)
+            if directory is None:
+                continue
+            name = _text(item, "name", where, problems)
+            state = _text(item, "state", where, problems)
+            files = _globs(item.get("files"), where, problems)
+            own_apply = _boolean(item, "apply_on_merge", apply_on_merge, where + ": ", problems)
+            projects.append(_project_from(directory, name, state, files, own_apply, root, problems, where))
+    seen: dict[str, int] = {}
+    for project in projects:
+        seen[project.name] = seen.get(project.name, 0) + 1
+    problems += [f"project name {name!r} is used {count} times: give each project a unique name"
+                 for name, count in seen.items() if count > 1]
+    if problems:
+        raise BotConfigError(problems, source=raw.source)
+    return BotConfig(projects=tuple(projects), apply_on_merge=apply_on_merge, apply_on_push=apply_on_push,
+                     merge_wait=merge_wait, source=raw.source)
+
+
+def discover(root: Path) -> list[str]:
+    """Repository-relative directories whose ``.tf`` files hold a ``backend "http"`` block (a directory
+    whose backend block cannot be parsed is included, so that the error is reported, not skipped)."""
+    found: list[str] = []
+    for path in sorted(root.rglob("*.tf")):
+        rel = path.parent.relative_to(root)
+        if any(part in _SKIP_DIRS or part.startswith(".") for part in rel.parts):
+            continue
+        directory = "" if rel.as_posix() == "." else rel.as_posix()
+        if directory in found or "backend" not in path.read_text(errors="replace"):
+            continue
+        try:
+            if find_http_backend({path.name: path.read_text(errors="replace")}) is None:
+                continue
+        except HclError:
+            pass
+        found.append(directory)
+    return found
+
+
+def projects_for(config: BotConfig, paths: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Project name → the changed repository paths that trigger it (projects no path triggers are left out)."""
+    changed = tuple(paths)
+    found: dict[str, tuple[str, ...]] = {}
+    for project in config.projects:
+        hits = tuple(p for p in changed if is_triggered(project.files, p))
+        if hits:
+            found[project.name] = hits
+    return found
+
+
+def is_triggered(globs: Sequence[str], path: str) -> bool:
+    """Whether ``path`` matches some glob and no later ``!`` glob excludes it again (gitignore order)."""
+    hit = False
+    for glob in globs:
+        if glob.startswith("!"):
+            if hit and _compiled(glob[1:]).fullmatch(path):
+                hit = False
+        elif not hit and _compiled(glob).fullmatch(path):
+            hit = True
+    return hit
+
+
+@lru_cache(maxsize=512)
+def _compiled(glob: str) -> re.Pattern[str]:
+    """``**`` spans directories, ``*`` and ``?`` stay inside one; a trailing ``/`` means the whole tree."""
+    if glob.endswith("/"):
+        glob += "**"
+    out, i = [], 0
+    while i < len(glob):
+        if glob.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif glob.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif glob[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif glob[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(glob[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def _project_from(directory: str, name: str | None, state: str | None, files: tuple[str, ...] | None,
+                  apply_on_merge: bool, root: Path, problems: list[str], where: str) -> Project:
+    label = f"{where} (dir {directory or '.'})" if where else f"{directory or '.'}"
+    texts = read_tf_files(root / directory) if (root / directory).is_dir() else {}
+    address = None
+    try:
+        block = find_http_backend(texts)
+    except HclError as exc:
+        problems.append(f"{label}: {exc}")
+        block = None
+    if block is not None and block.address:
+        try:
+            address, from_block = split_backend_address(block.address)
+        except ClientConfigError as exc:
+            problems.append(f"{label}: backend \"http\" address: {exc}")
+            from_block = None
+        state = state or from_block
+    if not state:
+        problems.append(f"{label}: no state name: add state: NAME, or a backend \"http\" block whose address "
+                        "ends in /v1/states/NAME")
+    if files is None:
+        files = default_triggers(directory, texts)
+    return Project(name=name or directory or ".", dir=directory, state=state or "", address=address, files=files,
+                   apply_on_merge=apply_on_merge)
+
+
+def default_triggers(directory: str, texts: Mapping[str, str]) -> tuple[str, ...]:
+    """The directory's whole tree, and the tree of every local module it calls."""
+    from runner.filescoped import module_sources
+
+    prefix = f"{directory}/" if directory else ""
+    globs = [f"{prefix}**"]
+    for source in sorted(set(module_sources(texts, ParseCache()).values())):
+        joined = posixpath.normpath(posixpath.join(directory or ".", source))
+        if joined.startswith("..") or joined == ".":
+            continue
+        if not any(is_triggered([g], joined + "/x") for g in globs):
+            globs.append(f"{joined}/**")
+    return tuple(globs)
+
+
+def _directory(value: Any, where: str, root: Path, problems: list[str]) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        problems.append(f"{where}: dir is required: the Terraform root module's directory, relative to the "
+                        "repository root ('.' for the root)")
+        return None
+    cleaned = posixpath.normpath(value.strip().strip("/") or ".")
+    if cleaned.startswith("..") or posixpath.isabs(value.strip()):
+        problems.append(f"{where}: dir {value!r} must stay inside the repository")
+        return None
+    cleaned = "" if cleaned == "." else cleaned
+    if not (root / cleaned).is_dir():
+        problems.append(f"{where}: dir {value!r} does not exist in this commit")
+        return None
+    return cleaned
+
+
+def _text(item: Mapping[str, Any], key: str, where: str, problems: list[str]) -> str | None:
+    value = item.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        problems.append(f"{where}: {key} must be a non-empty string, got {value!r}")
+        return None
+    return value.strip()
+
+
+def _globs(value: Any, where: str, problems: list[str]) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        problems.append(f"{where}: files must be a list of glob strings such as \"infra/prod/**\", got {value!r}")
+        return None
+    globs = tuple(v.strip().lstrip("/") if not v.strip().startswith("!") else "!" + v.strip()[1:].lstrip("/")
+                  for v in value)
+    if all(g.startswith("!") for g in globs):
+        problems.append(f"{where}: files has only exclusions (!…): add a glob that includes something")
+    return globs
+
+
+def _boolean(doc: Mapping[str, Any], key: str, default: bool, where: str, problems: list[str]) -> bool:
+    value = doc.get(key, default)
+    if not isinstance(value, bool):
+        problems.append(f"{where}{key} must be true or false, got {value!r}")
+        return default
+    return value
+
+
+def _duration(value: Any, key: str, problems: list[str]) -> int:
+    """Seconds, or text such as ``90s``, ``10m``, ``1h30m``."""
+    seconds: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            seconds = int(text)
+        else:
+            parts = re.findall(r"(\d+)([hms])", text)
+            if parts and "".join(n + u for n, u in parts) == text:
+                seconds = sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if seconds is None or not 0 <= seconds <= MAX_MERGE_WAIT:
+        problems.append(f"{key} must be a duration between 0 and 6h such as 600, 90s, 10m or 1h, got {value!r}")
+        return DEFAULT_MERGE_WAIT
+    return seconds

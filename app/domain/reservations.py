@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -108,6 +109,12 @@ def glob_root(glob_text: str) -> str:
     return parts[0] + "." + parts[1].split("[", 1)[0]
 
 
+@lru_cache(maxsize=65536)
+def _parsed(text: str) -> Glob:
+    """Held globs recur on every acquire of a busy state; parsing them once is enough."""
+    return parse_glob(text)
+
+
 def find_conflicts(wanted: Sequence[Wanted], held: Iterable[Held], now: datetime | None) -> list[Conflict]:
     """Every (request, holding) pair that conflicts. Expired holdings never block; with
     ``now=None`` expiry is ignored (to find the expired holdings a request meets)."""
@@ -115,7 +122,7 @@ def find_conflicts(wanted: Sequence[Wanted], held: Iterable[Held], now: datetime
     for h in held:
         if now is not None and h.is_expired(now):
             continue
-        theirs = parse_glob(h.glob)
+        theirs = _parsed(h.glob)
         for w in wanted:
             if conflicts(w.mode.value, w.glob, h.mode.value, theirs):
                 found.append(Conflict(wanted=w, held=h))

@@ -43,7 +43,9 @@ def _held(rows: Iterable[tuple[str, str, str, str, datetime, datetime]]) -> list
 def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Held]:
     """Reservations of the state that could intersect globs with these roots (expired included)."""
     everything = "*" in roots
-    return _held(conn.execute(_CANDIDATES, (state_id, sorted(roots), everything)).fetchall())
+    # Never prepared: a prepared statement may fall back to a generic plan that cannot use the root
+    # index (it must serve the '*' case too) and scans every reservation of the state.
+    return _held(conn.execute(_CANDIDATES, (state_id, sorted(roots), everything), prepare=False).fetchall())
 
 
 def reclaim(

@@ -46,6 +46,7 @@ def enqueue(
     existing = queue.fetch_job(job_id)
     if existing is not None and existing.get_status(refresh=True) in ("queued", "started", "deferred", "scheduled"):
         return Enqueued(job_id, kind)
-    queue.enqueue(JOBS[kind], *args, job_id=job_id, job_timeout=timeout, retry=Retry(max=retries, interval=[5, 30, 120]),
-                  result_ttl=86400, failure_ttl=7 * 86400, depends_on=depends_on)
+    queue.enqueue(JOBS[kind], *args, job_id=job_id, job_timeout=timeout,
+                  retry=Retry(max=retries, interval=[5, 30, 120]), result_ttl=86400, failure_ttl=7 * 86400,
+                  depends_on=depends_on)
     return Enqueued(job_id, kind)

@@ -158,10 +158,8 @@ def _project(
 
 def load_open_set(conn: psycopg.Connection, *, state_id: int) -> dict[tuple[str, str], OpenRow]:
     """The state's live rows by (address, deposed), read from the table."""
-    return {
-        (address, deposed): OpenRow(row_id, digest)
-        for row_id, address, deposed, digest in conn.execute(_LOAD_OPEN, (state_id,))
-    }
+    rows = conn.execute(_LOAD_OPEN, (state_id,)).fetchall()  # in one go: cheaper than row by row
+    return {(address, deposed): OpenRow(row_id, digest) for row_id, address, deposed, digest in rows}
 
 
 def copy_new_rows(

@@ -23,12 +23,12 @@ from analyzer.configuration import is_described
 from analyzer.footprint import Footprint, compute_footprint
 from analyzer.gitdiff import ChangeScope
 from analyzer.globs import intersects, matches, parse_glob
-from analyzer.hcl import ParseCache
+from analyzer.hcl import ParseCache, content_digest
 from analyzer.plan import PlanFormatError, analyze_plan
 from analyzer.prescan import scan
 from analyzer.state import ParsedState, assemble_state, parse_state
 from runner import workspace
-from runner.apply import ApplyOptions, Builder, Prepared, apply_spec, check_spec
+from runner.apply import ApplyOptions, ApplyOutcome, Builder, Prepared, apply_spec, check_spec
 from runner.engine_client import EngineClient, EngineError
 from runner.plan import KlExit, TerraformContext, pin_variables, plan_in_workspace, sensitive_variables
 from runner.spec import PlanSpec
@@ -68,7 +68,29 @@ def load_cache(data_dir: Path) -> ParseCache:
         return ParseCache()
 
 
-def save_cache(data_dir: Path, cache: ParseCache) -> None:
+Signature = tuple[frozenset[str], frozenset[tuple[str, int]], frozenset[str]]
+
+
+def _signature(cache: ParseCache) -> Signature:
+    """Which entries the cache holds (entries are immutable, so equal keys mean equal contents)."""
+    return (frozenset(cache.analyses), frozenset(cache.blocks), frozenset(cache.prescans))
+
+
+def prune_cache(cache: ParseCache, files: Mapping[str, str]) -> None:
+    """Keep only entries for the current contents of the files (the cache never grows without bound)."""
+    digests = {content_digest(text) for text in files.values()}
+    for key in [k for k in cache.analyses if k not in digests]:
+        del cache.analyses[key]
+    for key in [k for k in cache.prescans if k not in digests]:
+        del cache.prescans[key]
+    for block_key in [k for k in cache.blocks if k[0] not in digests]:
+        del cache.blocks[block_key]
+
+
+def save_cache(data_dir: Path, cache: ParseCache, *, loaded: Signature | None = None) -> None:
+    """Persist the cache (skipped when nothing changed since ``loaded``, its signature when read)."""
+    if loaded is not None and _signature(cache) == loaded:
+        return
     data_dir.mkdir(parents=True, exist_ok=True)
     tmp = _cache_path(data_dir).with_suffix(".tmp")
     with open(tmp, "wb") as handle:
@@ -268,11 +290,10 @@ def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str],
     """The file-scoped footprint of ``selection`` against the trunk's recorded dependencies, widened to the
     files of resources that depend on what it writes. Raises KlExit(3) when it fails closed."""
     gone = deleted_globs(selection.deleted)
-    declarations = declaring_files(files)
+    declarations: dict[str, str] | None = None
     widened: list[str] = []
-    edges: list[tuple[str, str]] = []
     while True:
-        fp = footprint(files, selection, cache, edges)
+        fp = footprint(files, selection, cache)
         wanted = sorted(set(fp.write_globs) | set(gone))
         try:
             edges = client.edges(state, wanted) if wanted else []
@@ -280,6 +301,10 @@ def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str],
             if exc.code != "state_not_found":
                 raise
             edges = []
+        if not edges:
+            break
+        if declarations is None:  # only needed when the trunk knows dependents: a scan of every file
+            declarations = declaring_files(files)
         more = dependents_to_add(edges, wanted, declarations, selection.files)
         if not more:
             fp = footprint(files, selection, cache, edges)
@@ -295,9 +320,11 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
     """kl plan -f: the footprint, the minimal workspace, a plan over it, and the artifact."""
     files = read_configuration(config_dir)
     cache = load_cache(data_dir)
+    loaded = _signature(cache)
     scoped = derive_footprint(client, state, files, selection, cache)
     fp, selection, gone, widened = scoped.footprint, scoped.selection, scoped.deleted_globs, list(scoped.widened)
-    save_cache(data_dir, cache)
+    prune_cache(cache, files)
+    save_cache(data_dir, cache, loaded=loaded)
     write_globs = scoped.write_globs
     slice_globs = tuple(sorted(set(write_globs) | set(fp.read_globs) | set(fp.validation_globs)))
     described = described_in(fp, gone)
@@ -361,12 +388,12 @@ def files_builder(client: EngineClient, spec: PlanSpec, config_dir: Path, data_d
 
 
 def apply_files(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, options: ApplyOptions,
-                deleted: Mapping[str, str]) -> None:
+                deleted: Mapping[str, str]) -> ApplyOutcome:
     config_dir = Path(spec.config_dir)
     check_files(spec, config_dir)
     check_spec(replace(spec, config_hash=workspace.config_hash(config_dir)), config_dir, ctx.env,
                options.supplied_vars)
-    apply_spec(client, ctx, spec, config_dir, options, builder=files_builder(client, spec, config_dir,
+    return apply_spec(client, ctx, spec, config_dir, options, builder=files_builder(client, spec, config_dir,
                                                                               options.data_dir, deleted), checked=True)
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import psycopg
+
 from analyzer.addresses import AddressError, has_prefix, parse_instance_address
 from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
-from analyzer.state import assemble_state
+from analyzer.state import InstanceRow, assemble_state
 from app.domain.principal import Principal
 from app.errors import BadRequestError, NotFoundError, StateNotFoundError
 from app.store import resources, states
@@ -99,88 +101,125 @@ def assemble(db: Database, principal: Principal, name: str, *, serial: int | Non
     )
 
 
-_SLICE_ROWS = """
-SELECT address, resource_address, module, mode, type, name, index_key, deposed, provider,
-       instance::text AS instance_json, attributes_hash, dependencies, status
-FROM resources
-WHERE state_id = %s AND delete_serial IS NULL
-  AND (address = ANY(%s) OR address LIKE ANY(%s))
+_ASSEMBLY_COLUMNS = """r.address, r.resource_address, r.module, r.mode, r.type, r.name, r.index_key, r.deposed,
+       r.provider, r.instance::text AS instance_json, r.attributes_hash, r.dependencies, r.status"""
+# Exact addresses through the unique index, prefixes as one index range scan each (text_pattern_ops
+# index: ``~>=~``/``~<~`` compare bytes, and U+10FFFF sorts after any continuation of a prefix).
+_UNDER_GLOBS = f"""
+SELECT {_ASSEMBLY_COLUMNS} FROM resources r
+WHERE r.state_id = %(state)s AND r.delete_serial IS NULL AND r.address = ANY(%(exact)s)
+UNION ALL
+SELECT {_ASSEMBLY_COLUMNS} FROM unnest(%(prefixes)s::text[]) AS p(prefix)
+CROSS JOIN LATERAL (
+    SELECT * FROM resources x
+    WHERE x.state_id = %(state)s AND x.delete_serial IS NULL
+      AND x.address ~>=~ p.prefix AND x.address ~<~ (p.prefix || chr(1114111))
+) r
+"""
+_DEPENDENTS = """
+SELECT r.address, r.dependencies FROM resources r
+WHERE r.state_id = %(state)s AND r.delete_serial IS NULL AND r.dependencies && %(names)s::text[]
+"""
+_DEPENDENTS_BY_PREFIX = """
+SELECT r.address, r.dependencies FROM resources r
+WHERE r.state_id = %(state)s AND r.delete_serial IS NULL
+  AND EXISTS (SELECT 1 FROM unnest(r.dependencies) d, unnest(%(prefixes)s::text[]) p(prefix)
+              WHERE d ~>=~ p.prefix AND d ~<~ (p.prefix || chr(1114111)))
 """
 
 
-def _like(prefix: str) -> str:
-    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+@dataclass(frozen=True, slots=True)
+class GlobLookup:
+    """How to find the rows under a set of globs: exact addresses, address prefixes, or everything.
+    It may over-select (the structured ``matches`` has the last word), never under-select."""
+
+    exact: tuple[str, ...]
+    prefixes: tuple[str, ...]
+    everything: bool
 
 
-def glob_patterns(globs: Iterable[Glob]) -> tuple[list[str], list[str], bool]:
-    """SQL narrowing for globs: exact addresses, LIKE patterns, and whether everything is wanted.
-    The narrowing may over-select (the structured ``matches`` has the last word), never under-select."""
-    exact: list[str] = []
-    patterns: list[str] = []
+def glob_lookup(globs: Iterable[Glob]) -> GlobLookup:
+    exact: set[str] = set()
+    prefixes: set[str] = set()
     for glob in globs:
         if glob.is_everything:
-            return [], [], True
+            return GlobLookup((), (), True)
         text = canonical(glob)
         if glob.is_exact:
-            exact.append(text)
+            exact.add(text)
             continue
-        prefix = text[:-2]  # drop ".*"
-        exact.append(prefix)
-        patterns += [_like(prefix) + ".%", _like(prefix) + "[%"]
-        # A keyless module step also matches keyed instances: module.web.* covers module.web["a"].x
-        first = prefix.split(".", 2)
+        stem = text[:-2]  # drop ".*"
+        exact.add(stem)
+        prefixes.update((stem + ".", stem + "["))
+        # A keyless module step also covers keyed instances: module.web.* covers module.web["a"].x
+        first = stem.split(".", 2)
         if first[0] == "module" and len(first) > 1:
-            patterns.append(_like(f"module.{first[1].split('[', 1)[0]}") + "[%")
-    return exact, patterns, False
+            prefixes.add(f"module.{first[1].split('[', 1)[0]}[")
+    return GlobLookup(tuple(sorted(exact)), tuple(sorted(prefixes)), False)
+
+
+def _parse_globs(globs: Sequence[str]) -> list[Glob]:
+    try:
+        return [parse_glob(g) for g in globs]
+    except GlobError as exc:
+        raise BadRequestError(f"invalid glob: {exc}") from exc
+
+
+def _rows_under(conn: psycopg.Connection, state_id: int, lookup: GlobLookup) -> list[InstanceRow]:
+    rows = conn.execute(_UNDER_GLOBS, {"state": state_id, "exact": list(lookup.exact),
+                                       "prefixes": list(lookup.prefixes)}).fetchall()
+    unique = {(r[0], r[7]): r for r in rows}  # an address can come from an exact match and a prefix
+    return [resources.instance_row(r) for r in unique.values()]
 
 
 def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> bytes:
     """A v4 state holding the head's instances under ``globs`` (and the head's outputs), at the
     head's serial and lineage: what a file-scoped workspace starts from."""
-    try:
-        parsed = [parse_glob(g) for g in globs]
-    except GlobError as exc:
-        raise BadRequestError(f"invalid glob: {exc}") from exc
+    parsed = _parse_globs(globs)
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
         head = _resolve_serial(row.current_serial, None, name)
         version = states.version_at(conn, row.id, head)
         if version is None or version.encrypted:
             raise BadRequestError(f"state {name!r} has no readable head version to slice")
-        exact, patterns, everything = glob_patterns(parsed)
-        if everything:
+        lookup = glob_lookup(parsed)
+        if lookup.everything:
             instances = resources.instances_at(conn, state_id=row.id, serial=head)
         else:
-            instances = [resources.instance_row(r) for r in conn.execute(_SLICE_ROWS, (row.id, exact, patterns))]
+            instances = _rows_under(conn, row.id, lookup)
         outputs = resources.outputs_of(conn, version_id=version.id)
     wanted = [i for i in instances if any(matches(g, i.address) for g in parsed)]
     return assemble_state(serial=version.serial, lineage=version.lineage,
                           terraform_version=version.terraform_version, instances=wanted, outputs=outputs)
 
 
-_EDGES_TOUCHING = """
-SELECT r.address, dep
-FROM resources r, unnest(r.dependencies) AS dep
-WHERE r.state_id = %(state)s AND r.delete_serial IS NULL
-  AND (r.address = ANY(%(exact)s) OR r.address LIKE ANY(%(patterns)s)
-       OR dep = ANY(%(exact)s) OR dep LIKE ANY(%(patterns)s) OR %(everything)s)
-"""
-
-
 def edges_touching(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[tuple[str, str]]:
     """Recorded dependencies (instance address, resource address it depends on) at the head where
     either end lies under ``globs``: what a file-scoped footprint adds from the trunk's graph."""
-    try:
-        parsed = [parse_glob(g) for g in globs]
-    except GlobError as exc:
-        raise BadRequestError(f"invalid glob: {exc}") from exc
-    exact, patterns, everything = glob_patterns(parsed)
+    parsed = _parse_globs(globs)
+    lookup = glob_lookup(parsed)
+    found: set[tuple[str, str]] = set()
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
-        found = conn.execute(_EDGES_TOUCHING, {"state": row.id, "exact": exact, "patterns": patterns,
-                                               "everything": everything}).fetchall()
+        if lookup.everything:
+            rows = resources.instances_at(conn, state_id=row.id, serial=row.current_serial or 0)
+            return sorted({(r.address, d) for r in rows for d in r.dependencies})
+        for r in _rows_under(conn, row.id, lookup):
+            found.update((r.address, d) for d in r.dependencies)
+        # Dependencies name resources without instance keys: a glob's keyless stem is such a name.
+        names = sorted({_keyless(e) for e in lookup.exact})
+        dependents = conn.execute(_DEPENDENTS, {"state": row.id, "names": names}).fetchall() if names else []
+        module_prefixes = [p for p in lookup.prefixes if p.startswith("module.")]
+        if module_prefixes:
+            dependents += conn.execute(_DEPENDENTS_BY_PREFIX,
+                                       {"state": row.id, "prefixes": module_prefixes}).fetchall()
+        found.update((address, d) for address, deps in dependents for d in deps)
     # Resource-level ends (no instance key) match a glob when the glob covers any of their instances.
-    return sorted({(a, d) for a, d in found if any(_touches(g, a) or _touches(g, d) for g in parsed)})
+    return sorted((a, d) for a, d in found if any(_touches(g, a) or _touches(g, d) for g in parsed))
+
+
+def _keyless(address: str) -> str:
+    return address.split("[", 1)[0] if not address.startswith("module.") else address
 
 
 def _touches(glob: Glob, address: str) -> bool:

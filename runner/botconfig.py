@@ -17,7 +17,7 @@ The format::
     merge_wait: 10m             # how long a merge apply waits for reservations (default 10m)
     projects:
       - dir: infra/prod         # the Terraform root module, relative to the repository root
-        name: prod              # default: the directory
+        name: prod              # default: the directory (the state's name for the root directory)
         state: prod             # default: from the directory's backend "http" block
         files: ["infra/prod/**", "modules/**", "!**/*.md"]   # default: the directory and its local modules
         apply_on_merge: true    # default: the top-level value
@@ -267,8 +267,8 @@ def _project_from(directory: str, name: str | None, state: str | None, files: tu
                         "ends in /v1/states/NAME")
     if files is None:
         files = default_triggers(directory, texts)
-    return Project(name=name or directory or ".", dir=directory, state=state or "", address=address, files=files,
-                   apply_on_merge=apply_on_merge)
+    return Project(name=name or directory or state or ".", dir=directory, state=state or "", address=address,
+                   files=files, apply_on_merge=apply_on_merge)
 
 
 def default_triggers(directory: str, texts: Mapping[str, str]) -> tuple[str, ...]:

@@ -75,6 +75,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    import logging
+    from dataclasses import replace as with_fields
+
+    from app.config import Settings
+    from app.embedded import default_data_dir, start_embedded_postgres, start_embedded_redis
+    from runner.jobs import work
+
+    settings = Settings.from_env()
+    if not settings.github_enabled:
+        raise UsageError("kl worker runs the GitHub bot's jobs: set KL_GITHUB_APP_ID and KL_GITHUB_PRIVATE_KEY (a "
+                         "GitHub App) or KL_GITHUB_TOKEN, as for the server")
+    where = settings.data_dir or default_data_dir()
+    settings = with_fields(settings, database_url=settings.database_url or start_embedded_postgres(where),
+                           redis_url=settings.redis_url or start_embedded_redis(where))
+    # The jobs' own loggers (kilolock.*), as text; RQ configures its worker's logger itself.
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    work(settings, burst=args.burst, name=args.name, with_scheduler=not args.no_scheduler)
+    return EXIT_OK
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.config import Settings
     from app.store.migrate import migrate
@@ -443,6 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-open-on-network", action="store_true",
                        help="serve KL_AUTH_MODE=open on a non-loopback address anyway")
     serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run a GitHub bot worker (RQ) on the kilolock queue")
+    worker.add_argument("--burst", action="store_true", help="run the queued jobs, then exit")
+    worker.add_argument("--name", help="worker name shown by RQ (default: host and pid)")
+    worker.add_argument("--no-scheduler", action="store_true",
+                        help="do not run RQ's scheduler in this worker (retries need one somewhere)")
+    worker.set_defaults(func=cmd_worker)
 
     migrate = sub.add_parser("migrate", help="apply pending database migrations")
     migrate.set_defaults(func=cmd_migrate)

@@ -105,15 +105,20 @@ _ASSEMBLY_COLUMNS = """r.address, r.resource_address, r.module, r.mode, r.type, 
        r.provider, r.instance::text AS instance_json, r.attributes_hash, r.dependencies, r.status"""
 # Exact addresses through the unique index, prefixes as one index range scan each (text_pattern_ops
 # index: ``~>=~``/``~<~`` compare bytes, and U+10FFFF sorts after any continuation of a prefix).
+# Each lookup is a LATERAL subquery fenced with OFFSET 0, so the planner cannot flatten it into a
+# join that scans the whole state (it did, whenever the table's statistics lagged a large write).
 _UNDER_GLOBS = f"""
-SELECT {_ASSEMBLY_COLUMNS} FROM resources r
-WHERE r.state_id = %(state)s AND r.delete_serial IS NULL AND r.address = ANY(%(exact)s)
+SELECT {_ASSEMBLY_COLUMNS} FROM unnest(%(exact)s::text[]) AS e(address)
+CROSS JOIN LATERAL (
+    SELECT * FROM resources x
+    WHERE x.state_id = %(state)s AND x.delete_serial IS NULL AND x.address = e.address OFFSET 0
+) r
 UNION ALL
 SELECT {_ASSEMBLY_COLUMNS} FROM unnest(%(prefixes)s::text[]) AS p(prefix)
 CROSS JOIN LATERAL (
     SELECT * FROM resources x
     WHERE x.state_id = %(state)s AND x.delete_serial IS NULL
-      AND x.address ~>=~ p.prefix AND x.address ~<~ (p.prefix || chr(1114111))
+      AND x.address ~>=~ p.prefix AND x.address ~<~ (p.prefix || chr(1114111)) OFFSET 0
 ) r
 """
 _DEPENDENTS = """

@@ -208,7 +208,22 @@ def write_state(
             detail["lineage_changed_from"] = row.lineage
         events.record(conn, principal, "state_write", state_id=row.id, state_name=name,
                       serial=parsed.serial, lock_id=lock_id, **detail)
-        return WriteResult(serial=parsed.serial, replay=False, opened=opened, closed=closed)
+        result = WriteResult(serial=parsed.serial, replay=False, opened=opened, closed=closed)
+    if opened >= BULK_ROWS:
+        refresh_statistics(db)
+    return result
+
+
+# A write that opens this many rows (the first POST of a large state) makes the planner's row counts
+# stale until autovacuum catches up, and slices and edge lookups then fall back to scanning the
+# whole state: refresh them at once.
+BULK_ROWS = 5000
+_ANALYZE = "ANALYZE resources"
+
+
+def refresh_statistics(db: Database) -> None:
+    with db.transaction() as conn:
+        conn.execute(_ANALYZE)
 
 
 def lock(db: Database, principal: Principal, name: str, body: bytes) -> None:

@@ -92,7 +92,8 @@ STATE_WRITE_BYTES = Histogram("kilolock_state_write_bytes",
 DASHBOARD_LOGINS = Counter("kilolock_dashboard_logins", "Dashboard login attempts by outcome (ok, refused).",
                            ["outcome"], registry=REGISTRY)
 WEBHOOK_DELIVERIES = Counter("kilolock_webhook_deliveries",
-                             "GitHub webhook deliveries by event and outcome (accepted, duplicate, rejected).",
+                             "GitHub webhook deliveries by event and outcome "
+                             "(accepted, ignored, duplicate, rejected, failed).",
                              ["event", "outcome"], registry=REGISTRY)
 JOB_DURATION = Histogram("kilolock_job_duration_seconds", "Background job run time by job and outcome.",
                          ["job", "outcome"], buckets=_RUN_SECONDS, registry=REGISTRY)

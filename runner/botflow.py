@@ -1,0 +1,319 @@
+"""What the bot computes for a pull request, a merge or a push: the predicted footprint per project, the
+file-scoped plan preview, and the file-scoped apply of a merged change — on a private checkout of the
+commit, against the trunk on the Kilolock server.
+
+Owns the orchestration only: the checkout (``runner.git``), the project mapping (``runner.botconfig``),
+and the very functions ``kl plan --changed-from`` / ``kl apply -f --confirm-scope`` use
+(``runner.filescoped``: ``changed_selection``, ``derive_footprint``, ``plan_files``, ``apply_files``), with
+the engine client authenticated by ``KL_BOT_TOKEN``. Results are the outcome types of ``runner.comments``.
+
+Must not: talk to GitHub, RQ or the database (``runner.jobs`` does: it claims, stores and posts), or read
+the environment (``runner.config.process_env`` does, once per job).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from analyzer.globs import GlobError, conflicts, parse_glob
+from app.config import Settings
+from runner import git
+from runner.apply import ApplyOptions
+from runner.botconfig import BotConfig, Project, projects_for
+from runner.comments import ApplyResult, LiveConflict, ProjectFootprint, ProjectPreview
+from runner.config import ClientConfigError, data_dir, process_env, resolve
+from runner.engine_client import EngineClient, EngineError
+from runner.filescoped import (
+    ScopedFootprint,
+    Selection,
+    apply_files,
+    changed_selection,
+    derive_footprint,
+    load_cache,
+    plan_files,
+    read_configuration,
+)
+from runner.plan import KlExit, TerraformContext
+from runner.terraform import TerraformNotFoundError, resolve_binary
+
+log = logging.getLogger("kilolock.bot")
+LEASE_SECONDS = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class Bench:
+    """What one job works with: the settings, the environment Terraform gets, and KL_DATA_DIR."""
+
+    settings: Settings
+    env: Mapping[str, str]
+    data_dir: Path
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> Bench:
+        env = process_env()
+        return cls(settings, env, settings.data_dir or data_dir(env))
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.settings.repo_cache_dir or self.data_dir / "repos"
+
+
+@contextmanager
+def checkout(bench: Bench, repo: str, sha: str, token: str | None, *, want: Sequence[str] = (),
+             also: Sequence[str] = (), refresh: bool = False) -> Iterator[Path]:
+    """A private checkout of ``sha`` from the repository's mirror. The commits in ``want`` must be fetched
+    too; those in ``also`` are fetched when they can be (a merged PR's deleted head branch may be gone)."""
+    url = git.clone_url(repo, clone_urls=dict(bench.settings.github_clone_urls),
+                        api_url=bench.settings.github_api_url)
+    try:
+        mirror_dir = git.mirror(bench.cache_dir, repo, url, token=token, want=(sha, *want, *also), refresh=refresh)
+    except git.GitError:
+        if not also:
+            raise
+        mirror_dir = git.mirror(bench.cache_dir, repo, url, token=token, want=(sha, *want), refresh=refresh)
+    with git.worktree(mirror_dir, sha) as root:
+        yield root
+
+
+def engine_client(bench: Bench, root: Path, project: Project) -> EngineClient:
+    """The server the project's backend block names (else KL_PUBLIC_URL), as the bot (KL_BOT_TOKEN)."""
+    address = project.address or bench.settings.public_url
+    config = resolve(config_dir=root / project.dir, address=address, state=project.state,
+                     token=bench.settings.bot_token, env=bench.env)
+    return EngineClient(config)
+
+
+def terraform_context(bench: Bench) -> TerraformContext:
+    try:
+        binary = resolve_binary(bench.env)
+    except TerraformNotFoundError as exc:
+        raise KlExit(3, str(exc)) from exc
+    return TerraformContext(binary=binary, env=bench.env, plugin_cache=bench.data_dir / "plugin-cache",
+                            echo=lambda line: log.info("%s", line), stream=False)
+
+
+def changed_for(config: BotConfig, root: Path, base: str, head: str) -> dict[str, tuple[str, ...]]:
+    """Project name → the paths changed between two commits that trigger it."""
+    return projects_for(config, git.changed_paths(root, base, head))
+
+
+# --- the footprint (no Terraform) ------------------------------------------------------------------
+
+
+def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str) -> tuple[ProjectFootprint, ...]:
+    """Per triggered project: the files, the predicted reservations, diagnostics and the live reservations
+    they would conflict with now. A project whose change cannot be scoped carries the reason in ``error``."""
+    found: list[ProjectFootprint] = []
+    for name, paths in changed_for(config, root, base, head).items():
+        project = config.project(name)
+        assert project is not None
+        shown = ProjectFootprint(name=project.name, dir=project.dir, state=project.state, changed=tuple(paths))
+        try:
+            selection = changed_selection(root / project.dir, base, against=head)
+        except KlExit as exc:
+            if exc.code == 0:
+                continue  # every changed path is unrelated to the configuration (state files, .terraform/)
+            found.append(_with(shown, error=str(exc)))
+            continue
+        except git.GitError as exc:
+            found.append(_with(shown, error=str(exc)))
+            continue
+        try:
+            client = engine_client(bench, root, project)
+            # The parse cache is read, not written: the preview's plan_files saves (and prunes) it.
+            scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
+                                      load_cache(bench.data_dir))
+            live = client.list_reservations(project.state)
+        except (KlExit, EngineError, ClientConfigError) as exc:
+            found.append(_with(shown, files=_shown_files(selection), error=str(exc)))
+            continue
+        found.append(ProjectFootprint(
+            name=project.name, dir=project.dir, state=project.state, changed=tuple(paths),
+            files=_shown_files(scoped.selection), write_globs=scoped.write_globs, read_globs=scoped.read_globs,
+            diagnostics=tuple(scoped.widened) + tuple(f"{d.file}:{d.line}: {d.construct}: {d.message}"
+                                                      for d in scoped.footprint.diagnostics),
+            conflicts=live_conflicts(scoped.write_globs, scoped.read_globs, live)))
+    return tuple(found)
+
+
+def live_conflicts(write_globs: Sequence[str], read_globs: Sequence[str],
+                   held: Sequence[Mapping[str, object]]) -> tuple[LiveConflict, ...]:
+    """Live reservations (as ``GET /v1/engine/reservations`` lists them) that a run holding these globs
+    would conflict with, by the reservation conflict matrix."""
+    mine = [(g, "write") for g in write_globs] + [(g, "read") for g in read_globs]
+    found: list[LiveConflict] = []
+    for row in held:
+        theirs, their_mode = str(row["glob"]), str(row["mode"])
+        try:
+            their_glob = parse_glob(theirs)
+        except GlobError:
+            continue
+        for glob, mode in mine:
+            if conflicts(mode, parse_glob(glob), their_mode, their_glob):
+                run_id = row.get("run_id")
+                found.append(LiveConflict(glob, mode, theirs, their_mode, str(row.get("holder") or "unknown"),
+                                          str(run_id) if run_id else None))
+    return tuple(sorted(set(found), key=lambda c: (c.glob, c.theirs, c.holder)))
+
+
+def _shown_files(selection: Selection) -> tuple[str, ...]:
+    deleted = sorted(f"{name} (deleted)" for name in selection.deleted if "@" not in name)
+    return tuple(selection.files) + tuple(deleted)
+
+
+def _with(shown: ProjectFootprint, **changes: object) -> ProjectFootprint:
+    from dataclasses import replace
+
+    return replace(shown, **changes)  # type: ignore[arg-type]
+
+
+# --- the plan preview --------------------------------------------------------------------------------
+
+
+def preview(bench: Bench, root: Path, config: BotConfig, base: str, head: str) -> tuple[ProjectPreview, ...]:
+    """Per triggered project: a file-scoped plan (``kl plan --changed-from``) and its per-address actions."""
+    found: list[ProjectPreview] = []
+    ctx: TerraformContext | None = None
+    for name in changed_for(config, root, base, head):
+        project = config.project(name)
+        assert project is not None
+        try:
+            selection = changed_selection(root / project.dir, base, against=head)
+            ctx = ctx or terraform_context(bench)
+            spec = plan_files(engine_client(bench, root, project), ctx, state=project.state,
+                              config_dir=root / project.dir, selection=selection, var_args=(),
+                              data_dir=bench.data_dir)
+        except KlExit as exc:
+            if exc.code == 0:
+                continue
+            found.append(ProjectPreview(project.name, project.state, error=str(exc)))
+            continue
+        except (git.GitError, EngineError, ClientConfigError) as exc:
+            found.append(ProjectPreview(project.name, project.state, error=str(exc)))
+            continue
+        found.append(ProjectPreview(project.name, project.state, base_serial=spec.base_serial,
+                                    actions=tuple(sorted(spec.actions.items())),
+                                    output_changes=tuple(sorted(spec.output_changes.items())),
+                                    warnings=tuple(spec.warnings)))
+    return tuple(found)
+
+
+# --- the apply after a merge --------------------------------------------------------------------------
+
+
+def merge_diff_base(root: Path, merge_sha: str, base_sha: str, head_sha: str) -> str:
+    """The commit the merge's change is measured from. A merge commit: its first parent. A squash merge:
+    its parent. A rebase merge of k commits: k first-parent steps back (recognised because the last commit
+    alone does not touch every path the pull request changed)."""
+    parents = git.parents(root, merge_sha)
+    if not parents:
+        raise git.GitError(f"{merge_sha} has no parent: nothing to compare the merge with")
+    if len(parents) > 1:
+        return parents[0]
+    try:
+        fork = git.merge_base(root, base_sha, head_sha)
+        changed = set(git.changed_paths(root, fork, head_sha))
+        count = git.commit_count(root, fork, head_sha)
+    except git.GitError as exc:
+        log.warning("cannot compare %s with the pull request's commits (%s); using its parent", merge_sha, exc)
+        return parents[0]
+    if count <= 1 or changed <= set(git.changed_paths(root, parents[0], merge_sha)):
+        return parents[0]
+    return git.first_parent_back(root, merge_sha, count) or parents[0]
+
+
+# Called with the cheap footprint before Terraform runs: waits for earlier merges it overlaps and returns
+# how many seconds the apply may still wait for reservations (raises KlExit when it must not go on).
+BeforeApply = Callable[[ScopedFootprint], float]
+
+
+def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: str, *, actor: str,
+                  wait_seconds: float, before_apply: BeforeApply | None = None) -> ApplyResult:
+    """``kl apply --changed-from BASE --confirm-scope`` for one project on a checkout of ``sha``."""
+    client: EngineClient | None = None
+    try:
+        selection = changed_selection(root / project.dir, base, against=sha)
+        client = engine_client(bench, root, project)
+        remaining, waited = wait_seconds, 0.0
+        if before_apply is not None:
+            cache = load_cache(bench.data_dir)
+            scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
+                                      cache)
+            waiting = time.monotonic()
+            remaining = before_apply(scoped)
+            waited = time.monotonic() - waiting
+        ctx = terraform_context(bench)
+        spec = plan_files(client, ctx, state=project.state, config_dir=root / project.dir, selection=selection,
+                          var_args=(), data_dir=bench.data_dir)
+        options = ApplyOptions(actor=actor, wait_seconds=max(remaining, 0.0), dry_run=False, data_dir=bench.data_dir,
+                               supplied_vars={}, lease_seconds=LEASE_SECONDS)
+        outcome = apply_files(client, ctx, spec, options, {})
+    except KlExit as exc:
+        if exc.code == 0:
+            return ApplyResult(project.name, project.state, sha, "no_changes")
+        return _failed(project, sha, str(exc), _hint(exc.code), client, actor)
+    except (git.GitError, ClientConfigError) as exc:
+        return _failed(project, sha, str(exc), "fix the repository or the configuration, then re-run the "
+                       "kilolock/apply check", client, actor)
+    except EngineError as exc:
+        return _failed(project, sha, str(exc), "the Kilolock server refused or could not be reached; re-run the "
+                       "kilolock/apply check once it is available", client, actor)
+    if not outcome.run_id or outcome.serial is None:
+        return ApplyResult(project.name, project.state, sha, "no_changes", run_id=outcome.run_id or None,
+                           waited_seconds=round(waited, 1))
+    return ApplyResult(project.name, project.state, sha, "committed", serial=outcome.serial, run_id=outcome.run_id,
+                       actions=tuple(sorted(spec.actions.items())), waited_seconds=round(waited, 1))
+
+
+def _hint(code: int) -> str:
+    if code == 2:
+        return ("another apply holds or changed these addresses (a reservation conflict or a stale plan); re-run the "
+                "kilolock/apply check to try again")
+    if code == 3:
+        return ("this change cannot be applied file-scoped; apply it with a full kl plan and kl apply, or fix the "
+                "configuration in a new pull request")
+    return ("fix the configuration in a new pull request (the trunk still holds the state before this merge), or "
+            "re-run the kilolock/apply check if the failure was transient")
+
+
+def _failed(project: Project, sha: str, error: str, hint: str, client: EngineClient | None,
+            actor: str) -> ApplyResult:
+    return ApplyResult(project.name, project.state, sha, "failed", run_id=latest_run(client, project.state, actor),
+                       error=error, hint=hint)
+
+
+def latest_run(client: EngineClient | None, state: str, actor: str) -> str | None:
+    """The newest apply run ``actor`` opened on ``state`` (to name it in a failure report)."""
+    if client is None:
+        return None
+    try:
+        runs = client.list_runs(state)
+    except EngineError:
+        return None
+    mine = [r for r in runs if r.get("actor") == actor]
+    return str(mine[0]["id"]) if mine else None
+
+
+def end_live_runs(bench: Bench, root: Path, project: Project, actor: str, reason: str) -> list[str]:
+    """Close (as failed) every live run ``actor`` holds on the project's state, so its reservations end now
+    rather than at lease expiry (a job that timed out)."""
+    client = engine_client(bench, root, project)
+    ended: list[str] = []
+    try:
+        runs = client.list_runs(project.state)
+    except EngineError:
+        return ended
+    for run in runs:
+        if run.get("actor") == actor and run.get("status") in ("reserved", "running"):
+            try:
+                client.run_action(str(run["id"]), "close", {"holder": actor, "status": "failed",
+                                                             "error_summary": reason})
+                ended.append(str(run["id"]))
+            except EngineError as exc:
+                log.warning("could not close run %s: %s", run["id"], exc)
+    return ended

@@ -1,0 +1,143 @@
+""".kilolock.yml: read as is, validated into frozen dataclasses with every problem listed, projects
+discovered when the file is absent, and changed paths mapped to projects by their trigger globs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runner.botconfig import (
+    DEFAULT_MERGE_WAIT,
+    BotConfig,
+    BotConfigError,
+    Project,
+    is_triggered,
+    load,
+    parse,
+    projects_for,
+)
+
+BACKEND = 'terraform {\n  backend "http" {\n    address = "http://kilolock.internal:8080/v1/states/%s"\n  }\n}\n'
+MODULE_CALL = 'module "net" {\n  source = "../../modules/net"\n}\n\nmodule "local" {\n  source = "./local"\n}\n'
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return tree(tmp_path, {
+        "infra/prod/backend.tf": BACKEND % "prod",
+        "infra/prod/main.tf": MODULE_CALL,
+        "infra/prod/local/main.tf": 'resource "terraform_data" "x" {}\n',
+        "infra/staging/backend.tf": BACKEND % "staging",
+        "modules/net/main.tf": 'resource "terraform_data" "net" {}\n',
+        "scratch/main.tf": 'resource "terraform_data" "no_backend" {}\n',
+        "README.md": "# infra\n",
+    })
+
+
+def test_without_a_file_every_directory_with_an_http_backend_is_a_project(repo: Path):
+    config = load(repo)
+
+    assert config.source == "discovered" and config.apply_on_merge and not config.apply_on_push
+    assert config.merge_wait == DEFAULT_MERGE_WAIT
+    prod, staging = config.projects
+    assert prod == Project(name="infra/prod", dir="infra/prod", state="prod", address="http://kilolock.internal:8080",
+                           files=("infra/prod/**", "modules/net/**"), apply_on_merge=True)
+    assert (staging.name, staging.state, staging.files) == ("infra/staging", "staging", ("infra/staging/**",))
+
+
+def test_a_file_names_projects_overrides_defaults_and_reads_durations(repo: Path):
+    (repo / ".kilolock.yml").write_text(
+        "apply_on_merge: false\napply_on_push: true\nmerge_wait: 1h30m\nprojects:\n"
+        "  - dir: infra/prod\n    name: prod\n    files: [infra/prod/*.tf, '!infra/prod/experimental.tf']\n"
+        "    apply_on_merge: true\n"
+        "  - dir: scratch/\n    state: scratch-state\n")
+
+    config = load(repo)
+
+    assert (config.apply_on_merge, config.apply_on_push, config.merge_wait) == (False, True, 5400)
+    prod, scratch = config.projects
+    assert (prod.name, prod.state, prod.apply_on_merge) == ("prod", "prod", True)
+    assert prod.files == ("infra/prod/*.tf", "!infra/prod/experimental.tf")
+    assert (scratch.name, scratch.dir, scratch.state, scratch.address) == ("scratch", "scratch", "scratch-state", None)
+    assert scratch.apply_on_merge is False and config.source == ".kilolock.yml"
+    assert config.project("prod") is prod and config.project("nope") is None
+
+
+def test_every_problem_is_listed_at_once_with_what_to_change(repo: Path):
+    (repo / ".kilolock.yml").write_text(
+        "aply_on_merge: true\nmerge_wait: forever\nversion: 2\nprojects:\n"
+        "  - dir: nowhere\n  - dir: ../outside\n  - name: x\n  - dir: scratch\n    files: ['!*.md']\n"
+        "  - dir: infra/prod\n    name: same\n  - dir: infra/staging\n    name: same\n    apply_on_merge: sometimes\n")
+
+    with pytest.raises(BotConfigError) as caught:
+        load(repo)
+
+    assert caught.value.problems == (
+        "unknown key 'aply_on_merge' (known: apply_on_merge, apply_on_push, merge_wait, projects, version)",
+        "version must be 1, got 2",
+        "merge_wait must be a duration between 0 and 6h such as 600, 90s, 10m or 1h, got 'forever'",
+        "projects[0]: dir 'nowhere' does not exist in this commit",
+        "projects[1]: dir '../outside' must stay inside the repository",
+        "projects[2]: dir is required: the Terraform root module's directory, relative to the repository root "
+        "('.' for the root)",
+        "projects[3]: files has only exclusions (!…): add a glob that includes something",
+        "projects[3] (dir scratch): no state name: add state: NAME, or a backend \"http\" block whose address ends "
+        "in /v1/states/NAME",
+        "projects[5]: apply_on_merge must be true or false, got 'sometimes'",
+        "project name 'same' is used 2 times: give each project a unique name",
+    )
+    assert str(caught.value).startswith(".kilolock.yml is invalid:\n  - unknown key")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("projects: [\n", "not valid YAML at line 2, column 1"),
+    ("- a\n- b\n", "the top level must be a mapping"),
+    ("projects: {}\n", "projects must be a non-empty list"),
+])
+def test_unreadable_files_say_where(text: str, problem: str):
+    with pytest.raises(BotConfigError) as caught:
+        from runner.botconfig import RawConfig, validate
+
+        validate(RawConfig(".kilolock.yml", parse(text)), Path("/nonexistent"))
+    assert caught.value.problems[0].startswith(problem)
+
+
+def test_an_empty_file_means_the_defaults_with_discovered_projects(repo: Path):
+    (repo / ".kilolock.yml").write_text("")
+    config = load(repo)
+    assert [p.name for p in config.projects] == ["infra/prod", "infra/staging"]
+
+
+@pytest.mark.parametrize("globs, path, hit", [
+    (["infra/prod/**"], "infra/prod/db.tf", True),
+    (["infra/prod/**"], "infra/prod/sub/x.tf", True),
+    (["infra/prod/**"], "infra/production/db.tf", False),
+    (["infra/prod/*.tf"], "infra/prod/sub/x.tf", False),
+    (["**/*.tf"], "db.tf", True),
+    (["**/*.tf"], "a/b/db.tf", True),
+    (["modules/"], "modules/net/main.tf", True),
+    (["infra/**", "!**/*.md"], "infra/README.md", False),
+    (["infra/**", "!**/*.md", "infra/README.md"], "infra/README.md", True),
+    (["db.t?"], "db.tf", True),
+])
+def test_trigger_globs_follow_gitignore_rules(globs: list[str], path: str, hit: bool):
+    assert is_triggered(globs, path) is hit
+
+
+def test_changed_paths_map_to_the_projects_they_trigger():
+    config = BotConfig(projects=(
+        Project("prod", "infra/prod", "prod", None, ("infra/prod/**", "modules/net/**"), True),
+        Project("staging", "infra/staging", "staging", None, ("infra/staging/**",), True),
+    ))
+    assert projects_for(config, ["modules/net/main.tf", "README.md", "infra/prod/db.tf"]) == {
+        "prod": ("modules/net/main.tf", "infra/prod/db.tf")}
+    assert projects_for(config, ["docs/x.md"]) == {}

@@ -9,12 +9,14 @@ sliced-apply path (``runner.apply``) for reserving, applying and committing.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import pickle
 import shutil
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,6 +58,20 @@ def read_configuration(config_dir: Path) -> dict[str, str]:
 
 def _cache_path(data_dir: Path) -> Path:
     return data_dir / "hcl-cache.pickle"
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector around building large, acyclic object graphs (a parse
+    cache of a few hundred files, the footprint's index): it otherwise runs dozens of full passes
+    over objects that can never be garbage, about half the footprint's time on large configurations."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def load_cache(data_dir: Path) -> ParseCache:
@@ -319,9 +335,10 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
                var_args: Sequence[tuple[str, str]], data_dir: Path) -> PlanSpec:
     """kl plan -f: the footprint, the minimal workspace, a plan over it, and the artifact."""
     files = read_configuration(config_dir)
-    cache = load_cache(data_dir)
-    loaded = _signature(cache)
-    scoped = derive_footprint(client, state, files, selection, cache)
+    with gc_paused():
+        cache = load_cache(data_dir)
+        loaded = _signature(cache)
+        scoped = derive_footprint(client, state, files, selection, cache)
     fp, selection, gone, widened = scoped.footprint, scoped.selection, scoped.deleted_globs, list(scoped.widened)
     prune_cache(cache, files)
     save_cache(data_dir, cache, loaded=loaded)

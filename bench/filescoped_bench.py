@@ -526,7 +526,8 @@ class SizeBench:
         server code still has it (the bench reads the module's query text; it does not copy it)."""
         query, patterns_of = getattr(graph, "_SLICE_ROWS", None), getattr(graph, "glob_patterns", None)
         if query is None or patterns_of is None:
-            self.res.slice_explain = ["(app.store.graph no longer has _SLICE_ROWS / glob_patterns: not explained)"]
+            self.res.slice_explain = ["(the slice is now looked up by app.store.graph._UNDER_GLOBS: one index range "
+                                      "scan per glob prefix; its time is the server: slice row above)"]
             return
         from analyzer.globs import parse_glob
 
@@ -631,15 +632,13 @@ GROWS = {
     "read every .tf file": "reads every .tf file of the configuration (`read_configuration`)",
     "load the parse cache": "unpickles `KL_DATA_DIR/hcl-cache.pickle`, which holds a prescan of every file "
                             "(one `BlockHeader` dataclass per block)",
-    "save the parse cache": "pickles the whole parse cache back, on every run, changed or not",
+    "save the parse cache": "pickles the parse cache back when it changed (always after a cold start)",
     "prescan every file (declaring_files)": "`declaring_files` prescans every file, without the parse cache, on "
                                             "every run, to map trunk dependents to their files",
-    "footprint (analyzer)": "`compute_footprint` (called twice: before and after fetching the edges) indexes the "
-                            "top-level blocks of every file: prescans them when cold, rebuilds the index from the "
-                            "cached prescans when warm",
-    "server: edges (HTTP)": "the server's edges query unnests the dependencies of every live row of the state",
-    "server: slice (HTTP)": "the server's slice query (`address = ANY(...) OR address LIKE ANY(...)`) filters "
-                            "every live row of the state against every glob pattern",
+    "footprint (analyzer)": "`compute_footprint` indexes the top-level blocks of every file: prescans them when "
+                            "cold, rebuilds the index from the cached prescans when warm",
+    "server: edges (HTTP)": "the server's edges lookup (index range scans under the globs, GIN on dependencies)",
+    "server: slice (HTTP)": "the server's slice lookup (one index range scan per glob prefix)",
     "of which GC pauses": "the cyclic garbage collector runs more often as more objects (headers, index entries) "
                           "are alive; these pauses are inside the phases above",
 }

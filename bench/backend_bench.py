@@ -974,18 +974,37 @@ def write_section(path: Path, section: str) -> None:
 # --- main ---------------------------------------------------------------------------------------
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.backend_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help=f"smoke-test sizes ({QUICK.writes} writes, {QUICK.instances:,} instances, one "
-                        "round); writes no document unless --out is given")
+def bench_parser(module: str, doc: str, *, quick_help: str, section: str, default_out: Path,
+                 json_help: str = "also dump the raw measurements as JSON here") -> argparse.ArgumentParser:
+    """The options every benchmark shares: --quick, --out, --json, --database-url."""
+    p = argparse.ArgumentParser(prog=f"python -m bench.{module}", description=doc.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--out", type=Path, default=None,
-                   help=f"Markdown file whose '{SECTION}' section is replaced (default: {DEFAULT_OUT} for a "
+                   help=f"Markdown file whose '{section}' section is replaced (default: {default_out} for a "
                         "full run, nothing for --quick)")
-    p.add_argument("--json", type=Path, default=None,
-                   help="also dump the raw measurements (per-write times, per-request phases) as JSON here")
+    p.add_argument("--json", type=Path, default=None, help=json_help)
     p.add_argument("--database-url", default=os.environ.get("KL_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL),
                    help="Postgres server to create the scratch database on (default: %(default)s)")
+    return p
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_cleanly_on_signals() -> None:
+    """Turn SIGTERM (and SIGINT, even when a shell started the benchmark in the background with it
+    ignored) into KeyboardInterrupt, so the scratch database and directories are always removed."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = bench_parser("backend_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+                     quick_help=f"smoke-test sizes ({QUICK.writes} writes, {QUICK.instances:,} instances, one "
+                                "round); writes no document unless --out is given",
+                     json_help="also dump the raw measurements (per-write times, per-request phases) as JSON here")
     p.add_argument("--before", type=Path, default=None,
                    help="the --json of an earlier run (say, of the code before a change): adds a before/after "
                         "table, each run's times over its own floor")
@@ -998,17 +1017,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    # Stop cleanly (dropping the scratch database) on SIGTERM, and on SIGINT even when started in the
-    # background by a shell that ignores it.
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
-        signal.signal(signal.SIGINT, _interrupt)
+    stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
     out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     command = shlex.join([".venv/bin/python", "-m", "bench.backend_bench",

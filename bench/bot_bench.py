@@ -53,7 +53,7 @@ from werkzeug.serving import make_server
 
 from app.config import Settings
 from app.web import create_app
-from bench.backend_bench import DEFAULT_DATABASE_URL, BenchError, Harness, machine_info, table
+from bench.backend_bench import DEFAULT_DATABASE_URL, BenchError, Harness, machine_info, stop_cleanly_on_signals, table
 from tests.bot import webhooks
 from tests.bot.github_sim import APP_ID, GitHubSim
 from tests.helpers import instance, resource, state
@@ -395,13 +395,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
     out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     command = shlex.join([".venv/bin/python", "-m", "bench.bot_bench", *(sys.argv[1:] if argv is None else argv)])

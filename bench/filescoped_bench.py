@@ -44,7 +44,6 @@ import re
 import resource
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -60,7 +59,14 @@ from pathlib import Path
 from typing import Any
 
 from app.store import graph
-from bench.backend_bench import DEFAULT_DATABASE_URL, BenchError, Harness, machine_info, table
+from bench.backend_bench import (
+    BenchError,
+    Harness,
+    bench_parser,
+    machine_info,
+    stop_cleanly_on_signals,
+    table,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("docs/benchmarks.md")
@@ -814,29 +820,16 @@ def write_section(path: Path, section: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.filescoped_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help=f"smoke test: {', '.join(str(f * PER_FILE) for f in QUICK.files)} instances; writes no "
-                        "document unless --out is given")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"Markdown file whose '{SECTION}' section is replaced (default: {DEFAULT_OUT} for a full "
-                        "run, nothing for --quick)")
-    p.add_argument("--json", type=Path, default=None, help="also dump the raw measurements as JSON here")
-    p.add_argument("--database-url", default=os.environ.get("KL_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL),
-                   help="Postgres server to create the scratch database on (default: %(default)s)")
+    p = bench_parser("filescoped_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+                     quick_help=f"smoke test: {', '.join(str(f * PER_FILE) for f in QUICK.files)} instances; "
+                                "writes no document unless --out is given")
     p.add_argument("--keep", action="store_true", help="keep the scratch working directory (configurations, data)")
     return p.parse_args(argv)
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
-        signal.signal(signal.SIGINT, _interrupt)
+    stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
     out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     command = shlex.join([".venv/bin/python", "-m", "bench.filescoped_bench",

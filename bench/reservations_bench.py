@@ -58,7 +58,7 @@ from app.errors import ReservationConflictError
 from app.store import holds
 from app.store import runs as store_runs
 from app.store.db import Database
-from bench.backend_bench import DEFAULT_DATABASE_URL, BenchError, Harness, machine_info, ms, table
+from bench.backend_bench import BenchError, Harness, bench_parser, machine_info, ms, table
 
 DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Reservations (issue 4)"
@@ -1032,16 +1032,10 @@ def write_section(path: Path, section: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.reservations_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help=f"{QUICK.seconds:g} s per cell instead of {FULL.seconds:g}; writes no document unless "
-                        "--out is given")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"Markdown file whose '{SECTION}' section is replaced (default: {DEFAULT_OUT} for a full "
-                        "run, nothing for --quick)")
-    p.add_argument("--json", type=Path, default=None, help="also dump every raw latency as JSON here")
-    p.add_argument("--database-url", default=os.environ.get("KL_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL),
-                   help="Postgres server to create the scratch database on (default: %(default)s)")
+    p = bench_parser("reservations_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+                     quick_help=f"{QUICK.seconds:g} s per cell instead of {FULL.seconds:g}; writes no document "
+                                "unless --out is given",
+                     json_help="also dump every raw latency as JSON here")
     p.add_argument("--seed", type=int, default=4, help="random seed for globs (default: %(default)s)")
     return p.parse_args(argv)
 

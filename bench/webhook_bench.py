@@ -57,7 +57,15 @@ from werkzeug.serving import make_server
 from app.config import Settings
 from app.queue import QUEUE_NAME
 from app.web import create_app
-from bench.backend_bench import DEFAULT_DATABASE_URL, BenchError, Harness, machine_info, ms, table
+from bench.backend_bench import (
+    BenchError,
+    Harness,
+    bench_parser,
+    machine_info,
+    ms,
+    stop_cleanly_on_signals,
+    table,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("docs/benchmarks.md")
@@ -474,14 +482,9 @@ def write_section(path: Path, section: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.webhook_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="one burst per server; writes no document unless --out")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"Markdown file whose '{SECTION}' section is replaced (default: {DEFAULT_OUT} for a full "
-                        "run, nothing for --quick)")
-    p.add_argument("--json", type=Path, default=None, help="also dump every raw latency as JSON here")
-    p.add_argument("--database-url", default=os.environ.get("KL_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL),
-                   help="Postgres server to create the scratch database on (default: %(default)s)")
+    p = bench_parser("webhook_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+                     quick_help="one burst per server; writes no document unless --out",
+                     json_help="also dump every raw latency as JSON here")
     p.add_argument("--redis-url", default=os.environ.get("KL_BENCH_REDIS_URL", DEFAULT_REDIS),
                    help="Redis database for the queue; must be empty, and is emptied at the end "
                         "(default: %(default)s)")
@@ -491,16 +494,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sz = QUICK if args.quick else FULL
     out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     command = shlex.join([".venv/bin/python", "-m", "bench.webhook_bench", *(sys.argv[1:] if argv is None else argv)])
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_cleanly_on_signals()
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

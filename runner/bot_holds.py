@@ -167,9 +167,12 @@ def _apply_project(ctx: Any, gh: GitHub, root: Path, project: Project, base: str
     serial = previous[0].applied_serial if previous else None
     run_id = previous[0].applied_run_id if previous else None
     head = previous[0].head_sha if previous else sha
-    if result.status == "committed":
+    if result.status in ("committed", "no_changes"):
+        # No changes: the trunk already has what the head says (an earlier apply, here or unlocked): hold it.
         globs |= set(footprint.get("write", ()))
-        serial, run_id, head = result.serial, result.run_id, sha
+        head = sha
+    if result.status == "committed":
+        serial, run_id = result.serial, result.run_id
     if globs:
         try:
             holds_store.take(ctx.db, principal, repo=repo, number=number, project=project.name,
@@ -225,8 +228,21 @@ def release_all(db: Database, repo: str, number: int, reason: str) -> list[PrHol
 def released_on_close(ctx: Any, repo: str, number: int) -> dict[str, Any]:
     """The pull request was closed unmerged: what it held is released; the result keeps it for the warning."""
     released = release_all(ctx.db, repo, number, f"#{number} was closed without merging")
-    return {"released": [_hold_json(h) for h in released], "released_notify": _neighbours(ctx.db, repo, number,
-                                                                                          released)}
+    return {"released": [_hold_json(h) for h in released], "applied_before": applied_before(ctx.db, repo, number),
+            "released_notify": _neighbours(ctx.db, repo, number, released)}
+
+
+def applied_before(db: Database, repo: str, number: int) -> list[dict[str, Any]]:
+    """Per project, the latest commit a comment apply of the pull request made (``project``, ``serial``)."""
+    from app.store import bot as bot_store
+
+    found: dict[str, dict[str, Any]] = {}
+    for row in bot_store.list_jobs(db, repo, number):
+        if row.kind == "comment" and row.is_finished and "pr_apply" in row.result:
+            for r in row.result["pr_apply"]["results"]:
+                if r["status"] == "committed":
+                    found[r["project"]] = {"project": r["project"], "serial": r["serial"], "state": r["state"]}
+    return [found[k] for k in sorted(found)]
 
 
 def settle_merge(ctx: Any, root: Path, config: BotConfig, repo: str, number: int, merge_sha: str,
@@ -234,6 +250,7 @@ def settle_merge(ctx: Any, root: Path, config: BotConfig, repo: str, number: int
     """A merged pull request's holds end. A held project whose files on the merge commit equal the applied
     head's is not applied again (reported as applied before merge); any other keeps its merge apply."""
     held = release_all(ctx.db, repo, number, f"#{number} was merged")
+    serials = {a["project"]: a["serial"] for a in applied_before(ctx.db, repo, number)}
     remaining = dict(touched)
     reported: list[dict[str, Any]] = []
     for hold in held:
@@ -250,7 +267,8 @@ def settle_merge(ctx: Any, root: Path, config: BotConfig, repo: str, number: int
             continue
         remaining.pop(hold.project, None)
         reported.append(to_json(ApplyResult(hold.project, hold.state_name, merge_sha, APPLIED_BEFORE,
-                                            serial=hold.applied_serial, run_id=hold.applied_run_id)))
+                                            serial=hold.applied_serial or serials.get(hold.project),
+                                            run_id=hold.applied_run_id)))
     return remaining, reported
 
 

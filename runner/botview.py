@@ -63,8 +63,8 @@ def _hold_lines(db: Database, repo: str, number: int, fp: FootprintOutcome | Non
                 found = blocking_holds(db, repo, number, project.state, project.write_globs, project.read_globs)
                 if found:
                     others[project.name] = found
-    closes = [r for r in rows if r.kind == "pull_request_closed" and r.is_finished and r.result.get("released")]
-    closed = closes[-1].result["released"] if closes and not own and not merged else []
+    closes = [r for r in rows if r.kind == "pull_request_closed" and r.is_finished and r.result.get("applied_before")]
+    closed = closes[-1].result["applied_before"] if closes and not own and not merged else []
     return holdtext.comment_lines(number, fp.head_sha if fp is not None else None, own, others, closed)
 
 

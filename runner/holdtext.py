@@ -24,6 +24,12 @@ def _code(text: str) -> str:
     return f"{fence}{text}{fence}"
 
 
+def _serial(hold: PrHold) -> str:
+    if hold.applied_serial is None:
+        return "(no changes were needed)"
+    return f"at serial {hold.applied_serial} (run {_code(hold.applied_run_id or '')})"
+
+
 def _short(sha: str) -> str:
     return f"`{sha[:7]}`"
 
@@ -52,7 +58,7 @@ def requirements_refused(login: str, unmet: Sequence[Unmet], branch: str) -> str
 
 def blocked_by(blocking: Sequence[tuple[PrHold, Sequence[str]]]) -> str:
     parts = [f"pull request #{h.number} ({h.holder}) holds write {', '.join(_code(g) for g in globs)} on state "
-             f"{_code(h.state_name)}, applied before merge at serial {h.applied_serial}"
+             f"{_code(h.state_name)}, applied before merge {_serial(h)}"
              for h, globs in blocking]
     return ("held by another pull request: " + "; ".join(parts) + ". Its holds end when it is merged or closed "
             "(or with `kilolock unlock` on it); comment `kilolock apply` again then.")
@@ -94,7 +100,7 @@ def unlocked(login: str, number: int, released: Sequence[PrHold]) -> str:
 
 
 def stale_check(held: Sequence[PrHold], head_sha: str) -> tuple[str, str]:
-    applied = ", ".join(f"{h.project} at serial {h.applied_serial} ({h.head_sha[:7]})" for h in held)
+    applied = ", ".join(f"{h.project} {_serial(h)} ({h.head_sha[:7]})" for h in held)
     return ("not applied: new commits since kilolock apply",
             f"The last comment apply was {applied}; {head_sha[:7]} has not been applied. Comment `kilolock apply` "
             "to apply it. The pull request keeps its holds meanwhile.")
@@ -109,10 +115,10 @@ def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
     if own:
         lines += ["### Applied before merge", "",
                   f"This pull request applied from a comment and holds these write globs {UNTIL}:", "",
-                  "| project | state | write glob | applied |", "| --- | --- | --- | --- |"]
+                  "| project | state | write globs | applied |", "| --- | --- | --- | --- |"]
         for h in own:
-            applied = f"{_short(h.head_sha)} at serial {h.applied_serial} (run {_code(h.applied_run_id or '')})"
-            lines += [f"| {_code(h.project)} | {_code(h.state_name)} | {_code(g)} | {applied} |" for g in h.write_globs]
+            globs = ", ".join(_code(g) for g in h.write_globs)
+            lines.append(f"| {_code(h.project)} | {_code(h.state_name)} | {globs} | {_short(h.head_sha)} {_serial(h)} |")
         lines.append("")
         moved = sorted({h.head_sha for h in own if head_sha and h.head_sha != head_sha})
         if moved:
@@ -120,8 +126,8 @@ def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
                       f"{', '.join(_short(s) for s in moved)}: comment `kilolock apply` to apply it.", ""]
     for project, blocking in sorted(others.items()):
         for hold, globs in blocking:
-            lines += [f"**Held by #{hold.number}** ({_code(project)}): it applied before merge at serial "
-                      f"{hold.applied_serial} and holds write {', '.join(_code(g) for g in globs)}, which this pull "
+            lines += [f"**Held by #{hold.number}** ({_code(project)}): it applied before merge {_serial(hold)} "
+                      "and holds write {', '.join(_code(g) for g in globs)}, which this pull "
                       "request also reserves; `kilolock apply` here is refused and the merge apply waits until #"
                       f"{hold.number} is merged or closed.", ""]
     if closed:

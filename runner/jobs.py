@@ -568,7 +568,7 @@ def _deliver(ctx: _Context, row: BotJob) -> None:
         _complete(gh, row.sha, PLAN_CHECK, comments.plan_check(preview_from_json(result["preview"])), row.id)
         _refresh(ctx, gh, repo, number or 0)
     elif row.kind == "pull_request_closed":
-        if result.get("released"):
+        if result.get("released") or result.get("applied_before"):
             _refresh(ctx, gh, repo, number or 0)
         for other in result.get("notify", ()):
             _refresh(ctx, gh, repo, int(other))

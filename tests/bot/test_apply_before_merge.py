@@ -109,7 +109,7 @@ def test_each_requirement_fails_with_its_name_and_the_apply_runs_once_all_hold(w
     comment(w, 1, "kilolock apply")
     w.run_jobs()
     assert "- **approved**: no approving review by someone other than the author" in replies(w, 1)[-1]
-    w.push_pr(1, {".kilolock.yml": gate}, deliver=False)
+    w.push_pr(1, {".kilolock.yml": gate})
 
     w.sim.review(1, "alice", "APPROVED")  # the author's own approval does not count
     w.sim.review(1, "bob", "APPROVED")
@@ -136,6 +136,7 @@ def test_each_requirement_fails_with_its_name_and_the_apply_runs_once_all_hold(w
     head = w.head()
     git(w.work, "checkout", "-q", "main")
     w.sim.push_pr(1, head)
+    w.deliver_pr("synchronize", 1)
     comment(w, 1, "kilolock apply")
     w.run_jobs()
     assert "**approved**: the approval is of an earlier commit" in replies(w, 1)[-1]
@@ -154,7 +155,7 @@ def test_each_requirement_fails_with_its_name_and_the_apply_runs_once_all_hold(w
     assert (check["conclusion"], check["output"]["title"]) == ("success", "applied before merge: infra at serial 2")
     assert held(w) == {f"{REPO}#1": DB_HELD}, dump(held(w))
     body = marked(w, 1)
-    assert "### Applied before merge" in body and "| `infra` | `infra` | `terraform_data.db` |" in body
+    assert "### Applied before merge" in body and "| `infra` | `infra` | `terraform_data.db`, `terraform_data.db.*`," in body
     assert_golden(request, "e2e-applied-before-merge.md", normalize(body, {head: "<head>"}))
     assert_golden(request, "e2e-apply-reply.md", normalize(reply, {head: "<head>"}))
 

@@ -136,6 +136,7 @@ def test_each_requirement_fails_with_its_name_and_the_apply_runs_once_all_hold(w
     head = w.head()
     git(w.work, "checkout", "-q", "main")
     w.sim.push_pr(1, head)
+    w.sim.prs[1]["base_sha"] = w.head("main")
     w.deliver_pr("synchronize", 1)
     comment(w, 1, "kilolock apply")
     w.run_jobs()

@@ -24,6 +24,7 @@ JOBS: dict[str, str] = {
     "rerun": "runner.jobs.rerun_check",
     "comment": "runner.jobs.comment_command",
     "reconcile_holds": "runner.jobs.reconcile_holds",
+    "pull_request_review": "runner.jobs.pull_request_review",
 }
 
 

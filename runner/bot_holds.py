@@ -89,20 +89,15 @@ def comment_apply(ctx: Any, gh: GitHub, repo: str, number: int, login: str, word
     branch = gh.default_branch()
     token = gh.clone_token()
     with botflow.checkout(ctx.bench, repo, pr.head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
-        tip = git.resolve_commit(head_root, f"refs/heads/{branch}")
-        with botflow.checkout(ctx.bench, repo, tip, token) as main_root:
-            try:
-                config = load(main_root)
-            except BotConfigError as exc:
-                return {"reply": holdtext.config_invalid(login, branch, exc.problems), "command": "apply"}
+        tip, config, problems = _default_config(ctx, repo, head_root, branch, token)
+        if config is None:
+            return {"reply": holdtext.config_invalid(login, branch, problems), "command": "apply"}
         base = git.merge_base(head_root, tip, pr.head_sha)
         touched = botflow.changed_for(config, head_root, base, pr.head_sha)
         names, refusal = _targets(config, touched, args.project, login, branch)
         if refusal:
             return {"reply": refusal, "command": "apply"}
-        reviews = gh.reviews(number) if "approved" in config.apply_requirements else []
-        unmet = apply_requirements.unmet(config.apply_requirements, pr, reviews=reviews,
-                                         contains_base_tip=git.is_ancestor(head_root, tip, pr.head_sha))
+        unmet = _unmet(gh, config, pr, head_root, tip)
         if unmet:
             return {"reply": holdtext.requirements_refused(login, unmet, branch), "command": "apply",
                     "unmet": [u.name for u in unmet]}
@@ -117,6 +112,46 @@ def comment_apply(ctx: Any, gh: GitHub, repo: str, number: int, login: str, word
     notify = sorted({h.number for s in states for h in holds_store.on_state(ctx.db, repo, s)} - {number})
     return {"reply": holdtext.apply_reply(login, pr.head_sha, results, held), "command": "apply",
             "pr_apply": {"head_sha": pr.head_sha, "results": [to_json(r) for r in results], "notify": notify}}
+
+
+def _default_config(ctx: Any, repo: str, head_root: Path, branch: str,
+                    token: str) -> tuple[str, BotConfig | None, tuple[str, ...]]:
+    """The default branch's tip and its validated ``.kilolock.yml`` (None and the problems when invalid)."""
+    tip = git.resolve_commit(head_root, f"refs/heads/{branch}")
+    with botflow.checkout(ctx.bench, repo, tip, token) as main_root:
+        try:
+            return tip, load(main_root), ()
+        except BotConfigError as exc:
+            return tip, None, exc.problems
+
+
+def _unmet(gh: GitHub, config: BotConfig, pr: PullInfo, head_root: Path,
+           tip: str) -> tuple[apply_requirements.Unmet, ...]:
+    reviews = gh.reviews(pr.number) if "approved" in config.apply_requirements else []
+    return apply_requirements.unmet(config.apply_requirements, pr, reviews=reviews,
+                                    contains_base_tip=git.is_ancestor(head_root, tip, pr.head_sha))
+
+
+def review_readiness(ctx: Any, gh: GitHub, repo: str, number: int, head_sha: str) -> tuple[str, dict[str, Any]]:
+    """A review was submitted or dismissed: whether ``kilolock apply`` may run on the head now, as the
+    (status, result) of the job; the result's ``ready_check`` goes to the head's ``kilolock/apply`` check."""
+    pr = gh.pull_request(number)
+    if pr.state != "open" or pr.head_sha != head_sha:
+        return "skipped", {"skipped": f"#{number} is {pr.state} at {pr.head_sha[:12]}: the review came late"}
+    if any(h.head_sha == head_sha for h in holds_store.of_pull_request(ctx.db, repo, number)):
+        return "skipped", {"skipped": f"{head_sha[:12]} is applied already"}
+    token = gh.clone_token()
+    with botflow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
+        tip, config, _ = _default_config(ctx, repo, head_root, gh.default_branch(), token)
+        if config is None:
+            return "skipped", {"skipped": "the default branch's .kilolock.yml is invalid"}
+        touched = botflow.changed_for(config, head_root, git.merge_base(head_root, tip, head_sha), head_sha)
+        names = [n for n in touched if (config.project(n) or _NO_PROJECT).apply_on_comment]
+        if not names:
+            return "skipped", {"skipped": "no project of the pull request has apply_on_comment"}
+        unmet = _unmet(gh, config, pr, head_root, tip)
+    title, summary = holdtext.readiness(names, unmet)
+    return "succeeded", {"ready_check": {"sha": head_sha, "title": title, "summary": summary}}
 
 
 def _targets(config: BotConfig, touched: dict[str, tuple[str, ...]], wanted: str | None, login: str,

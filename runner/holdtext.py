@@ -118,7 +118,8 @@ def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
                   "| project | state | write globs | applied |", "| --- | --- | --- | --- |"]
         for h in own:
             globs = ", ".join(_code(g) for g in h.write_globs)
-            lines.append(f"| {_code(h.project)} | {_code(h.state_name)} | {globs} | {_short(h.head_sha)} {_serial(h)} |")
+            applied = f"{_short(h.head_sha)} {_serial(h)}"
+            lines.append(f"| {_code(h.project)} | {_code(h.state_name)} | {globs} | {applied} |")
         lines.append("")
         moved = sorted({h.head_sha for h in own if head_sha and h.head_sha != head_sha})
         if moved:
@@ -127,7 +128,7 @@ def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
     for project, blocking in sorted(others.items()):
         for hold, globs in blocking:
             lines += [f"**Held by #{hold.number}** ({_code(project)}): it applied before merge {_serial(hold)} "
-                      "and holds write {', '.join(_code(g) for g in globs)}, which this pull "
+                      f"and holds write {', '.join(_code(g) for g in globs)}, which this pull "
                       "request also reserves; `kilolock apply` here is refused and the merge apply waits until #"
                       f"{hold.number} is merged or closed.", ""]
     if closed:
@@ -137,3 +138,14 @@ def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
                   "default branch will undo it: re-open and merge this pull request, or revert the trunk by "
                   "applying the default branch's configuration.", ""]
     return lines
+
+
+def readiness(names: Sequence[str], unmet: Sequence[Unmet]) -> tuple[str, str]:
+    """The head's ``kilolock/apply`` check after a review: ready for ``kilolock apply``, or what it waits for."""
+    shown = ", ".join(names)
+    if not unmet:
+        return (f"ready to apply before merge: comment kilolock apply ({shown})",
+                "Every apply requirement holds: a writer may comment `kilolock apply` to apply this head before "
+                "merge, or merge it to apply on merge.")
+    return ("waiting for: " + ", ".join(u.name for u in unmet),
+            "\n".join(f"- **{u.name}**: {u.reason}" for u in unmet))

@@ -479,6 +479,15 @@ def comment_command(repo: str, number: int, comment_id: int, login: str, body: s
         return _finish(ctx, "succeeded", {"reply": reply, "command": command})
 
 
+def pull_request_review(repo: str, number: int, head_sha: str) -> str:
+    """A review was submitted or dismissed: the head's ``kilolock/apply`` check says whether a comment
+    apply may run now (``runner.bot_holds.review_readiness``)."""
+    with _job("pull_request_review", repo, number, head_sha) as ctx:
+        if _deliver_or_claim(ctx, "pull_request_review", repo, number=number, sha=head_sha) is None:
+            return "delivered"
+        return _finish(ctx, *bot_holds.review_readiness(ctx, ctx.github(repo), repo, number, head_sha))
+
+
 def reconcile_holds(repo: str) -> str:
     """Run the merge or close job of every pull request that holds but is no longer open (its delivery
     was missed): see ``runner.bot_holds.reconcile``."""
@@ -581,6 +590,10 @@ def _deliver(ctx: _Context, row: BotJob) -> None:
             for other in [number or 0, *sorted(set(others) - {number})]:
                 _refresh(ctx, gh, repo, other)
         bot_holds.maybe_reconcile(ctx, repo)
+    elif row.kind == "pull_request_review":
+        ready = result["ready_check"]
+        gh.set_check(ready["sha"], APPLY_CHECK, status="queued", title=ready["title"], summary=ready["summary"],
+                     external_id=row.id)
     elif row.kind == "push":
         if "footprint" in result:
             _complete(gh, row.sha, FOOTPRINT_CHECK, comments.footprint_check(
@@ -664,5 +677,5 @@ def _source(root: Any) -> str:
 
 
 __all__: Sequence[str] = ("comment_command", "configure", "merge_apply", "pull_request_closed",
-                          "pull_request_footprint", "pull_request_preview", "push_to_default_branch",
-                          "reconcile_holds", "rerun_check")
+                          "pull_request_footprint", "pull_request_preview", "pull_request_review",
+                          "push_to_default_branch", "reconcile_holds", "rerun_check")

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 import requests
 
-from app.store import Database
+from app.store import Database, pr_holds
 from app.store import bot as store
-from app.store import pr_holds
 from runner.comments import MARKER
 from tests.bot.botworld import FILES, REPO, World, dump, git, slow, world_factory  # noqa: F401
 from tests.bot.golden import assert_golden, normalize
@@ -142,7 +141,15 @@ def test_each_requirement_fails_with_its_name_and_the_apply_runs_once_all_hold(w
     w.run_jobs()
     assert "**approved**: the approval is of an earlier commit" in replies(w, 1)[-1]
 
-    w.sim.review(1, "bob", "APPROVED")
+    w.deliver_review(1, "carol", "changes_requested")
+    w.run_jobs()
+    assert apply_check(w, head)["output"]["title"] == "waiting for: approved"
+    w.deliver_review(1, "carol", "approved")
+    w.run_jobs()
+    check = apply_check(w, head)
+    assert (check["status"], check["output"]["title"]) == \
+        ("queued", "ready to apply before merge: comment kilolock apply (infra)")
+    assert w.serial() == 1
     comment(w, 1, "kilolock apply")
     w.run_jobs()
 
@@ -156,7 +163,8 @@ def test_each_requirement_fails_with_its_name_and_the_apply_runs_once_all_hold(w
     assert (check["conclusion"], check["output"]["title"]) == ("success", "applied before merge: infra at serial 2")
     assert held(w) == {f"{REPO}#1": DB_HELD}, dump(held(w))
     body = marked(w, 1)
-    assert "### Applied before merge" in body and "| `infra` | `infra` | `terraform_data.db`, `terraform_data.db.*`," in body
+    assert "### Applied before merge" in body
+    assert "| `infra` | `infra` | `terraform_data.db`, `terraform_data.db.*`," in body
     assert_golden(request, "e2e-applied-before-merge.md", normalize(body, {head: "<head>"}))
     assert_golden(request, "e2e-apply-reply.md", normalize(reply, {head: "<head>"}))
 

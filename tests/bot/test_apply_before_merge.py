@@ -331,3 +331,20 @@ def test_a_missed_close_is_reconciled_at_the_next_delivery(world_factory):  # no
     assert "**Closed without merging**" in marked(w, 1)
     [reconciled] = jobs_of(w, "pull_request_closed")
     assert reconciled.number == 1 and reconciled.result["released"][0]["serial"] == 2
+
+
+def test_another_pull_requests_merge_waits_for_the_hold_and_then_fails_naming_it(world_factory):  # noqa: F811
+    w = world_factory(kilolock_yml=OPEN + "merge_wait: 3s\n")
+    w.open_pr(1, "db-v2", {"db.tf": DB_V2})
+    w.open_pr(2, "db-v3", {"db.tf": DB_V3})
+    w.run_jobs()
+    comment(w, 1, "kilolock apply")
+    w.run_jobs()
+
+    merge = w.merge(2)
+    w.run_jobs()
+
+    assert w.trunk()["terraform_data.db"] == "prod-app-db-v2" and w.serial() == 2
+    check = apply_check(w, merge)
+    assert check["conclusion"] == "failure" and f"held by {REPO}#1" in check["output"]["summary"]
+    assert held(w) == {f"{REPO}#1": DB_HELD}

@@ -10,6 +10,7 @@ CREATE TABLE pull_request_holds (
     project         text NOT NULL,
     tenant_id       bigint NOT NULL,
     scope           text NOT NULL DEFAULT '',
+    token_name      text NOT NULL DEFAULT '',   -- the credential that opened the hold run (it ends it too)
     state_name      text NOT NULL,
     run_id          text NOT NULL REFERENCES apply_runs (id) ON DELETE CASCADE,
     head_sha        text NOT NULL,

@@ -31,13 +31,13 @@ from app.store.db import Database
 HOLD_LEASE = timedelta(days=365 * 60)
 
 _FIELDS = """
-h.repo, h.number, h.project, h.tenant_id, h.scope, h.state_name, h.run_id, h.head_sha, h.applied_serial,
+h.repo, h.number, h.project, h.tenant_id, h.scope, h.token_name, h.state_name, h.run_id, h.head_sha, h.applied_serial,
 h.applied_run_id, h.write_globs, h.created_at, (r.status IN ('reserved', 'running')) AS live
 """
 _INSERT = """
-INSERT INTO pull_request_holds (repo, number, project, tenant_id, scope, state_name, run_id, head_sha,
-                                applied_serial, applied_run_id, write_globs)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+INSERT INTO pull_request_holds (repo, number, project, tenant_id, scope, token_name, state_name, run_id,
+                                head_sha, applied_serial, applied_run_id, write_globs)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 _OF_PULL = f"""
 SELECT {_FIELDS} FROM pull_request_holds h JOIN apply_runs r ON r.id = h.run_id
@@ -64,6 +64,7 @@ class PrHold:
     project: str
     tenant_id: int
     scope: str
+    token_name: str
     state_name: str
     run_id: str
     head_sha: str
@@ -100,8 +101,9 @@ def take(db: Database, principal: Principal, *, repo: str, number: int, project:
                         clock=clock)
     try:
         with db.transaction() as conn:
-            conn.execute(_INSERT, (repo, number, project, principal.tenant_id, principal.scope, state_name, run.id,
-                                   head_sha, applied_serial, applied_run_id, [w.text for w in wanted]))
+            conn.execute(_INSERT, (repo, number, project, principal.tenant_id, principal.scope, principal.token_name,
+                                   state_name, run.id, head_sha, applied_serial, applied_run_id,
+                                   [w.text for w in wanted]))
     except Exception:
         _end_run(db, principal, run.id, holder, "the hold could not be recorded")
         raise
@@ -113,7 +115,8 @@ def take(db: Database, principal: Principal, *, repo: str, number: int, project:
 def release(db: Database, hold: PrHold, reason: str) -> None:
     """End a hold: its run is closed (aborted, with ``reason``) so its reservations go now, and the row is
     dropped. A run that already ended (``kl abort``) only loses its row."""
-    principal = Principal(tenant_id=hold.tenant_id, actor=hold.holder, scope=hold.scope)
+    # The credential that opened the hold run ends it (a run belongs to the credential that opened it).
+    principal = Principal(tenant_id=hold.tenant_id, actor=hold.holder, scope=hold.scope, token_name=hold.token_name)
     _end_run(db, principal, hold.run_id, hold.holder, reason)
     with db.transaction() as conn:
         conn.execute(_DROP, (hold.repo, hold.number, hold.project, hold.run_id))

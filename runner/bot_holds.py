@@ -108,8 +108,8 @@ def comment_apply(ctx: Any, gh: GitHub, repo: str, number: int, login: str, word
             assert project is not None
             results.append(_apply_project(ctx, gh, head_root, project, base, pr, repo, principal))
     held = holds_store.of_pull_request(ctx.db, repo, number)
-    states = {p.state for p in config.projects if p.name in names}
-    notify = sorted({h.number for s in states for h in holds_store.on_state(ctx.db, repo, s)} - {number})
+    # Other open pull requests on these states re-render: their comments show the new hold.
+    notify = _neighbours(ctx.db, repo, number, held)
     return {"reply": holdtext.apply_reply(login, pr.head_sha, results, held), "command": "apply",
             "pr_apply": {"head_sha": pr.head_sha, "results": [to_json(r) for r in results], "notify": notify}}
 

@@ -340,6 +340,7 @@ def test_another_pull_requests_merge_waits_for_the_hold_and_then_fails_naming_it
     w.run_jobs()
     comment(w, 1, "kilolock apply")
     w.run_jobs()
+    assert "**Held by #1** (`infra`)" in marked(w, 2)  # opened before the apply: refreshed by it
 
     merge = w.merge(2)
     w.run_jobs()

@@ -186,6 +186,7 @@ def _apply_project(ctx: Any, gh: GitHub, root: Path, project: Project, base: str
         footprint["write"] = tuple(scoped.write_globs)
         blocking = blocking_holds(ctx.db, repo, number, project.state, scoped.write_globs, scoped.read_globs)
         if blocking:
+            footprint["blocked"] = ()
             _reconcile_numbers(ctx, gh, repo, {h.number for h, _ in blocking})
             raise KlExit(2, holdtext.blocked_by(blocking))
         return 0.0
@@ -197,7 +198,7 @@ def _apply_project(ctx: Any, gh: GitHub, root: Path, project: Project, base: str
     result = botflow.apply_project(ctx.bench, root, project, base, sha, actor=actor, wait_seconds=0.0,
                                    before_apply=before_apply)
     if result.failed:
-        result = replace(result, hint=holdtext.FAILED_HINT)
+        result = replace(result, hint=holdtext.BLOCKED_HINT if "blocked" in footprint else holdtext.FAILED_HINT)
     globs = {g for h in previous for g in h.write_globs}
     serial = previous[0].applied_serial if previous else None
     run_id = previous[0].applied_run_id if previous else None

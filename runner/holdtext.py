@@ -16,6 +16,8 @@ from runner.comments import ApplyResult, counts
 
 FAILED_HINT = ("fix the change in this pull request and comment `kilolock apply` again; nothing was committed, so "
                "the trunk is unchanged")
+BLOCKED_HINT = ("wait until the holding pull request is merged or closed (or releases its holds with `kilolock "
+                "unlock`), then comment `kilolock apply` again")
 UNTIL = "until it is merged or closed, or a `kilolock unlock` comment releases them"
 
 

@@ -341,6 +341,13 @@ def test_another_pull_requests_merge_waits_for_the_hold_and_then_fails_naming_it
     comment(w, 1, "kilolock apply")
     w.run_jobs()
     assert "**Held by #1** (`infra`)" in marked(w, 2)  # opened before the apply: refreshed by it
+    # People see the hold where they see every reservation: kl reservations and the dashboard.
+    env = {**w.tf_env, "PATH": os.environ["PATH"], "HOME": str(w.tmp), "KL_DATA_DIR": str(w.tmp / "human")}
+    listed = subprocess.run([str(Path(sys.executable).with_name("kl")), "reservations"], cwd=w.work, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and f"write terraform_data.db\theld by {REPO}#1 (" in listed.stdout, listed
+    page = requests.get(f"{w.server_url}/ui/reservations", timeout=10)
+    assert page.status_code == 200 and f"{REPO}#1" in page.text
 
     merge = w.merge(2)
     w.run_jobs()

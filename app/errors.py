@@ -48,6 +48,12 @@ class InvalidStateNameError(BadRequestError):
     code = "invalid_state_name"
 
 
+class UnstorableValueError(BadRequestError):
+    """A value the database refused as data (out of range, not storable text): the request's fault."""
+
+    code = "unstorable_value"
+
+
 class InvalidLockInfoError(BadRequestError):
     code = "invalid_lock_info"
 

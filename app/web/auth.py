@@ -19,6 +19,9 @@ from app.domain.principal import Principal, default_principal
 from app.errors import ForbiddenError, InvalidStateNameError, UnauthorizedError
 from app.store import Database, tenancy
 
+# The Basic username becomes the recorded actor in open and static mode.
+MAX_USERNAME = 200
+
 
 @dataclass(frozen=True, slots=True)
 class Credentials:
@@ -40,6 +43,9 @@ def credentials_of(request: Request) -> Credentials | None:
         except (binascii.Error, UnicodeDecodeError) as exc:
             raise UnauthorizedError("malformed Basic credentials") from exc
         username, _, password = decoded.partition(":")
+        if len(username) > MAX_USERNAME or any(not ch.isprintable() for ch in username):
+            raise UnauthorizedError(f"malformed Basic credentials: the username must be at most {MAX_USERNAME} "
+                                    "printable characters")
         return Credentials(username=username, secret=password, scheme="basic")
     return None
 

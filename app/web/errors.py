@@ -51,7 +51,7 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(RequestEntityTooLarge)
     def _too_large(_: RequestEntityTooLarge) -> Response:
-        limit = app.config.get("MAX_CONTENT_LENGTH")
+        limit = app.config.get("KL_BODY_LIMIT")
         return error_response(
             PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes: raise KL_MAX_BODY_BYTES")
         )

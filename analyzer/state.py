@@ -40,7 +40,6 @@ from analyzer.addresses import (
     quote_hcl_string,
     resource_address,
 )
-from analyzer.jsontext import INT64_MAX, may_hold_unstorable, unstorable_path
 
 try:
     import orjson
@@ -354,19 +353,13 @@ def _load(raw: bytes, floats: _FloatCheck) -> dict[str, Any]:
         raise _invalid(f"the state is not valid JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise _invalid(f"the state must be a JSON object, not {_kind(doc)}")
-    where = unstorable_path(doc) if may_hold_unstorable(raw) else None
-    if where is not None:
-        raise _invalid(f"{where} holds a NUL character or a lone UTF-16 surrogate, which Kilolock cannot store "
-                       "(Postgres text and jsonb refuse them); change that value so it holds neither")
     return doc
 
 
 def _serial(doc: dict[str, Any]) -> int:
     serial = doc.get("serial")
-    if type(serial) is not int or not 0 <= serial <= INT64_MAX:
-        found = "missing" if serial is None else f"{serial!r}"[:30]
-        if type(serial) is int and serial > INT64_MAX:
-            found += " (above the 64-bit limit 2^63 - 1)"
+    if type(serial) is not int or serial < 0:
+        found = "missing" if serial is None else f"{serial!r}"
         raise _invalid(f'the state\'s "serial" must be a non-negative integer, but it is {found}')
     return serial
 
@@ -382,7 +375,7 @@ def _lineage(doc: dict[str, Any]) -> str:
 def _parse_envelope(doc: dict[str, Any]) -> EncryptedState:
     serial = doc.get("serial")
     lineage = doc.get("lineage")
-    if type(serial) is not int or not 0 <= serial <= INT64_MAX or not isinstance(lineage, str) or not lineage:
+    if type(serial) is not int or serial < 0 or not isinstance(lineage, str) or not lineage:
         raise StateFormatError(
             "the encrypted state envelope has no usable serial and lineage, so it cannot be stored safely; "
             "use an OpenTofu release that writes them beside encrypted_data, or send an unencrypted "

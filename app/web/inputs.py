@@ -24,7 +24,7 @@ from analyzer.jsontext import INT64_MAX, JsonInputError, load_json
 from app.errors import BadRequestError, InvalidStateNameError
 
 # C0 controls, DEL and C1 controls: never part of a name, an ID or a URL we route.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 MAX_QUERY_ARG = 4096
 _ENCODED_SLASH = re.compile(r"%2f", re.IGNORECASE)
 _STATE_PREFIXES = ("/v1/states/", "/v1/state-unlock/", "/v1/engine/states/", "/ui/states/")

@@ -39,6 +39,9 @@ def error_response(error: KlError) -> Response:
         response.status_code = error.status
     if error.status == 401:
         response.headers["WWW-Authenticate"] = 'Basic realm="kilolock"'
+    retry_after = getattr(error, "retry_after", None)
+    if isinstance(retry_after, int) and retry_after > 0:
+        response.headers["Retry-After"] = str(retry_after)
     return response
 
 

@@ -85,7 +85,7 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
     # Terraform's LOCK or POST into a bodiless GET. Doubled slashes reach the name rules instead (400).
     app.url_map.merge_slashes = False
     app.url_map.converters["statepath"] = _StatePathConverter
-    inputs.init_app(app, settings.max_body_bytes)
+    inputs.init_app(app, settings)
     app.extensions["kilolock"] = Services(settings=settings, db=Database(url, pool_size=settings.db_pool_size))
     errors.register(app)
     # --- observability and dashboard (issue 8): metrics for every lane, /metrics and /ui/ with the public lanes

@@ -15,13 +15,15 @@ offending field and never quote its value.
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
-from flask import Flask, Request, current_app, request
+from flask import Flask, Request, current_app, g, request
 from werkzeug.exceptions import BadRequest, RequestEntityTooLarge
 
 from analyzer.jsontext import INT64_MAX, JsonInputError, load_json
-from app.errors import BadRequestError, InvalidStateNameError
+from app.config import Settings
+from app.errors import BadRequestError, BodyCapacityError, InvalidStateNameError
 
 # C0 controls, DEL and C1 controls: never part of a name, an ID or a URL we route.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -29,6 +31,34 @@ MAX_QUERY_ARG = 4096
 _ENCODED_SLASH = re.compile(r"%2f", re.IGNORECASE)
 _STATE_PREFIXES = ("/v1/states/", "/v1/state-unlock/", "/v1/engine/states/", "/ui/states/")
 BODY_LIMIT = "KL_BODY_LIMIT"
+LARGE_BODIES = "kilolock.large_bodies"
+# What a client refused for capacity is told to wait before retrying.
+CAPACITY_RETRY_SECONDS = 5
+
+
+class LargeBodies:
+    """At most ``slots`` large bodies (``threshold`` bytes or more, or of unknown length) are read and
+    processed at once in this process; one more is refused at once (503 + Retry-After) rather than
+    queued, so memory stays bounded and no worker thread waits."""
+
+    def __init__(self, *, threshold: int, slots: int) -> None:
+        self.threshold = threshold
+        self._slots = threading.BoundedSemaphore(slots)
+
+    def enter(self) -> None:
+        """Take a slot for the current request (released when the request ends)."""
+        if g.get("_large_body"):
+            return
+        if not self._slots.acquire(blocking=False):
+            raise BodyCapacityError(
+                "the server is already processing its maximum of large request bodies: retry shortly "
+                "(Terraform retries by itself; an operator can raise KL_MAX_LARGE_BODIES)",
+                retry_after=CAPACITY_RETRY_SECONDS)
+        g._large_body = True
+
+    def leave(self, _exc: BaseException | None = None) -> None:
+        if g.pop("_large_body", False):
+            self._slots.release()
 
 
 class BoundedRequest(Request):
@@ -58,6 +88,9 @@ def read_body() -> bytes | bytearray:
     length = request.content_length
     if length is not None and length > limit:
         raise RequestEntityTooLarge()
+    bodies: LargeBodies = current_app.extensions[LARGE_BODIES]
+    if length is None or length >= bodies.threshold:
+        bodies.enter()
     if length is None:
         return request.get_data(cache=False)
     buffer = bytearray(length)
@@ -146,7 +179,10 @@ def check_request() -> None:
                 raise BadRequestError(f"query parameter {_plain(key)!r} holds a control character")
 
 
-def init_app(app: Flask, body_limit: int) -> None:
+def init_app(app: Flask, settings: Settings) -> None:
     app.request_class = BoundedRequest
-    app.config[BODY_LIMIT] = body_limit
-    app.config["MAX_CONTENT_LENGTH"] = body_limit + 1
+    app.config[BODY_LIMIT] = settings.max_body_bytes
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
+    bodies = LargeBodies(threshold=settings.large_body_bytes, slots=settings.max_large_bodies)
+    app.extensions[LARGE_BODIES] = bodies
+    app.teardown_request(bodies.leave)

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{mb(floor_growth)} ({floor_growth / single['body']:.2f}x the body); the server's whole write path "
         f"(read, parse, canonical rows, hash, database write) costs {growth / max(floor_growth, 1):.2f}x that.", "",
         f"(b) Four parallel POSTs of {mb(par['body'])} with `KL_MAX_LARGE_BODIES=2` (each over "
-        "`KL_LARGE_BODY_BYTES`): answers {par['statuses']} "
+        f"`KL_LARGE_BODY_BYTES`): answers {par['statuses']} "
         f"(503s carry Retry-After); worker peak {mb(par['peak'])} from {mb(par['before'])}, growth "
         f"{mb(par['peak'] - par['before'])} ({(par['peak'] - par['before']) / par['body']:.2f}x one body).", "",
     ]

@@ -22,7 +22,7 @@ from app.config import AuthMode, Settings
 from app.errors import ConfigError
 from app.store import Database
 from app.store.migrate import migrate
-from app.web import backend, control, engine, errors, inputs, metrics, runs, ui, webhook
+from app.web import backend, control, engine, errors, inputs, metrics, openapi, runs, ui, webhook
 from app.web.context import Services, services
 from app.web.logs import configure_logging
 
@@ -47,10 +47,10 @@ class _JSONProvider(DefaultJSONProvider):
         return inputs.json_loads(s)
 
 
-class _StatePathConverter(PathConverter):
-    """A backend-lane state path: anything after the prefix, even a leading slash or a newline, so a
-    malformed name reaches the name rules (400) instead of missing every route (a 404 Terraform would
-    read as "no state") or being merged into another URL by a redirect."""
+class _PathConverter(PathConverter):
+    """``<path:…>`` for every route: anything after the prefix, even a leading slash or a newline, so a
+    malformed state name reaches the name rules (400) instead of missing every route (a 404 Terraform
+    would read as "no state") or being merged into another URL by a redirect."""
 
     regex = "(?s:.+?)"
     part_isolating = False
@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
     # Never merge "//" by redirecting: a redirect's Location is built from the Host header, and it turns
     # Terraform's LOCK or POST into a bodiless GET. Doubled slashes reach the name rules instead (400).
     app.url_map.merge_slashes = False
-    app.url_map.converters["statepath"] = _StatePathConverter
+    app.url_map.converters["path"] = _PathConverter
     inputs.init_app(app, settings)
     app.extensions["kilolock"] = Services(settings=settings, db=Database(url, pool_size=settings.db_pool_size))
     errors.register(app)
@@ -100,6 +100,7 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
         webhook.init_app(app, settings)  # always registered: with no secret it refuses every delivery
     if lanes in ("all", "control"):
         app.register_blueprint(control.bp)
+    openapi.init_app(app)
 
     @app.get("/healthz")
     def healthz() -> tuple[Response, int]:

@@ -48,7 +48,7 @@ def missing_name() -> Response:
     raise InvalidStateNameError("the URL has no state name: use /v1/states/<name>")
 
 
-@bp.route("/v1/states/<statepath:name>", methods=_STATE_METHODS, strict_slashes=False)
+@bp.route("/v1/states/<path:name>", methods=_STATE_METHODS, strict_slashes=False)
 @metrics.backend_call
 def state(name: str) -> Response:
     name = state_name(name)
@@ -73,7 +73,7 @@ def state(name: str) -> Response:
     return _ok()
 
 
-@bp.route("/v1/state-unlock/<statepath:name>", methods=["POST", "UNLOCK"], strict_slashes=False)
+@bp.route("/v1/state-unlock/<path:name>", methods=["POST", "UNLOCK"], strict_slashes=False)
 @metrics.backend_call
 def state_unlock(name: str) -> Response:
     """The unlock alias for edges that drop UNLOCK requests with a body."""

@@ -14,6 +14,9 @@ offending field and never quote its value.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import re
 import threading
 from typing import Any
@@ -59,6 +62,27 @@ class LargeBodies:
     def leave(self, _exc: BaseException | None = None) -> None:
         if g.pop("_large_body", False):
             self._slots.release()
+            _return_memory()
+
+
+def _load_libc() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _load_libc()
+
+
+def _return_memory() -> None:
+    """After a large body: collect its cycles and hand freed heap pages back to the system (glibc keeps
+    them otherwise, and the worker would stay at its peak size)."""
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
 class BoundedRequest(Request):

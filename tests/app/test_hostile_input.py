@@ -321,3 +321,23 @@ def test_a_database_error_quoting_row_data_is_logged_without_it(database_url, lo
     text = logged.getvalue()
     assert "SQLSTATE" in text and "Traceback" in text
     assert SECRET not in text
+
+
+def test_an_unexpected_error_is_logged_without_its_message(settings, logged):
+    from app.web import create_app
+
+    application = create_app(settings)
+
+    @application.get("/v1/engine/boom")
+    def boom() -> str:
+        raise RuntimeError(f"instance JSON {{'password': '{SECRET}'}}")
+
+    try:
+        response = application.test_client().get("/v1/engine/boom")
+    finally:
+        application.extensions["kilolock"].db.close()
+    assert response.status_code == 500
+    assert response.get_json()["error"] == "internal error; see the server log"
+    text = logged.getvalue()
+    assert "RuntimeError (message withheld)" in text and "Traceback" in text
+    assert SECRET not in text

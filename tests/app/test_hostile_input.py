@@ -341,3 +341,30 @@ def test_an_unexpected_error_is_logged_without_its_message(settings, logged):
     text = logged.getvalue()
     assert "RuntimeError (message withheld)" in text and "Traceback" in text
     assert SECRET not in text
+
+
+def test_large_bodies_beyond_the_bound_are_503_with_retry_after_and_store_nothing(settings, clean_db):
+    from dataclasses import replace
+
+    from app.web import create_app
+    from app.web.inputs import LARGE_BODIES
+
+    application = create_app(replace(settings, large_body_bytes=1000, max_large_bodies=1))
+    client = application.test_client()
+    body = counted_state(1, 20)
+    assert len(body) > 1000
+    slots = application.extensions[LARGE_BODIES]._slots
+    try:
+        assert slots.acquire(blocking=False)  # another large body is being processed
+        before = snapshot(clean_db)
+        refused = client.post("/v1/states/prod", data=body, content_type="application/json")
+        assert refused.status_code == 503
+        assert refused.headers["Retry-After"] == "5"
+        assert snapshot(clean_db) == before
+        small = client.open("/v1/states/other", method="LOCK", data=lock_info("l1"))
+        assert small.status_code == 200  # small bodies never wait for a slot
+        slots.release()
+        assert client.post("/v1/states/prod", data=body, content_type="application/json").status_code == 200
+        assert client.post("/v1/states/prod2", data=body, content_type="application/json").status_code == 200
+    finally:
+        application.extensions["kilolock"].db.close()

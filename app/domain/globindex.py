@@ -95,15 +95,28 @@ class GlobIndex(Generic[T]):
             return
         node = self._root
         wildcard = glob.kind is not GlobKind.EXACT
-        for step in glob.module:
-            group = node.children.setdefault(step.name, {})
-            node = group.setdefault(_label(step, wildcard=wildcard), _ModuleNode())
+        for step in glob.module:  # get before create: building nodes is most of an add's cost
+            group = node.children.get(step.name)
+            if group is None:
+                group = node.children[step.name] = {}
+            label = _label(step, wildcard=wildcard)
+            below = group.get(label)
+            if below is None:
+                below = group[label] = _ModuleNode()
+            node = below
         if glob.resource is None:
             node.modules.append(entry)
             return
-        resource = node.resources.setdefault(glob.resource, _ResourceNode())
+        resource = node.resources.get(glob.resource)
+        if resource is None:
+            resource = node.resources[glob.resource] = _ResourceNode()
         if glob.kind is GlobKind.EXACT:
-            resource.exact.setdefault(_key_label(glob.key), []).append(entry)
+            key = _key_label(glob.key)
+            same = resource.exact.get(key)
+            if same is None:
+                resource.exact[key] = [entry]
+            else:
+                same.append(entry)
         else:
             resource.prefixes.append(entry)
 

@@ -115,18 +115,19 @@ def parse_wanted(
 
 
 def glob_root(glob_text: str) -> str:
-    """The first step of a canonical glob: ``module.NAME``, ``TYPE.NAME``, ``data.TYPE.NAME`` or
-    ``*``. Globs whose roots differ (and neither is ``*``) can never intersect."""
-    if glob_text == EVERYTHING:
+    """The first step of a glob, from its parsed form: ``module.NAME``, ``TYPE.NAME``,
+    ``data.TYPE.NAME``, ``output`` (every output glob) or ``*``. Globs whose roots differ (and neither
+    is ``*``) can never intersect, which is what the store's root index relies on."""
+    glob = _parsed(glob_text)
+    if glob.is_everything:
         return EVERYTHING
-    if glob_text.startswith(OUTPUTS_ROOT + "."):
-        return OUTPUTS_ROOT  # every output glob shares one root: output.* meets output.NAME
-    parts = glob_text.split(".")
-    if parts[0] == "module":
-        return "module." + parts[1].split("[", 1)[0]
-    if parts[0] == "data":
-        return "data." + parts[1] + "." + parts[2].split("[", 1)[0]
-    return parts[0] + "." + parts[1].split("[", 1)[0]
+    if glob.is_output:
+        return OUTPUTS_ROOT
+    if glob.module:
+        return "module." + glob.module[0].name
+    assert glob.resource is not None  # exact and resource globs at the root
+    mode, type_, name = glob.resource
+    return f"data.{type_}.{name}" if mode == "data" else f"{type_}.{name}"
 
 
 @lru_cache(maxsize=65536)

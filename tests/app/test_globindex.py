@@ -60,3 +60,25 @@ def test_index_meets_only_its_own_branch_among_many_disjoint_globs() -> None:
     assert len(list(index.meeting(parse_glob("*")))) == 2500
     assert list(index.meeting(parse_glob("output.*"))) == []
     assert not any(itertools.islice(index.meeting(parse_glob("module.n.*")), 1))
+
+
+def test_glob_root_reads_the_parsed_first_step() -> None:
+    from app.domain.reservations import glob_root
+
+    assert glob_root("*") == "*"
+    assert glob_root("output.o1") == glob_root("output.*") == "output"
+    assert glob_root('module.web["a.b"].x.y') == "module.web"
+    assert glob_root('module.m["module.x"].*') == "module.m"
+    assert glob_root('aws_instance.web["data.x"]') == "aws_instance.web"
+    assert glob_root("data.aws_ami.x.*") == "data.aws_ami.x"
+    assert glob_root("module.data.terraform_data.q") == "module.data"
+
+
+@settings(max_examples=300, deadline=None)
+@given(all_globs, all_globs)
+def test_intersecting_globs_share_a_root_or_one_is_everything(a: Glob, b: Glob) -> None:
+    from app.domain.reservations import glob_root
+
+    ra, rb = glob_root(canonical(a)), glob_root(canonical(b))
+    if intersects(a, b):
+        assert ra == rb or "*" in (ra, rb)

@@ -45,6 +45,7 @@ from app.errors import (
     ReservationConflictError,
     RunClosedError,
     RunNotFoundError,
+    StateNotFoundError,
     TicketExpiredError,
 )
 from app.store import events, holds, states
@@ -269,17 +270,54 @@ def _try_grant(
         queued = bool(earlier) and blocks(attempt.wanted, [_wanted_from_json(doc) for (doc,) in earlier])
     if conflicts or queued:
         if waiting:
-            if attempt.waiter_id is None:
-                (attempt.waiter_id,) = conn.execute(_WAITER_INSERT, (
-                    row.id, attempt.holder, _wanted_json(attempt.wanted), now, now, principal.credential,
-                    attempt.wait_until)).fetchone() or (0,)
-            else:
-                conn.execute(_WAITER_TOUCH, (now, attempt.waiter_id))
+            _enqueue(conn, principal, attempt, row.id, now)
         return conflicts, queued
     if attempt.waiter_id is not None:
         conn.execute(_WAITER_DELETE, (attempt.waiter_id,))
     grant(conn, row)
     return [], False
+
+
+def _first_look(
+    conn: psycopg.Connection, principal: Principal, attempt: _Attempt, now: datetime, *, window: timedelta,
+    exclude_run: str | None,
+) -> tuple[int, list[Conflict], bool] | None:
+    """The live conflicts and earlier waiters a request meets, read without the state's row lock:
+    (state id, conflicts, blocked by the queue), or None when it might be granted, which only the
+    locked attempt decides. Refusing or queueing on this snapshot is safe (it grants and changes no
+    reservation), and it keeps requests that conflict anyway — a hostile 1,000-glob request included —
+    from ever holding the lock that Terraform's LOCK and every grant wait for."""
+    row = _peek_state(conn, principal, attempt.state_name)
+    if row is None:
+        return None
+    roots = {glob_root(w.text) for w in attempt.wanted}
+    live = [h for h in holds.candidates(conn, row.id, roots) if h.run_id != exclude_run and not h.is_expired(now)]
+    conflicts = find_conflicts(attempt.wanted, live + _held_by_terraform_lock(row), now, limit=CONFLICT_SCAN_LIMIT)
+    queued = False
+    if not conflicts:
+        mine = attempt.waiter_id if attempt.waiter_id is not None else 2**62
+        earlier = conn.execute(_EARLIER_WAITERS, (row.id, mine, now - window)).fetchall()
+        queued = bool(earlier) and blocks(attempt.wanted, [_wanted_from_json(doc) for (doc,) in earlier])
+    if not conflicts and not queued:
+        return None
+    return row.id, conflicts, queued
+
+
+def _peek_state(conn: psycopg.Connection, principal: Principal, name: str) -> states.StateRow | None:
+    try:
+        return states.find_state(conn, principal, name)
+    except StateNotFoundError:
+        return None
+
+
+def _enqueue(conn: psycopg.Connection, principal: Principal, attempt: _Attempt, state_id: int,
+             now: datetime) -> None:
+    if attempt.waiter_id is None:
+        (attempt.waiter_id,) = conn.execute(_WAITER_INSERT, (
+            state_id, attempt.holder, _wanted_json(attempt.wanted), now, now, principal.credential,
+            attempt.wait_until)).fetchone() or (0,)
+    else:
+        conn.execute(_WAITER_TOUCH, (now, attempt.waiter_id))
 
 
 def _redeem(conn: psycopg.Connection, principal: Principal, attempt: _Attempt, ticket: str, now: datetime,
@@ -288,7 +326,7 @@ def _redeem(conn: psycopg.Connection, principal: Principal, attempt: _Attempt, t
     caller's, for the same state and reservations, and presented within its window."""
     found = _TICKET.fullmatch(ticket)
     row = conn.execute(_WAITER_FIND, (int(found.group(1)),)).fetchone() if found else None
-    state = states.locked_row(conn, principal, attempt.state_name, create=True)
+    state = _peek_state(conn, principal, attempt.state_name)
     mine = (row is not None and state is not None and row[0] == state.id and row[2] == principal.credential
             and _wanted_from_json(row[1]) == list(attempt.wanted))
     if row is not None and mine and row[3] > now - window:
@@ -317,8 +355,15 @@ def _acquire(
         elif policy.wait:
             attempt.wait_until = now + policy.wait
         waiting = bool(policy.wait) and attempt.wait_until is not None and now < attempt.wait_until
-        conflicts, queued = _try_grant(conn, principal, attempt, now, waiting=waiting, grant=grant,
-                                       window=policy.window, exclude_run=exclude_run)
+        seen = _first_look(conn, principal, attempt, now, window=policy.window, exclude_run=exclude_run)
+        if seen is not None:
+            state_id, conflicts, queued = seen
+            if waiting:
+                _enqueue(conn, principal, attempt, state_id, now)
+    if seen is None:
+        with db.transaction() as conn:
+            conflicts, queued = _try_grant(conn, principal, attempt, now, waiting=waiting, grant=grant,
+                                           window=policy.window, exclude_run=exclude_run)
     if not conflicts and not queued:
         return None
     if not waiting:
@@ -337,10 +382,10 @@ def _refuse(db: Database, principal: Principal, attempt: _Attempt, conflicts: li
     with db.transaction() as conn:
         if attempt.waiter_id is not None:
             conn.execute(_WAITER_DELETE, (attempt.waiter_id,))
-        row = states.locked_row(conn, principal, attempt.state_name, create=True)
-        assert row is not None
+        row = _peek_state(conn, principal, attempt.state_name)
         wanted_shown, wanted_more = attempt.wanted[:20], max(len(attempt.wanted) - 20, 0)
-        events.record(conn, principal, "reservation_conflict", state_id=row.id, state_name=attempt.state_name,
+        events.record(conn, principal, "reservation_conflict", state_id=row.id if row else None,
+                      state_name=attempt.state_name,
                       holder=attempt.holder, wanted=[[w.text, w.mode.value] for w in wanted_shown],
                       wanted_more=wanted_more, conflicts=payload, conflicts_more=more)
     if conflicts:

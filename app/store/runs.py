@@ -225,6 +225,7 @@ class _Attempt:
     lease: timedelta
     waiter_id: int | None = None
     wait_until: datetime | None = None
+    enqueued_at: datetime | None = None
 
 
 def _held_by_terraform_lock(row: states.StateRow) -> list[Held]:
@@ -332,6 +333,7 @@ def _redeem(conn: psycopg.Connection, principal: Principal, attempt: _Attempt, t
     if row is not None and mine and row[3] > now - window:
         attempt.waiter_id = int(found.group(1)) if found else None
         attempt.wait_until = row[4]
+        attempt.enqueued_at = row[5]
         return
     if row is not None and mine:
         conn.execute(_WAITER_DELETE, (int(found.group(1)) if found else 0,))
@@ -370,9 +372,20 @@ def _acquire(
         _refuse(db, principal, attempt, conflicts, now)
     assert attempt.waiter_id is not None and attempt.wait_until is not None
     shown, more = shown_conflicts(conflicts)
-    return Ticket(id=f"wt_{attempt.waiter_id}", poll_after=policy.poll_after,
+    return Ticket(id=f"wt_{attempt.waiter_id}", poll_after=_poll_after(policy, attempt, now),
                   expires_in=int(policy.window.total_seconds()), wait_until=attempt.wait_until,
                   conflicts=[_conflict_payload(c, now) for c in shown], conflicts_total=len(shown) + more)
+
+
+def _poll_after(policy: WaitPolicy, attempt: _Attempt, now: datetime) -> float:
+    """How soon to ask again: ``poll_after`` for a fresh ticket, backing off to three times that for
+    one queued a minute or more (never beyond a third of the ticket's window), so many long waiters
+    cost the server a few requests per second."""
+    queued_for = 0.0
+    if attempt.enqueued_at is not None:
+        queued_for = (now - attempt.enqueued_at).total_seconds()
+    factor = 1.0 if queued_for < 10 else 2.0 if queued_for < 60 else 3.0
+    return round(min(policy.poll_after * factor, policy.window.total_seconds() / 3), 2)
 
 
 def _refuse(db: Database, principal: Principal, attempt: _Attempt, conflicts: list[Conflict], now: datetime) -> None:

@@ -56,6 +56,7 @@ from analyzer.globs import canonical, parse_glob
 from app.domain.principal import default_principal
 from app.domain.reservations import DEFAULT_LEASE, glob_root, parse_wanted
 from app.errors import ReservationConflictError
+from app.store import acquire as store_acquire
 from app.store import holds
 from app.store import runs as store_runs
 from app.store.db import Database
@@ -447,7 +448,7 @@ def probes(probe: Probe, *, unindexed: bool) -> Iterator[None]:
     restored on exit). With ``unindexed``, the candidates query runs with index and bitmap scans
     disabled for that one statement (transaction-local settings, set before and restored after)."""
     original_candidates = holds.candidates
-    original_find = store_runs.find_conflicts
+    original_find = store_acquire.find_conflicts
 
     def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Any]:
         if unindexed:
@@ -473,12 +474,12 @@ def probes(probe: Probe, *, unindexed: bool) -> Iterator[None]:
                 probe.conflict_checks += spent
 
     holds.candidates = candidates  # type: ignore[assignment]
-    store_runs.find_conflicts = find_conflicts  # type: ignore[assignment]
+    store_acquire.find_conflicts = find_conflicts  # type: ignore[assignment]
     try:
         yield
     finally:
         holds.candidates = original_candidates  # type: ignore[assignment]
-        store_runs.find_conflicts = original_find  # type: ignore[assignment]
+        store_acquire.find_conflicts = original_find  # type: ignore[assignment]
 
 
 def probed_slice(lane: str, live: int, make_client: Callable[[int], Any], clients: int, sz: Sizes, seed: int, *,

@@ -13,9 +13,22 @@ from app.domain.principal import Principal, default_principal
 from app.domain.reservations import parse_wanted
 from app.errors import BadRequestError, NotRunHolderError, ReservationConflictError, TicketExpiredError
 from app.store import runs
-from tests.app.test_tenancy import CTL, db_app, dbc, make_token  # noqa: F401 (fixtures)
+from tests.app.test_tenancy import CONTROL, make_token
 
 LEASE = timedelta(minutes=5)
+
+
+@pytest.fixture
+def tokens(settings):  # type: ignore[no-untyped-def]
+    """A test client of the app in database auth mode."""
+    from dataclasses import replace
+
+    from app.config import AuthMode
+    from app.web import create_app
+
+    application = create_app(replace(settings, auth_mode=AuthMode.DATABASE, control_token=CONTROL))
+    yield application.test_client()
+    application.extensions["kilolock"].db.close()
 
 
 def _runs_url(token) -> str:  # type: ignore[no-untyped-def]
@@ -32,7 +45,8 @@ def _rows(url: str) -> tuple[object, ...]:
 # --- credential binding ------------------------------------------------------------------------------
 
 
-def test_another_token_of_the_same_environment_cannot_drive_alices_run(dbc, clean_db):  # type: ignore[no-untyped-def]
+def test_another_token_of_the_same_environment_cannot_drive_alices_run(tokens, clean_db):  # type: ignore[no-untyped-def]
+    dbc = tokens
     alice = make_token(dbc, "acme", name="alice")
     mallory = make_token(dbc, "acme", name="mallory")
     opened = dbc.post(_runs_url(alice), headers=alice.bearer, json={

@@ -131,8 +131,8 @@ def _exercise(url: str, db_url: str) -> None:
     assert closed.status_code == 200
     _wait_for(lambda: _fresh_waiters(db_url) == 0, "the tickets to lapse", timeout=60)
     # Nobody is granted on a lapsed ticket: the addresses are free for a newcomer at once.
-    fresh = requests.post(runs_url, json={"actor": "carol", "reservations": [{"glob": "module.web.*", "mode": "write"}]},
-                          timeout=30)
+    whole = [{"glob": "module.web.*", "mode": "write"}]
+    fresh = requests.post(runs_url, json={"actor": "carol", "reservations": whole}, timeout=30)
     assert fresh.status_code == 201, fresh.text
     listed = requests.get(url + "/v1/engine/runs", timeout=30).json()["runs"]
     assert not [r for r in listed if r["actor"].startswith("waiter-")]
@@ -142,7 +142,9 @@ def test_fifty_waiters_do_not_exhaust_gunicorn(gunicorn_url: str, clean_db: str)
     _exercise(gunicorn_url, clean_db)
 
 
-def test_fifty_waiters_do_not_exhaust_the_werkzeug_dev_server(live_server_factory, clean_db: str) -> None:  # type: ignore[no-untyped-def]
+def test_fifty_waiters_do_not_exhaust_the_werkzeug_dev_server(  # type: ignore[no-untyped-def]
+    live_server_factory, clean_db: str
+) -> None:
     server = live_server_factory(wait_ticket_seconds=WINDOW)
     _exercise(server.url, clean_db)
 

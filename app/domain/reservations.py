@@ -114,6 +114,7 @@ def parse_wanted(
     )
 
 
+@lru_cache(maxsize=65536)
 def glob_root(glob_text: str) -> str:
     """The first step of a glob, from its parsed form: ``module.NAME``, ``TYPE.NAME``,
     ``data.TYPE.NAME``, ``output`` (every output glob) or ``*``. Globs whose roots differ (and neither

@@ -37,8 +37,12 @@ RETURNING actor
 _DROP_RUN_RESERVATIONS = "DELETE FROM resource_reservations WHERE run_id = %s"
 
 
+_MODES = {m.value: m for m in Mode}
+
+
 def _held(rows: Iterable[tuple[str, str, str, str, datetime, datetime]]) -> list[Held]:
-    return [Held(glob=g, mode=Mode(m), holder=h, run_id=r, acquired_at=a, expires_at=e) for g, m, h, r, a, e in rows]
+    modes = _MODES  # a dict lookup, not an enum call per row: a busy state has thousands of rows
+    return [Held(glob=g, mode=modes[m], holder=h, run_id=r, acquired_at=a, expires_at=e) for g, m, h, r, a, e in rows]
 
 
 def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Held]:

@@ -40,7 +40,7 @@ from app.store import runs as store_runs
 from app.store.db import Database
 from bench.backend_bench import Harness, ms, table
 from runner.config import ClientConfig
-from runner.engine_client import EngineClient
+from runner.engine_client import EngineClient, EngineError
 
 REPO = Path(__file__).resolve().parents[1]
 perf = time.perf_counter
@@ -225,7 +225,8 @@ def gunicorn(h: Harness) -> Iterator[str]:
     env = {**os.environ, "KL_DATABASE_URL": h.url, "KL_AUTH_MODE": "open", "KL_AUTO_MIGRATE": "false",
            "KL_LOG_LEVEL": "WARNING", "KL_DB_POOL_SIZE": "8"}
     proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "--worker-class", "gthread",
-                             "--workers", "2", "--threads", "8", "--bind", f"127.0.0.1:{port}", "app.web:create_app()"],
+                             "--workers", "2", "--threads", "8", "--timeout", "300", "--bind", f"127.0.0.1:{port}",
+                             "app.web:create_app()"],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -266,6 +267,7 @@ def healthz_with_waiters(base: str, sz: HeavySizes, log: Callable[[str], None]) 
     assert holder.status_code == 201, holder.text
     stop = threading.Event()
     polls = [0]
+    errors = [0]
 
     class Stopped(Exception):
         pass
@@ -278,11 +280,14 @@ def healthz_with_waiters(base: str, sz: HeavySizes, log: Callable[[str], None]) 
     def waiter(i: int) -> None:
         client = EngineClient(ClientConfig(base_url=base, state="bench-wait", username=None, token=None),
                               timeout=120, sleep=pause)
-        try:
-            client.open_run("bench-wait", actor=f"w{i}", wait_seconds=3600,
-                            reservations=[(f"module.web.w{i}.x", "write")])
-        except Stopped:
-            pass
+        while not stop.is_set():
+            try:
+                client.open_run("bench-wait", actor=f"w{i}", wait_seconds=3600,
+                                reservations=[(f"module.web.w{i}.x", "write")])
+            except Stopped:
+                return
+            except EngineError:
+                errors[0] += 1  # counted and reported; the waiter queues again
 
     threads = [threading.Thread(target=waiter, args=(i,), daemon=True) for i in range(sz.waiters)]
     for t in threads:
@@ -295,7 +300,8 @@ def healthz_with_waiters(base: str, sz: HeavySizes, log: Callable[[str], None]) 
     for t in threads:
         t.join(timeout=60)
     result = {"idle_p50_s": pct(idle, 50), "idle_p99_s": pct(idle, 99), "busy_p50_s": pct(busy, 50),
-              "busy_p99_s": pct(busy, 99), "waiters": float(sz.waiters), "polls_per_second": rate}
+              "busy_p99_s": pct(busy, 99), "waiters": float(sz.waiters), "polls_per_second": rate,
+              "waiter_errors": float(errors[0])}
     log(f"/healthz idle p99 {ms(result['idle_p99_s'])} ms, with {sz.waiters} waiters ({rate:.0f} polls/s) p99 "
         f"{ms(result['busy_p99_s'])} ms")
     return result
@@ -330,7 +336,8 @@ def heavy_section(found: dict[str, dict[str, float]], machine: list[tuple[str, s
     ]
     health_rows = [
         ["nobody waiting", ms(health["idle_p50_s"]), ms(health["idle_p99_s"])],
-        [f"{int(health['waiters'])} kl clients waiting on tickets ({health['polls_per_second']:.0f} polls/s)",
+        [f"{int(health['waiters'])} kl clients waiting on tickets ({health['polls_per_second']:.0f} polls/s, "
+         f"{int(health.get('waiter_errors', 0))} failed polls)",
          ms(health["busy_p50_s"]),
          ms(health["busy_p99_s"])],
     ]

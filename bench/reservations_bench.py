@@ -1056,7 +1056,7 @@ def main_heavy(args: argparse.Namespace, command: str) -> int:
     section = heavy.heavy_section(found, machine, command)
     print(section)
     if args.json is not None:
-        args.json.write_text(json.dumps(found, indent=1))
+        args.json.write_text(json.dumps({**found, "machine": machine, "command": command}, indent=1))
     if out is not None:
         doc = out.read_text() if out.exists() else "# Benchmarks\n"
         pattern = re.compile(rf"^{re.escape(heavy.HEAVY_SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)

@@ -115,6 +115,9 @@ class EngineClient:
                 request["wait_seconds"] = 0
                 continue
             pause = float(answer.get("poll_after_seconds") or 1.0)
+            # Pooled connections idle for the pause may be closed by the server's keep-alive timeout just
+            # as the next poll goes out on them; asking on a fresh connection never races that.
+            self._session.close()
             self._sleep(max(min(pause, remaining), 0.05))
 
     @staticmethod

@@ -55,18 +55,18 @@ def gunicorn_url(clean_db: str, tmp_path: Path) -> Iterator[str]:
     env.pop("KL_REDIS_URL", None)
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "gunicorn"), "--worker-class", "gthread", "--workers", "1",
-         "--threads", "4", "--bind", f"127.0.0.1:{port}", "app.web:create_app()"],
+         "--threads", "4", "--timeout", "300", "--bind", f"127.0.0.1:{port}", "app.web:create_app()"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
         try:
-            return requests.get(url + "/healthz", timeout=5).status_code == 200
-        except requests.ConnectionError:
+            return requests.get(url + "/healthz", timeout=30).status_code == 200
+        except requests.RequestException:  # not listening yet, or a worker still booting on a busy machine
             assert proc.poll() is None, (proc.stderr.read() if proc.stderr else b"").decode()[-2000:]
             return False
 
-    _wait_for(up, "gunicorn to start", timeout=60)
+    _wait_for(up, "gunicorn to start", timeout=180)
     yield url
     os.killpg(proc.pid, signal.SIGTERM)
     try:

@@ -27,7 +27,7 @@ from runner.engine_client import EngineClient, EngineError
 from runner.plan import KlExit, TerraformContext, fetch_snapshot, plan_in_workspace, terraform, var_flags
 from runner.spec import PlanSpec
 
-CONFLICT_CODES = {"reservation_conflict", "stale_plan"}
+CONFLICT_CODES = {"reservation_conflict", "stale_plan", "wait_ticket_expired"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.configuration import described_resources, orphans
+from analyzer.globs import Glob, canonical
 from analyzer.plan import PlanFormatError, analyze_plan
 from analyzer.state import ParsedState, parse_state
 from runner import workspace
@@ -181,18 +182,33 @@ def make_plan(
             f"alone (another change may own them): {', '.join(sorted(left_alone)[:10])}"
         )
     write_set = tuple(sorted(analysis.write_set - left_alone))
+    output_changes = {name: "-".join(actions) for name, actions in analysis.output_changes.items()
+                      if tuple(actions) != ("no-op",)}
     return PlanSpec(
         state=state, address=client.config.base_url, lineage=snapshot.lineage, base_serial=snapshot.serial,
         terraform_version=analysis.terraform_version, config_dir=str(config_dir.resolve()),
         config_hash=workspace.config_hash(config_dir), created_at=datetime.now(UTC).isoformat(),
         write_set=write_set, read_set=tuple(sorted(analysis.read_set - left_alone)),
-        write_globs=tuple(sorted(set(analysis.write_globs) - left_alone)), read_globs=tuple(analysis.read_globs),
+        write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes))),
+        read_globs=tuple(analysis.read_globs),
         actions={c.address: c.summary for c in analysis.changes if c.address in write_set},
         described_resources=tuple(sorted(described)), orphans=tuple(sorted(left_alone)), warnings=tuple(warnings),
         variables=pin_variables(var_args, ctx.env, sensitive_variables(plan)), targets=tuple(targets),
-        output_changes={name: "-".join(actions) for name, actions in analysis.output_changes.items()
-                        if tuple(actions) != ("no-op",)},
+        output_changes=output_changes,
     )
+
+
+def output_write_globs(output_changes: Mapping[str, str]) -> set[str]:
+    """Write reservations for the root outputs a plan adds, changes or removes: the server refuses a
+    commit that changes an output no write glob covers. A name that is not an identifier (Terraform
+    never prints one) widens to ``output.*``."""
+    found: set[str] = set()
+    for name in output_changes:
+        try:
+            found.add(canonical(Glob.root_output(name)))
+        except ValueError:
+            found.add(canonical(Glob.all_outputs()))
+    return found
 
 
 def summary(spec: PlanSpec) -> str:

@@ -69,6 +69,7 @@ def commit_run(
 ) -> CommitResult:
     """Commit the post-apply state of a run's slice. Raises WriteOutsideReservationError,
     StalePlanError, LeaseExpiredError, RunClosedError, NotRunHolderError; refusals write nothing."""
+    slice_addresses = rules.check_addresses(slice_addresses, "slice_addresses")
     parsed = states.parse_body(state_body)
     if isinstance(parsed, EncryptedState):
         raise BadRequestError("an encrypted state cannot be committed row by row")
@@ -91,17 +92,20 @@ def commit_run(
         addresses = sorted({r.address for r in parsed.instances} | set(slice_addresses))
         base = {(a, d): h for a, d, h in conn.execute(_BASE_ROWS, (state_id, addresses, base_serial, base_serial))}
         delta = rules.commit_delta(base, parsed.instances, slice_addresses, skip=rules.unreserved_read(write_globs))
-        outside = rules.outside(delta.addresses, write_globs)
+        version = states.version_at(conn, state_id, base_serial)
+        base_outputs = resources.outputs_of(conn, version_id=version.id) if version else []
+        changed_outputs = rules.changed_outputs(base_outputs, parsed.outputs, prune=prune_outputs)
+        outside = rules.outside(delta.addresses, write_globs) + [
+            f"output.{n}" for n in rules.outputs_outside(changed_outputs, write_globs)]
         if outside:
             shown = ", ".join(outside[:20]) + (f" and {len(outside) - 20} more" if len(outside) > 20 else "")
             raise WriteOutsideReservationError(
-                f"the apply changed addresses outside its write reservations: {shown}; nothing was committed",
-                addresses=outside,
+                f"the apply changed addresses outside its write reservations: {shown}; nothing was committed "
+                "(reserve root outputs with 'output.NAME' or 'output.*')",
+                addresses=outside[:200],
             )
         holds.check_stale(conn, state_id, base_serial, [g for g, _ in reserved])
 
-        version = states.version_at(conn, state_id, base_serial)
-        base_outputs = resources.outputs_of(conn, version_id=version.id) if version else []
         head_outputs = resources.outputs_of(conn, version_id=head_version_id) if head_version_id else []
         outputs = rules.merge_outputs(head_outputs, base_outputs, parsed.outputs, prune=prune_outputs)
         before, after = {o.name: o for o in head_outputs}, {o.name: o for o in outputs}

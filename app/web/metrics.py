@@ -72,8 +72,9 @@ RESERVATION_CONFLICTS = Counter("kilolock_reservation_conflicts",
                                 "Reservation requests refused because they conflicted (after any wait).",
                                 ["operation"], registry=REGISTRY)
 RESERVATION_WAIT = Histogram("kilolock_reservation_wait_seconds",
-                             "Time spent in reservation requests that asked to wait, by outcome.", ["outcome"],
-                             buckets=_SECONDS, registry=REGISTRY)
+                             "Time spent answering reservation requests that asked to wait (each poll of a "
+                             "queue ticket is one short request; the outcome is the final poll's), by outcome.",
+                             ["outcome"], buckets=_SECONDS, registry=REGISTRY)
 RESERVATION_EXPIRIES = Counter("kilolock_reservation_expiries",
                                "Run requests refused with lease_expired: the holder's lease had run out.",
                                ["operation"], registry=REGISTRY)
@@ -199,6 +200,8 @@ def _when(value: object) -> datetime | None:
 
 def _asked_to_wait() -> bool:
     doc = request.get_json(silent=True, force=True)
+    if isinstance(doc, dict) and doc.get("ticket"):
+        return True  # a poll of a queue ticket: the request waited before
     wait = doc.get("wait_seconds") if isinstance(doc, dict) else None
     return isinstance(wait, int | float) and not isinstance(wait, bool) and wait > 0
 
@@ -237,6 +240,8 @@ def _engine_refused(operation: str, error: KlError, elapsed: float, waits: bool)
 
 
 def _engine_done(operation: str, result: Any, elapsed: float, waits: bool) -> None:
+    if isinstance(result, tuple) and len(result) > 1 and result[1] == 202:
+        return  # queued with a ticket: no outcome yet, the client asks again
     if operation in _ACQUIRING:
         RESERVATION_ACQUISITIONS.labels(operation).inc()
         if operation == "open":

@@ -130,7 +130,7 @@ def _session_principal() -> Principal | None:
     token = dashboard.session_token(services().db, token_id) if isinstance(token_id, int) else None
     if token is None:
         return None
-    return Principal(tenant_id=token.tenant_id, actor=token.name, scope=token.scope, token_name=token.name)
+    return Principal.for_token(tenant_id=token.tenant_id, name=token.name, scope=token.scope, token_id=token.id)
 
 
 def _wants_html() -> bool:

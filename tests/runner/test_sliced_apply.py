@@ -142,6 +142,9 @@ def test_two_disjoint_applies_run_at_the_same_time_and_both_commit(world):
     alice.write(web="v2", web_cmd="sleep 4")
     bob.write(db="v2", db_cmd="sleep 4")
     assert alice.kl("plan").returncode == 0 and bob.kl("plan").returncode == 0
+    # web feeds the root output "web": alice's run reserves it for writing, bob's (db only) does not.
+    assert "output.web" in json.loads((alice.dir / "kl-plan.json").read_text())["write_globs"]
+    assert "output.web" not in json.loads((bob.dir / "kl-plan.json").read_text())["write_globs"]
     first = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
     second = bob.kl_popen("apply", "kl-plan.json", "--actor", "bob")
     out_a, _ = first.communicate(timeout=120)

@@ -2,19 +2,23 @@
 
 One transaction, serialised on the state row: the run must be live, its caller's, and its lease
 unexpired; every changed address must lie inside its write reservations; nothing it reserved may
-have changed since its base serial. Then only the write set's rows change, a v4 state is
-re-assembled from the rows at the next serial (source ``apply``), the run closes as committed
+have changed since its base serial. Then only the write set's rows change, a version row
+(source ``apply``) and its outputs are written at the next serial, the run closes as committed
 and its reservations are released. Disjoint committers simply land at consecutive serials.
+
+Nothing here is proportional to the whole state: the base rows read are the slice's addresses,
+the staleness check reads the rows changed since the base serial (indexed by serial), and the
+version stores no raw bytes. Its v4 state is assembled from the rows on first read and cached
+(``app.store.assembly``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from analyzer.state import EncryptedState, assemble_state
+from analyzer.state import EncryptedState
 from app.domain import commit as rules
 from app.domain.principal import Principal
 from app.errors import BadRequestError, StateLockedError, WriteOutsideReservationError
@@ -38,10 +42,10 @@ FROM unnest(%s::text[], %s::text[]) AS k(address, deposed)
 WHERE resources.state_id = %s AND resources.delete_serial IS NULL
   AND resources.address = k.address AND resources.deposed = k.deposed
 """
+# No raw_state, sha256 or size_bytes: the first read assembles and caches them.
 _INSERT_VERSION = """
-INSERT INTO state_versions (tenant_id, state_id, serial, lineage, terraform_version, raw_state, sha256,
-                            size_bytes, encrypted, source, actor)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, false, 'apply', %s)
+INSERT INTO state_versions (tenant_id, state_id, serial, lineage, terraform_version, encrypted, source, actor)
+VALUES (%s, %s, %s, %s, %s, false, 'apply', %s)
 RETURNING id
 """
 _SET_HEAD = "UPDATE states SET current_serial = %s, head_version_id = %s, updated_at = now() WHERE id = %s"
@@ -122,14 +126,9 @@ def commit_run(
         if delta.upserts:
             resources.insert_rows(conn, tenant_id=principal.tenant_id, state_id=state_id, serial=serial,
                                   rows=delta.upserts)
-        raw = assemble_state(serial=serial, lineage=lineage or parsed.lineage,
-                             terraform_version=parsed.terraform_version or tf_version or "",
-                             instances=resources.instances_at(conn, state_id=state_id, serial=serial),
-                             outputs=outputs)
         (version_id,) = conn.execute(_INSERT_VERSION, (
             principal.tenant_id, state_id, serial, lineage or parsed.lineage,
-            parsed.terraform_version or tf_version or "", raw, hashlib.sha256(raw).hexdigest(), len(raw),
-            actor)).fetchone() or (0,)
+            parsed.terraform_version or tf_version or "", actor)).fetchone() or (0,)
         resources.insert_outputs(conn, tenant_id=principal.tenant_id, state_id=state_id, version_id=version_id,
                                  outputs=outputs)
         conn.execute(_SET_HEAD, (serial, version_id, state_id))

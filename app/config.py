@@ -57,6 +57,10 @@ class Settings:
     repo_cache_dir: Path | None = None
     job_timeout: int = 3600
     webhook_max_bytes: int = 25 * 1024 * 1024
+    # Retention of old versions' raw bytes (docs/data-model.md); 0 switches a rule off.
+    retain_versions: int = 0
+    retain_days: int = 0
+    prune_interval_seconds: int = 3600
 
     @property
     def github_enabled(self) -> bool:
@@ -165,6 +169,9 @@ class Settings:
             repo_cache_dir=Path(cache_dir).expanduser() if cache_dir else None,
             job_timeout=integer("KL_JOB_TIMEOUT", 3600, minimum=10),
             webhook_max_bytes=integer("KL_WEBHOOK_MAX_BYTES", 25 * 1024 * 1024),
+            retain_versions=integer("KL_RETAIN_VERSIONS", 0, minimum=0),
+            retain_days=integer("KL_RETAIN_DAYS", 0, minimum=0),
+            prune_interval_seconds=integer("KL_PRUNE_INTERVAL_SECONDS", 3600, minimum=0),
         )
         if problems:
             raise ConfigError(problems)

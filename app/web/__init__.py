@@ -21,7 +21,7 @@ from app.config import AuthMode, Settings
 from app.errors import ConfigError
 from app.store import Database
 from app.store.migrate import migrate
-from app.web import backend, control, engine, errors, metrics, runs, ui, webhook
+from app.web import backend, control, engine, errors, metrics, pruning, runs, ui, webhook
 from app.web.context import Services, services
 from app.web.logs import configure_logging
 
@@ -82,6 +82,8 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
         webhook.init_app(app, settings)  # always registered: with no secret it refuses every delivery
     if lanes in ("all", "control"):
         app.register_blueprint(control.bp)
+
+    pruning.start(settings, app.extensions["kilolock"].db)  # retention on a timer, when configured
 
     @app.get("/healthz")
     def healthz() -> tuple[Response, int]:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shlex
 import shutil
 import statistics
@@ -62,7 +63,6 @@ from bench.backend_bench import (
     machine_info,
     stop_cleanly_on_signals,
     table,
-    write_section,
 )
 from tests.helpers import counted_state
 
@@ -436,8 +436,8 @@ def render(command: str, machine: list[tuple[str, str]], results: Sequence[Resul
         table(["machine", ""], [[k, v] for k, v in machine]), "",
         f"Run time {elapsed / 60:.1f} min. One-instance commits through the engine lane of the real server; "
         "\"at the store\" is `commit_run` in the server thread, \"row lock held\" from the commit taking the "
-        "state's row lock (after any wait for it) to the end of its transaction (what Terraform's LOCK/POST, reservation requests and "
-        "other commits on the state wait for).", "",
+        "state's row lock (after any wait for it) to the end of its transaction (what Terraform's LOCK/POST, "
+        "reservation requests and other commits on the state wait for).", "",
         "### Commit latency by state size", "", size_table(results), "",
         "### Storage per apply version", "",
         "Version row + outputs + the resource rows the version opened, as stored (`pg_column_size`, after "
@@ -448,6 +448,17 @@ def render(command: str, machine: list[tuple[str, str]], results: Sequence[Resul
         f"### Targets ({after.label})", "", *verdicts(after), "",
     ]
     return "\n".join(lines) + "\n"
+
+
+def write_named_section(path: Path, title: str, section: str) -> None:
+    """Replace the section headed ``title`` in ``path`` (or append it), leaving every other section alone."""
+    doc = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"^{re.escape(title)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(doc):
+        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + section
+    path.write_text(doc.rstrip("\n") + "\n")
 
 
 # --- main -------------------------------------------------------------------------------------------
@@ -520,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     section = render(command, machine, results, perf() - started)
     print(section)
     if out is not None:
-        write_section(out, section)
+        write_named_section(out, SECTION, section)
     return 0
 
 

@@ -23,8 +23,8 @@ database: ``bench.backend_bench.Harness``) serves the state; every request goes 
 
 At the largest size also:
 
-(4) throughput: 16 threads, each with its own HTTP session and its own instances, open a run and commit in
-    a loop; commits per second over the wall time of all cycles (run opening included);
+(4) throughput: 16 committer processes, each with its own HTTP session and its own instances, open a run
+    and commit in a loop; commits per second over the wall time of all cycles (run opening included);
 (5) 50 more one-instance commits, then the first GET of the head (the code under test assembles it from
     the rows when no bytes are stored), a second GET, and how many apply versions hold bytes afterwards;
     against the in-process floor of reading such a state (``json.loads`` + ``sha256`` of the body) and
@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
 import re
 import shlex
 import shutil
@@ -154,6 +155,8 @@ def commit_cycle(session: requests.Session, base: str, index: int, value: str, b
         "holder": f"bench-{index}", "state": slice_doc(index, value), "slice_addresses": [address]})
     elapsed = perf() - started
     if done.status_code != 200:
+        # Release what the refused commit still holds, so the state's later writes are not refused for it.
+        session.post(f"{base}/v1/engine/runs/{run_id}/abort", json={"reason": "benchmark commit refused"}, timeout=600)
         raise BenchError(f"committing {address} answered {done.status_code}: {done.text[:300]}")
     return int(done.json()["commit"]["serial"]), elapsed
 
@@ -269,35 +272,31 @@ class Bench:
 
     def large(self, count: int) -> LargeResult:
         self.timers.take()
+        # Committers are separate processes (as kl apply runs are), so their HTTP clients do not compete
+        # with the server for this process's interpreter lock.
+        ctx = multiprocessing.get_context("spawn")
+        ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=committer_process, args=(
+            self.h.base, count, t, self.sz.cycles_each, ready, results, go)) for t in range(self.sz.committers)]
+        for proc in procs:
+            proc.start()
+        for _ in procs:
+            ready.get(timeout=600)
+        began = time.time()
+        go.set()
         errors: list[str] = []
-        start = threading.Barrier(self.sz.committers + 1)
         done_serials: list[int] = []
-        lock = threading.Lock()
-
-        def committer(t: int) -> None:
-            session = requests.Session()
-            try:
-                start.wait()
-                for c in range(self.sz.cycles_each):
-                    index = (count // 2 + t * self.sz.cycles_each + c) % count
-                    value = f"t{t}-{c}"
-                    serial, _ = commit_cycle(session, self.h.base, index, value, 1)
-                    with lock:
-                        self.expected[index] = value
-                        done_serials.append(serial)
-            except BenchError as exc:  # counted and reported; the other threads go on
-                errors.append(str(exc))
-            finally:
-                session.close()
-
-        threads = [threading.Thread(target=committer, args=(t,)) for t in range(self.sz.committers)]
-        for t in threads:
-            t.start()
-        start.wait()
-        began = perf()
-        for t in threads:
-            t.join()
-        wall = perf() - began
+        ended = began
+        for _ in procs:
+            landed, refused, finished = results.get(timeout=7200)
+            for index, value, serial in landed:
+                self.expected[index] = value
+                done_serials.append(serial)
+            errors.extend(refused)
+            ended = max(ended, finished)
+        for proc in procs:
+            proc.join(timeout=60)
+        wall = ended - began
         cycles = len(done_serials)
         if sorted(done_serials) != list(range(self.serial + 1, self.serial + 1 + cycles)):
             raise BenchError("concurrent commits did not land at consecutive serials")
@@ -331,6 +330,27 @@ class Bench:
         return LargeResult(count, self.sz.committers, cycles, len(errors), wall, cycles / wall, med(store),
                            med(locked), max(locked, default=0.0), self.sz.get_after, first_get, second_get,
                            int(with_bytes), int(apply_versions), floor, post_seconds)
+
+
+def committer_process(base: str, count: int, t: int, cycles: int, ready: Any, results: Any, go: Any) -> None:
+    """One concurrent committer: waits for the start, then opens and commits ``cycles`` runs on its own
+    instances; reports (landed (index, value, serial) triples, refusals, wall-clock end)."""
+    session = requests.Session()
+    landed: list[tuple[int, str, int]] = []
+    refused: list[str] = []
+    ready.put(t)
+    go.wait()
+    for c in range(cycles):
+        index = (count // 2 + t * cycles + c) % count
+        value = f"t{t}-{c}"
+        try:
+            serial, _ = commit_cycle(session, base, index, value, 1)
+        except BenchError as exc:  # counted and reported; the others go on
+            refused.append(str(exc))
+            continue
+        landed.append((index, value, serial))
+    session.close()
+    results.put((landed, refused, time.time()))
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -481,6 +501,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline-cycles-each", type=int, default=1,
                    help="--cycles-each for the baseline run (default: %(default)s: its commits cost seconds each)")
     p.add_argument("--baseline-get-after", type=int, default=5, help="--get-after for the baseline run")
+    p.add_argument("--baseline-json", type=Path, default=None,
+                   help="reuse the baseline measurements saved by --save-baseline instead of running them again")
+    p.add_argument("--save-baseline", type=Path, default=None, help="save the baseline run's measurements here")
     p.add_argument("--commits", type=int, default=None, help="one-after-another commits per size in (2) (default: 6)")
     p.add_argument("--baseline-commits", type=int, default=3, help="--commits for the baseline run")
     return p.parse_args(argv)
@@ -500,6 +523,8 @@ def baseline(args: argparse.Namespace, log: Callable[[str], None]) -> Result:
         proc = subprocess.run(argv, cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, timeout=7200)
         if proc.returncode != 0:
             raise BenchError(f"the baseline run exited {proc.returncode}")
+        if args.save_baseline is not None:
+            shutil.copyfile(out, args.save_baseline)
         return load(json.loads(out.read_text()))
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -526,14 +551,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = perf()
     try:
         machine = machine_info(args.database_url)
-        results = [baseline(args, log)] if args.baseline_tree else []
+        if args.baseline_json is not None:
+            results = [load(json.loads(args.baseline_json.read_text()))]
+        else:
+            results = [baseline(args, log)] if args.baseline_tree else []
         results.append(run(args, sz, args.label, log))
     except (BenchError, KeyboardInterrupt) as exc:
         print(f"commit_bench: {exc}", file=sys.stderr)
         return 1
     if args.json:
         args.json.write_text(json.dumps(asdict(results[-1]), indent=2))
-        if args.baseline_tree is None and out is None:
+        if args.baseline_tree is None and args.baseline_json is None and out is None:
             return 0
     section = render(command, machine, results, perf() - started)
     print(section)

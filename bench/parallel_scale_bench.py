@@ -15,9 +15,9 @@ apply`` of the modules (filler 0); the filler's instances are then added to the 
 Terraform 1.15 stores ``terraform_data`` and POSTed at the next serial, so the state holds ``--instances``
 filler instances plus the modules without a 50,000-resource apply.
 
-For N = 1 and N = 8: N checkouts each bump a different module and are planned with ``kl plan -f m{i}.tf``
-(not timed); all N ``kl apply kl-plan.json`` start together and the wall time until the last one ends is
-taken; then N fresh bumps are applied one after another (each planned just before, not timed). Every
+For N = 1 and N = 8: N checkouts each bump a different module; all N ``kl apply -f m{i}.tf --confirm-scope``
+(file-scoped: plan and apply in one command) start together and the wall time until the last one ends is
+taken; then N fresh bumps are applied one after another. Every
 apply must exit 0 and show up as ``committed``; at the end vanilla ``terraform plan -detailed-exitcode``
 over the merged configuration (all 50,000 filler instances included) must report no changes.
 """
@@ -39,7 +39,18 @@ from typing import Any
 
 from bench.backend_bench import BenchError, Harness, bench_parser, machine_info, stop_cleanly_on_signals, table
 from bench.commit_bench import write_named_section
-from bench.parallel_apply_bench import MODULE_TF, Bench, Round, Sizes, backend_tf, children_cpu, load1, run_checked
+from bench.parallel_apply_bench import (
+    MODULE_TF,
+    Bench,
+    Proc,
+    Round,
+    Sizes,
+    backend_tf,
+    children_cpu,
+    load1,
+    run_checked,
+    spawn,
+)
 from tests.helpers import PROVIDER
 
 DEFAULT_OUT = Path("docs/benchmarks.md")
@@ -80,13 +91,14 @@ class ScaleBench(Bench):
     def __init__(self, h: Harness, work: Path, scale: Scale, log: Any) -> None:
         super().__init__(h, work, Sizes(sleep=scale.sleep, ns=(1, 8), overhead_reps=0), log)
         self.filler = scale.instances
+        self.module_of: dict[str, int] = {}
 
     def checkout(self, name: str, versions: Sequence[int], *, backend: bool = True, filler: int | None = None,
-                 ) -> Path:
+                 sleep: int = 0) -> Path:
         d = self.work / name
         (d / "modules" / "svc").mkdir(parents=True)
         (d / "modules" / "svc" / "main.tf").write_text(MODULE_TF)
-        (d / "main.tf").write_text('variable "sleep" {\n  type    = number\n  default = 10\n}\n')
+        (d / "main.tf").write_text(f'variable "sleep" {{\n  type    = number\n  default = {sleep}\n}}\n')
         for i, v in enumerate(versions):
             (d / f"m{i}.tf").write_text(module_tf(i, v))
         (d / "filler.tf").write_text(FILLER_TF.format(count=self.filler if filler is None else filler))
@@ -95,15 +107,19 @@ class ScaleBench(Bench):
         return d
 
     def prepare(self, module: int, sleep: int, tag: str) -> tuple[Path, str, list[int]]:
+        """A fresh checkout bumping one module; ``kl apply -f`` plans and applies it in one go."""
         self.seq += 1
         versions = self.bumped(module)
         actor = f"bench-{tag}-m{module}-{self.seq}"
-        d = self.checkout(f"{tag}-m{module}-{self.seq}", versions)
-        proc = run_checked(f"kl plan -f {actor}", [self.kl, "plan", "-f", f"m{module}.tf", "-var", f"sleep={sleep}"],
-                           cwd=d, env=self.env)
-        if f"module.m{module}" not in proc.output or "replace" not in proc.output:
-            raise BenchError(f"kl plan -f m{module}.tf planned no replacement:\n{proc.output[-2000:]}")
+        d = self.checkout(f"{tag}-m{module}-{self.seq}", versions, sleep=sleep)
+        self.module_of[actor] = module
         return d, actor, versions
+
+    def spawn_apply(self, d: Path, actor: str, *, shim: Path | None = None) -> Proc:
+        module = self.module_of[actor]
+        self.actors.append(actor)
+        return spawn(actor, [self.kl, "apply", "-f", f"m{module}.tf", "--confirm-scope", "--actor", actor],
+                     cwd=d, env=self.env)
 
     def create_trunk(self) -> float:
         d = self.checkout("trunk", self.versions, filler=0)
@@ -156,7 +172,8 @@ def render(command: str, machine: list[tuple[str, str]], res: ScaleResult, elaps
         f"    {command}", "",
         table(["machine", ""], [[k, v] for k, v in machine]), "",
         f"State: {res.instances:,} filler instances plus 8 modules; each apply replaces one module's resource, "
-        f"whose provisioner sleeps {res.sleep} s; plans are file-scoped (`kl plan -f m<i>.tf`). Run time "
+        f"whose provisioner sleeps {res.sleep} s; each is one `kl apply -f m<i>.tf --confirm-scope` (plan and "
+        "apply). Run time "
         f"{elapsed / 60:.1f} min; {res.applies} applies, all committed; the trunk ended at serial "
         f"{res.final_serial} and vanilla `terraform plan` over the merged configuration showed no changes.", "",
         table(["", "wall", "vs one alone"], rows), "",

@@ -67,6 +67,10 @@ class Settings:
     trusted_proxies: tuple[str, ...] = ()
     large_body_bytes: int = 16 * 1024 * 1024
     max_large_bodies: int = 2
+    # Retention of old versions' raw bytes (docs/data-model.md); 0 switches a rule off.
+    retain_versions: int = 0
+    retain_days: int = 0
+    prune_interval_seconds: int = 3600
 
     @property
     def github_enabled(self) -> bool:
@@ -188,6 +192,9 @@ class Settings:
             trusted_proxies=proxies,
             large_body_bytes=integer("KL_LARGE_BODY_BYTES", 16 * 1024 * 1024),
             max_large_bodies=integer("KL_MAX_LARGE_BODIES", 2),
+            retain_versions=integer("KL_RETAIN_VERSIONS", 0, minimum=0),
+            retain_days=integer("KL_RETAIN_DAYS", 0, minimum=0),
+            prune_interval_seconds=integer("KL_PRUNE_INTERVAL_SECONDS", 3600, minimum=0),
         )
         if problems:
             raise ConfigError(problems)

@@ -587,6 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
     k_revoke.add_argument("tenant", metavar="TENANT")
     k_revoke.add_argument("token_id", metavar="TOKEN_ID")
     k_revoke.set_defaults(func=cmd_tokens_revoke)
+    from runner import prune as prune_command  # registered from its own module
+
+    prune_command.register(sub)
     return parser
 
 

@@ -306,3 +306,24 @@ def test_applies_planned_on_the_same_trunk_both_land_one_after_another(world):
     merged = checkout(world, "merged")
     merged.write(web="v2", db="v2")
     merged.converged()
+
+
+def test_vanilla_terraform_applies_on_top_of_kl_commits_and_its_post_is_accepted(world):
+    """A commit stores no bytes: Terraform's next GET gets the head assembled from the rows, and the POST
+    of its own apply on top of it (same lineage, next serial) is accepted."""
+    alice = checkout(world, "alice")
+    alice.write(db="v2")
+    assert alice.kl("plan").returncode == 0
+    applied = alice.kl("apply", "kl-plan.json", "--actor", "alice")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    committed = head(world)
+    carol = checkout(world, "carol")
+    carol.write(db="v2", net="v2")
+    carol.tf("init", "-input=false")
+    carol.tf("apply", "-auto-approve", "-input=false")
+    after = head(world)
+    assert after["serial"] > committed["serial"] and after["lineage"] == committed["lineage"]
+    assert inputs(world)["net"] == "net-v2" and inputs(world)["db"] == "db-v2"
+    versions = requests.get(world["server"].url + "/v1/engine/states/shared/events", timeout=10).json()
+    assert any(e["kind"] == "state_write" and e["serial"] == after["serial"] for e in versions["events"])
+    carol.converged()

@@ -554,6 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     recover_cmd.add_argument("--actor", help="holder for the new run when the old one has ended")
     recover_cmd.set_defaults(func=cmd_recover)
 
+    from runner.drift_cli import add_commands as add_drift_commands
+
+    add_drift_commands(sub, client_options, parse_duration)
+
     embedded = sub.add_parser("embedded", help="manage the embedded Postgres and Redis under KL_DATA_DIR")
     embedded_sub = embedded.add_subparsers(dest="embedded_command", required=True, metavar="SUBCOMMAND")
     embedded_stop = embedded_sub.add_parser("stop", help="stop the embedded servers (they outlive kl serve)")

@@ -238,6 +238,7 @@ def build_minimal(config_dir: Path, files: Mapping[str, str], fp: Footprint, des
         target = dest / extra.relative_to(config_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(extra, target)
+    workspace.carry_lock_file(config_dir, dest)
     (dest / workspace.OVERRIDE_NAME).write_text(workspace.OVERRIDE)
     if state is not None:
         (dest / "terraform.tfstate").write_bytes(state)
@@ -278,6 +279,8 @@ def _hash_tree(config_dir: Path, fp: Footprint) -> dict[str, str]:
         hashes[name] = workspace.file_hash(config_dir / name)
     for path in carried_files(config_dir, fp):
         hashes[str(path.relative_to(config_dir))] = workspace.file_hash(path)
+    if (config_dir / workspace.LOCK_FILE).is_file():
+        hashes[workspace.LOCK_FILE] = workspace.file_hash(config_dir / workspace.LOCK_FILE)
     for module_dir in fp.module_dirs:
         root = config_dir / module_dir
         for path in sorted(root.rglob("*")) if root.is_dir() else []:

@@ -90,7 +90,8 @@ def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str
 
 
 def init(ctx: TerraformContext, ws: workspace.Workspace) -> None:
-    with workspace.plugin_cache_lock(ctx.plugin_cache, exclusive=workspace.may_install_providers(ws, ctx.plugin_cache)):
+    cache = workspace.plugin_cache(ctx.env, ctx.plugin_cache)
+    with workspace.plugin_cache_lock(cache, exclusive=workspace.may_install_providers(ws, cache)):
         terraform(ctx, ws, ["init", "-input=false", "-no-color"], quiet=True)
 
 

@@ -42,8 +42,9 @@ JOIN (SELECT state_id, outcome, count(*) AS n FROM drift_reports GROUP BY state_
   ON checks.state_id = latest.state_id
 """
 _DRIFTED_BY_STATE = """
-SELECT DISTINCT ON (state_id) state_id, outstanding_count FROM drift_reports
-WHERE state_id = ANY(%s) ORDER BY state_id, id DESC
+SELECT DISTINCT ON (r.state_id) s.name, r.outstanding_count
+FROM drift_reports r JOIN states s ON s.id = r.state_id
+WHERE s.tenant_id = %s AND s.scope = %s ORDER BY r.state_id, r.id DESC
 """
 
 
@@ -107,12 +108,10 @@ def reports(db: Database, principal: Principal, name: str, *, limit: int = 1) ->
     return [_report(name, r) for r in found]
 
 
-def drifted_counts(db: Database, state_ids: list[int]) -> dict[int, int]:
-    """Outstanding drifted instances per state id (states never checked are absent)."""
-    if not state_ids:
-        return {}
+def drifted_by_state(db: Database, principal: Principal) -> dict[str, int]:
+    """Outstanding drifted instances per state name of the caller's scope (never-checked states are absent)."""
     with db.transaction() as conn:
-        return {int(s): int(n) for s, n in conn.execute(_DRIFTED_BY_STATE, (state_ids,))}
+        return {str(n): int(c) for n, c in conn.execute(_DRIFTED_BY_STATE, (principal.tenant_id, principal.scope))}
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.addresses import AddressError, parse_instance_address
+from analyzer.state import InstanceRow, ParsedState, assemble_state
 
 
 class DriftFormatError(ValueError):
@@ -78,3 +79,21 @@ def drift_in_plan(plan: Mapping[str, Any], include: Callable[[str], bool] | None
 def managed_addresses(addresses: Iterable[str]) -> list[str]:
     """The managed (non-data) addresses among ``addresses``, sorted and unique."""
     return sorted({a for a in addresses if not is_data_address(a)})
+
+
+def keep_trunk_rows(after: ParsedState, before: ParsedState | None, refreshed: Callable[[InstanceRow], bool]) -> bytes:
+    """A post-refresh state in which only the rows ``refreshed`` accepts come from Terraform; every other row
+    is the trunk's copy from ``before`` (the slice the workspace started from), and so are the outputs. A
+    refresh inside a workspace touches everything in it; a commit must only carry what its run writes."""
+    kept = [r for r in after.instances if refreshed(r)]
+    if before is not None:
+        kept += [r for r in before.instances if not refreshed(r)]
+    return assemble_state(serial=after.serial, lineage=before.lineage if before else after.lineage,
+                          terraform_version=after.terraform_version, instances=kept,
+                          outputs=before.outputs if before else after.outputs)
+
+
+def drift_warnings(found: Iterable[DriftedInstance]) -> list[str]:
+    """One line per drifted instance, for a plan that refreshed (names only)."""
+    return [f"{d.address} was deleted outside Terraform" if d.gone else
+            f"{d.address} changed outside Terraform: {', '.join(d.attributes)}" for d in found]

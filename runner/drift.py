@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, managed_addresses
+from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.globs import Glob, GlobError, GlobKind, matches, parse_glob
-from analyzer.state import InstanceRow, ParsedState, assemble_state, parse_state
+from analyzer.state import ParsedState, assemble_state, parse_state
 from runner import workspace
 from runner.apply import CONFLICT_CODES, Heartbeat
 from runner.engine_client import EngineClient, EngineError
@@ -247,13 +247,7 @@ def _refreshed_state(after: ParsedState, before: ParsedState, scope: Scope) -> b
     the slice as the trunk holds it (data sources are re-read by every run and are not drift), and the
     trunk's outputs (they move with the next apply of the files that declare them)."""
     covered = _covered(scope)
-
-    def refreshed(row: InstanceRow) -> bool:
-        return row.mode == "managed" and covered(row.address)
-
-    rows = [r for r in after.instances if refreshed(r)] + [r for r in before.instances if not refreshed(r)]
-    return assemble_state(serial=after.serial, lineage=before.lineage, terraform_version=after.terraform_version,
-                          instances=rows, outputs=before.outputs)
+    return keep_trunk_rows(after, before, lambda row: row.mode == "managed" and covered(row.address))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ changed or deleted behind Terraform's back by editing the cloud's files."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -161,3 +162,22 @@ def test_drift_with_the_machines_terraform(cloud_repo):
     cloud_repo.cloud.edit("local", "bucket", "logs", labels={"team": "x"})
     done = cloud_repo.kl("drift", env={"KL_TERRAFORM_BIN": binary or "", "PATH": os.environ["PATH"]})
     assert done.returncode == 2 and "fakecloud_bucket.logs: labels" in done.stdout, done.stdout + done.stderr
+
+
+def test_plan_refresh_sees_drift_in_what_it_changes_and_the_apply_puts_it_back(cloud_repo):
+    cloud_repo.cloud.edit("local", "bucket", "logs", size=99)
+    plain = cloud_repo.kl("plan", "-f", "buckets.tf")
+    assert plain.returncode == 0 and "No changes" in plain.stdout, plain.stdout + plain.stderr
+    refreshed = cloud_repo.kl("plan", "-f", "buckets.tf", "--refresh")
+    assert refreshed.returncode == 0, refreshed.stdout + refreshed.stderr
+    assert "fakecloud_bucket.logs changed outside Terraform: size" in refreshed.stdout
+    assert "99" not in refreshed.stdout
+    spec = json.loads((cloud_repo.dir / "kl-plan.igplan").read_text())
+    assert spec["refresh"] is True and spec["write_set"] == ["fakecloud_bucket.logs"]
+    applied = cloud_repo.kl("apply", "kl-plan.igplan", "--actor", "ivan")
+    # The object is put back as configured, which is what the trunk already said: no new serial.
+    assert applied.returncode == 0 and "nothing changed on the trunk" in applied.stdout, applied.stdout + applied.stderr
+    assert cloud_repo.cloud.get("local", "bucket", "logs")["size"] == 10
+    code, _ = cloud_repo.drift_json()
+    assert code == 0
+    cloud_repo.converged()

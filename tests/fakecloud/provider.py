@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tf import provider as tfp
 from tf import schema, types
-from tf.iface import Config, CreateContext, DeleteContext, ReadContext, ReadDataContext, State, UpdateContext
+from tf.iface import Config, CreateContext, DeleteContext, ReadContext, ReadDataContext, State, UpdateContext, UpgradeContext
 from tf.runner import run_provider
 from tf.utils import Diagnostics
 
@@ -95,6 +95,9 @@ class _Object(tfp.Resource):
         if not self._check(ctx, planned):
             return None
         return self._store(planned)
+
+    def upgrade(self, ctx: UpgradeContext, version: int, old: State) -> State | None:
+        return old  # one schema version so far: nothing to upgrade
 
     def delete(self, ctx: DeleteContext, current: State) -> None:
         self.provider.cloud.delete(current.get("region") or self.provider.region, self.kind, current["name"])

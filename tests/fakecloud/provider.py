@@ -14,7 +14,16 @@ from pathlib import Path
 
 from tf import provider as tfp
 from tf import schema, types
-from tf.iface import Config, CreateContext, DeleteContext, ReadContext, ReadDataContext, State, UpdateContext, UpgradeContext
+from tf.iface import (
+    Config,
+    CreateContext,
+    DeleteContext,
+    ReadContext,
+    ReadDataContext,
+    State,
+    UpdateContext,
+    UpgradeContext,
+)
 from tf.runner import run_provider
 from tf.utils import Diagnostics
 

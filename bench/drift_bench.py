@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p = bench_parser("drift_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help="1,000 and 2,000 instances; writes no document unless --out is given")
     p.add_argument("--sizes", default=None, help="comma-separated instance counts (default 5000,50000)")
+    p.add_argument("--reps", type=int, default=REPS, help="timed rounds per size (default %(default)s)")
     args = p.parse_args(argv)
     stop_cleanly_on_signals()
     sizes = [1000, 2000] if args.quick else [int(s) for s in (args.sizes or "5000,50000").split(",")]
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             benches = [SizeBench(h, work, n, installed, log) for n in sizes]
             for b in benches:
                 b.setup(installed)
-            for _ in range(1 if args.quick else REPS):
+            for _ in range(1 if args.quick else args.reps):
                 for b in benches:
                     b.round()
             results = [b.res for b in benches]

@@ -193,8 +193,9 @@ def render(command: str, results: list[SizeResult], elapsed: float) -> str:
         "`kl drift -f c0.tf` (one file of 100 `fakecloud_bucket` objects, one of them changed behind Terraform's "
         "back) against vanilla `terraform plan -refresh-only` over the whole state, both through the same server, "
         "the embedded Terraform 1.15 and the fakecloud test provider. One file in ten of the configuration holds "
-        "fakecloud buckets, the rest `terraform_data`. Medians of "
-        f"{len(first.kl)} runs, alternating between the sizes; `init` excluded for vanilla (done once), included "
+        "fakecloud buckets, the rest `terraform_data`. "
+        + (f"Medians of {len(first.kl)} runs" if len(first.kl) > 1 else "One run per size")
+        + ", alternating between the sizes; `init` excluded for vanilla (done once), included "
         "for `kl` (its private workspace is new each time).", "",
         f"Machine: {machine}. Command: `{command}` ({elapsed:.0f} s in all).", "",
         table(["instances", "fakecloud objects", "kl drift -f (s)", "vanilla -refresh-only (s)", "ratio"], rows), "",

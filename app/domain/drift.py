@@ -16,6 +16,8 @@ MAX_ENTRIES = 10_000
 MAX_ATTRIBUTES = 200
 MAX_GLOBS = 500
 MAX_NAME = 200
+MAX_CHECKED = 2**31 - 1  # the column is an integer
+MAX_SERIAL = 2**63 - 1
 
 
 class DriftSource(StrEnum):
@@ -99,9 +101,10 @@ def parse_submitted(doc: dict[str, Any]) -> Submitted:
     except ValueError as exc:
         raise BadRequestError("source must be drift or refresh") from exc
     checked, serial, run_id = doc.get("checked", 0), doc.get("serial"), doc.get("run_id")
-    if not isinstance(checked, int) or isinstance(checked, bool) or checked < 0:
+    if not isinstance(checked, int) or isinstance(checked, bool) or not 0 <= checked <= MAX_CHECKED:
         raise BadRequestError("checked must be the number of instances checked")
-    if serial is not None and (not isinstance(serial, int) or isinstance(serial, bool) or serial < 0):
+    if serial is not None and (not isinstance(serial, int) or isinstance(serial, bool)
+                               or not 0 <= serial <= MAX_SERIAL):
         raise BadRequestError("serial must be the serial the check read")
     if run_id is not None and (not isinstance(run_id, str) or len(run_id) > 100):
         raise BadRequestError("run_id must be the id of the run that held the reservations")

@@ -49,7 +49,7 @@ def record(name: str) -> tuple[Response, int]:
     if not isinstance(doc, dict):
         raise BadRequestError('body must be {"globs": [...], "checked": N, "drifted": [...], "source": "drift"}')
     refreshed = doc.get("refreshed", 0)
-    if not isinstance(refreshed, int) or isinstance(refreshed, bool) or refreshed < 0:
+    if not isinstance(refreshed, int) or isinstance(refreshed, bool) or not 0 <= refreshed <= rules.MAX_CHECKED:
         raise BadRequestError("refreshed must be the number of instances a refresh committed")
     submitted = rules.parse_submitted({k: v for k, v in doc.items() if k != "refreshed"})
     chosen = state_name(name)

@@ -184,3 +184,12 @@ class EngineClient:
     def edges(self, state: str, globs: list[str]) -> list[tuple[str, str]]:
         body = self._post(self._state_path(state) + "/edges", {"globs": globs})
         return [(e["address"], e["depends_on"]) for e in body["edges"]]
+
+    def drift(self, state: str) -> dict[str, Any]:
+        """The state's latest drift report (its outstanding drift and when it was checked)."""
+        result: dict[str, Any] = self._get(self._state_path(state) + "/drift").json()
+        return result
+
+    def record_drift(self, state: str, report: dict[str, Any]) -> dict[str, Any]:
+        """Store a drift check's findings (addresses and attribute names only)."""
+        return self._post(self._state_path(state) + "/drift", report)

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from analyzer.configuration import is_described
+from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.footprint import Footprint, compute_footprint
 from analyzer.gitdiff import ChangeScope
 from analyzer.globs import intersects, matches, parse_glob
@@ -238,6 +239,7 @@ def build_minimal(config_dir: Path, files: Mapping[str, str], fp: Footprint, des
         target = dest / extra.relative_to(config_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(extra, target)
+    workspace.carry_lock_file(config_dir, dest)
     (dest / workspace.OVERRIDE_NAME).write_text(workspace.OVERRIDE)
     if state is not None:
         (dest / "terraform.tfstate").write_bytes(state)
@@ -278,6 +280,8 @@ def _hash_tree(config_dir: Path, fp: Footprint) -> dict[str, str]:
         hashes[name] = workspace.file_hash(config_dir / name)
     for path in carried_files(config_dir, fp):
         hashes[str(path.relative_to(config_dir))] = workspace.file_hash(path)
+    if (config_dir / workspace.LOCK_FILE).is_file():
+        hashes[workspace.LOCK_FILE] = workspace.file_hash(config_dir / workspace.LOCK_FILE)
     for module_dir in fp.module_dirs:
         root = config_dir / module_dir
         for path in sorted(root.rglob("*")) if root.is_dir() else []:
@@ -332,7 +336,7 @@ def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str],
 
 
 def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, selection: Selection,
-               var_args: Sequence[tuple[str, str]], data_dir: Path) -> PlanSpec:
+               var_args: Sequence[tuple[str, str]], data_dir: Path, refresh: bool = False) -> PlanSpec:
     """kl plan -f: the footprint, the minimal workspace, a plan over it, and the artifact."""
     files = read_configuration(config_dir)
     with gc_paused():
@@ -349,7 +353,7 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
     flags = [f"-var={raw}" if kind == "var" else f"-var-file={Path(raw).resolve()}" for kind, raw in var_args]
     with tempfile.TemporaryDirectory(prefix="kl-plan-f-") as tmp:
         ws = build_minimal(config_dir, files, fp, Path(tmp) / "ws", slice_raw)
-        plan = plan_in_workspace(ctx, ws, flags, ())
+        plan = plan_in_workspace(ctx, ws, flags, (), refresh=refresh)
     try:
         analysis = analyze_plan(plan)
     except PlanFormatError as exc:
@@ -360,6 +364,7 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
         raise KlExit(3, "the workspace plans changes outside the file-scoped footprint (" + ", ".join(outside[:10])
                         + "): run kl plan without -f (a full plan)")
     warnings = widened + [f"{d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics]
+    warnings += drift_warnings(drift_in_plan(plan)) if refresh else []
     write_set = tuple(sorted(analysis.write_set))
     return PlanSpec(
         state=state, address=client.config.base_url, lineage=snapshot.lineage if snapshot else None,
@@ -377,7 +382,7 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
         mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp),
         deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},
         deleted_globs=gone, validation_globs=tuple(fp.validation_globs), slice_globs=slice_globs,
-        diagnostics=tuple(asdict(d) for d in fp.diagnostics),
+        diagnostics=tuple(asdict(d) for d in fp.diagnostics), refresh=refresh,
     )
 
 

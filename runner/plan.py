@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.configuration import described_resources, orphans
+from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.globs import Glob, canonical
 from analyzer.plan import PlanFormatError, analyze_plan
 from analyzer.state import ParsedState, parse_state
@@ -91,7 +92,8 @@ def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str
 
 
 def init(ctx: TerraformContext, ws: workspace.Workspace) -> None:
-    with workspace.plugin_cache_lock(ctx.plugin_cache, exclusive=workspace.may_install_providers(ws, ctx.plugin_cache)):
+    cache = workspace.plugin_cache(ctx.env, ctx.plugin_cache)
+    with workspace.plugin_cache_lock(cache, exclusive=workspace.may_install_providers(ws, cache)):
         terraform(ctx, ws, ["init", "-input=false", "-no-color"], quiet=True)
 
 
@@ -134,12 +136,13 @@ def sensitive_variables(plan: Mapping[str, Any]) -> frozenset[str]:
 
 
 def plan_in_workspace(
-    ctx: TerraformContext, ws: workspace.Workspace, flags: Sequence[str], targets: Sequence[str]
+    ctx: TerraformContext, ws: workspace.Workspace, flags: Sequence[str], targets: Sequence[str],
+    *, refresh: bool = False,
 ) -> dict[str, Any]:
-    """init, plan -out, show -json; returns the plan JSON. Plans never refresh: Kilolock plans
-    against the trunk as recorded (see docs/parallel-apply.md)."""
+    """init, plan -out, show -json; returns the plan JSON. Plans do not refresh unless asked (kl plan
+    --refresh): Kilolock plans against the trunk as recorded (see docs/parallel-apply.md, docs/drift.md)."""
     init(ctx, ws)
-    terraform(ctx, ws, ["plan", "-input=false", "-lock=false", "-refresh=false", "-no-color",
+    terraform(ctx, ws, ["plan", "-input=false", "-lock=false", *([] if refresh else ["-refresh=false"]), "-no-color",
                         f"-out={PLAN_FILE}", *flags, *(f"-target={t}" for t in targets)], quiet=True)
     shown = terraform(ctx, ws, ["show", "-json", PLAN_FILE], quiet=True)
     try:
@@ -160,14 +163,14 @@ def state_edges(snapshot: Snapshot) -> tuple[list[tuple[str, str]], list[str]]:
 
 def make_plan(
     client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path,
-    var_args: Sequence[tuple[str, str]], targets: Sequence[str],
+    var_args: Sequence[tuple[str, str]], targets: Sequence[str], refresh: bool = False,
 ) -> PlanSpec:
     """Plan ``config_dir`` against the trunk and describe the result as a PlanSpec."""
     snapshot = fetch_snapshot(client, state)
     with tempfile.TemporaryDirectory(prefix="kl-plan-") as tmp:
         ws = workspace.build(config_dir, Path(tmp) / "ws", snapshot.raw)
         flags = [f"-var={raw}" if kind == "var" else f"-var-file={Path(raw).resolve()}" for kind, raw in var_args]
-        plan = plan_in_workspace(ctx, ws, flags, targets)
+        plan = plan_in_workspace(ctx, ws, flags, targets, refresh=refresh)
     described = described_resources(plan)
     edges, addresses = state_edges(snapshot)
     try:
@@ -175,7 +178,7 @@ def make_plan(
     except PlanFormatError as exc:
         raise KlExit(1, f"cannot read Terraform's plan: {exc}") from exc
     left_alone = orphans(plan.get("resource_changes", []), described)
-    warnings = list(analysis.warnings)
+    warnings = list(analysis.warnings) + (drift_warnings(drift_in_plan(plan)) if refresh else [])
     if left_alone:
         warnings.append(
             f"{len(left_alone)} trunk instance(s) have no resource block in this configuration and are left "
@@ -195,6 +198,7 @@ def make_plan(
         described_resources=tuple(sorted(described)), orphans=tuple(sorted(left_alone)), warnings=tuple(warnings),
         variables=pin_variables(var_args, ctx.env, sensitive_variables(plan)), targets=tuple(targets),
         output_changes=output_changes,
+        refresh=refresh,
     )
 
 

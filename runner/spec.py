@@ -58,6 +58,7 @@ class PlanSpec:
     validation_globs: tuple[str, ...] = ()
     slice_globs: tuple[str, ...] = ()
     diagnostics: tuple[dict[str, Any], ...] = ()
+    refresh: bool = False                                 # kl plan --refresh: the slice was refreshed
 
     @property
     def reservations(self) -> list[tuple[str, str]]:

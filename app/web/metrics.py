@@ -6,8 +6,10 @@ request hook counts every request by lane, route template and status; the ``engi
 into reservation, lock, run and commit metrics. Gauges (live reservations, live runs…) are read
 from Postgres at scrape time through ``app.store.gauges``.
 
-Labels never carry a tenant, state name, address, holder or token: the endpoint may be scraped by
-anyone allowed to reach it (``KL_METRICS_TOKEN`` guards it), so it must not leak whose states exist.
+Labels never carry a tenant, address, holder or token, and only the two drift series carry a state
+name (``kilolock_drifted_instances`` and ``kilolock_drift_checks_total``, for states that were checked,
+bounded by ``app.store.drift.METRIC_STATES``): the endpoint may be scraped by anyone allowed to reach it
+(``KL_METRICS_TOKEN`` guards it).
 Webhook delivery and job metrics are defined here for the GitHub bot and its workers.
 """
 
@@ -29,7 +31,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 from app.errors import (
@@ -41,6 +43,7 @@ from app.errors import (
     UnauthorizedError,
 )
 from app.store import Database, gauges
+from app.store import drift as drift_store
 from app.store.runs import WAITER_STALE
 from app.web.context import services
 
@@ -99,7 +102,8 @@ WEBHOOK_DELIVERIES = Counter("kilolock_webhook_deliveries",
 JOB_DURATION = Histogram("kilolock_job_duration_seconds", "Background job run time by job and outcome.",
                          ["job", "outcome"], buckets=_RUN_SECONDS, registry=REGISTRY)
 
-_LANES = {"backend": "backend", "engine": "engine", "runs": "engine", "control": "control", "ui": "ui"}
+_LANES = {"backend": "backend", "engine": "engine", "runs": "engine", "drift": "engine", "control": "control",
+          "ui": "ui"}
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "LOCK", "UNLOCK"})
 _ACQUIRING = frozenset({"open", "more"})
 _CLOSING = frozenset({"close", "abort", "commit"})
@@ -179,6 +183,23 @@ class _StoreGauges:
                                 value=snap.oldest_state_lock_seconds)
         yield GaugeMetricFamily("kilolock_reservation_waiters", "Reservation requests waiting in the queue.",
                                 value=snap.waiters)
+        yield from _drift_metrics(self.db)
+
+
+def _drift_metrics(db: Database) -> Iterator[Metric]:
+    """Per-state drift: read from the stored reports, so every worker process answers the same."""
+    found = drift_store.read_metrics(db)
+    drifted = GaugeMetricFamily("kilolock_drifted_instances",
+                                "Managed instances drifted at the state's latest drift check or refresh.",
+                                labels=["state"])
+    for state, count in found.drifted:
+        drifted.add_metric([state], count)
+    yield drifted
+    checks = CounterMetricFamily("kilolock_drift_checks", "Drift checks and refreshes recorded, by outcome "
+                                 "(clean, drifted, refreshed).", labels=["state", "outcome"])
+    for state, outcome, count in found.checks:
+        checks.add_metric([state, outcome], count)
+    yield checks
 
 
 def record_run_finished(status: str, created_at: datetime, finished_at: datetime | None) -> None:

@@ -30,6 +30,7 @@ Must not do I/O or import hcl2; texts come from the caller and parsing goes thro
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 from collections import deque
@@ -65,6 +66,7 @@ from analyzer.hcl import (
     content_digest,
 )
 from analyzer.prescan import scan
+from analyzer.consumers import Consumers
 
 __all__ = ["DIAGNOSTICS", "HANDLED", "BlockRef", "Diagnostic", "Footprint", "compute_footprint"]
 
@@ -73,6 +75,8 @@ _MIGRATIONS = frozenset({"moved", "removed", "import"})
 _NAMED = {"resource": 2, "data": 2, "ephemeral": 2, "action": 2, "module": 1, "variable": 1, "output": 1, "check": 1}
 _LOCAL_KINDS = frozenset({"each", "count", "self", "path", "terraform"})
 SELECTED, WRITE, READ, VALIDATION = "selected", "write", "read", "validation"
+# Terraform's hclsyntax.ValidIdentifier: the rule for every name and type label of a named block.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,8 @@ class Footprint:
     canonical, sorted and unique. ``blocks`` are the workspace's members in file and position order;
     ``module_dirs`` the local module sources (normalised relative paths, possibly starting with ``..``) to copy
     whole. ``diagnostics`` say where the footprint was widened or why it must not be used (``fails_closed``).
+    ``outputs`` are the root outputs the plan covers (declared in a selected file, or reading what it writes):
+    their values are planned and committed (``footprint_rules.output_globs`` gives their reservations).
     """
 
     selected_files: tuple[str, ...]
@@ -116,6 +122,7 @@ class Footprint:
     blocks: tuple[BlockRef, ...]
     module_dirs: tuple[str, ...]
     diagnostics: tuple[Diagnostic, ...]
+    outputs: tuple[str, ...] = ()
 
     @property
     def fails_closed(self) -> bool:
@@ -181,6 +188,9 @@ class _Footprinter:
     overrides: list[str] = field(default_factory=list)
     resolved: dict[str, list[_Member] | None] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
+    by_file: dict[str, list[_Def]] = field(default_factory=dict)
+    reads: set[str] = field(default_factory=set)
+    outputs: set[str] = field(default_factory=set)
 
     # --- the index ------------------------------------------------------------------------------------
 
@@ -188,12 +198,20 @@ class _Footprinter:
         selected_blocks = self._build_index()
         write_roots = [_Member(b) for b in selected_blocks if _is_write_root(b)]
         writes = {g for b in selected_blocks for g in self._owned_globs(b)}
+        self.outputs.update(b.labels[0] for b in selected_blocks if b.type == "output" and b.labels)
         for definition in (*self.terraform_defs, *self.migrations):
             if definition.is_json:
                 self._diagnose("tf_json", definition.path, 1, "a JSON configuration file holds a terraform, moved, "
                                "removed or import block, which the workspace needs or which may touch the "
                                "selected files, and JSON files cannot be analysed")
-        extra_reads = self._pull_migrations(write_roots, writes)
+        extra_reads: list[_Member] = []
+        consumers = Consumers(self, selected_blocks, _Member)
+        while True:
+            count = len(write_roots)
+            extra_reads += self._pull_migrations(write_roots, writes)
+            consumers.pull(write_roots, writes)
+            if len(write_roots) == count:
+                break
         self._check_selected_duplicates(selected_blocks)
         self._check_migration_sources(write_roots)
         terraform_blocks = [_Member(b) for d in self.terraform_defs if (b := self._block(d)) is not None]
@@ -220,6 +238,7 @@ class _Footprinter:
             refs.append(_block_ref(member, role))
         refs.sort(key=lambda r: (r.file, r.span.start_pos))
         reads.update(trunk_reads(trunk_edges, writes))
+        reads.update(self.reads)
         write_list = minimal(writes)
         read_list = uncovered(reads, write_list)
         return Footprint(
@@ -230,6 +249,7 @@ class _Footprinter:
             blocks=tuple(refs),
             module_dirs=tuple(sorted(module_dirs)),
             diagnostics=tuple(sorted(self.diagnostics.values(), key=lambda d: (d.file, d.line, d.construct))),
+            outputs=tuple(sorted(self.outputs)),
         )
 
     def _build_index(self) -> list[Block]:
@@ -256,8 +276,9 @@ class _Footprinter:
                     self._parse_failure(path, exc)
                     continue
                 for block in analysis.blocks:
-                    self._add(_Def(path, block=block), block.type, block.labels)
-                    selected_blocks.append(block)
+                    if self._valid_labels(path, block.span.start_line, block.type, block.labels):
+                        self._add(_Def(path, block=block), block.type, block.labels)
+                        selected_blocks.append(block)
                 continue
             headers, complete = self._prescan(path, text)
             if not complete:
@@ -267,11 +288,25 @@ class _Footprinter:
                     self._parse_failure(path, exc)
                     continue
                 for block in analysis.blocks:
-                    self._add(_Def(path, block=block), block.type, block.labels)
+                    if self._valid_labels(path, block.span.start_line, block.type, block.labels):
+                        self._add(_Def(path, block=block), block.type, block.labels)
                 continue
             for header in headers:
-                self._add(_Def(path, header=header), header.type, header.labels)
+                if self._valid_labels(path, header.line, header.type, header.labels):
+                    self._add(_Def(path, header=header), header.type, header.labels)
         return selected_blocks
+
+    def _valid_labels(self, path: str, line: int, type_: str, labels: tuple[str, ...]) -> bool:
+        """Whether Terraform accepts the block's name labels; a diagnostic (not an AddressError) when not."""
+        if type_ not in _NAMED:
+            return True
+        for label in labels:
+            if _IDENTIFIER.fullmatch(label):
+                continue
+            self._diagnose("invalid_label", path, line, f'{type_} {" ".join(json.dumps(x) for x in labels)}: '
+                           f"{label!r} is not a valid name: fix `{path}:{line}`")
+            return False
+        return True
 
     def _prescan(self, path: str, text: str) -> tuple[tuple[BlockHeader, ...], bool]:
         digest = self.digests[path] = content_digest(text)
@@ -282,6 +317,7 @@ class _Footprinter:
         return hit
 
     def _add(self, definition: _Def, type_: str, labels: tuple[str, ...]) -> None:
+        self.by_file.setdefault(definition.path, []).append(definition)
         if type_ == "locals":
             self.locals_defs.append(definition)
         elif type_ == "terraform":
@@ -346,13 +382,19 @@ class _Footprinter:
 
     def _owned_globs(self, block: Block) -> list[str]:
         """The write globs a block of a selected file (or one pulled onto the write side) owns."""
-        if block.type in ("resource", "data") and len(block.labels) == 2:
+        if block.type == "data" and len(block.labels) == 2:
+            # Terraform re-reads a data source on every run: a read, on every path (the commit keeps the
+            # trunk's copy of data sources no write glob covers), never a write.
+            self.reads.update(resource_globs(block.address))
+            return []
+        if block.type == "resource" and len(block.labels) == 2:
             return list(resource_globs(block.address, exact=True))
         if block.type == "module":
             return list(resource_globs(block.address))
         if block.type in _MIGRATIONS:
             return self._target_globs(block)
-        return [g for address in block.scoped_data for g in resource_globs(address, exact=True)]
+        self.reads.update(g for address in block.scoped_data for g in resource_globs(address))
+        return []
 
     def _target_globs(self, block: Block) -> list[str]:
         globs: list[str] = []

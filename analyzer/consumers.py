@@ -50,12 +50,13 @@ class _Host(Protocol):
 class Consumers:
     """One footprint's reverse closure; ``pull`` may be called again after the write side grew."""
 
-    def __init__(self, host: _Host, selected_blocks: Iterable[Block], member: Callable[..., Any]) -> None:
+    def __init__(self, host: _Host, selected_blocks: Iterable[Block], member: Callable[..., Any],
+                 seeds: Iterable[str] = ()) -> None:
         self._host = host
         self._member = member
         self._done: set[str] = set()
         self._seen: set[tuple[str, int]] = {(b.file, b.span.start_pos) for b in selected_blocks}
-        self._frontier: set[str] = set()
+        self._frontier: set[str] = set(seeds)
         for block in selected_blocks:
             self._frontier.update(_defined(block))
 

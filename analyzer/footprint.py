@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from analyzer.addresses import AddressError, parse_instance_address, parse_module_path
+from analyzer.consumers import Consumers
 from analyzer.footprint_rules import (
     DIAGNOSTICS,
     FILE_FUNCTIONS,
@@ -66,7 +67,6 @@ from analyzer.hcl import (
     content_digest,
 )
 from analyzer.prescan import scan
-from analyzer.consumers import Consumers
 
 __all__ = ["DIAGNOSTICS", "HANDLED", "BlockRef", "Diagnostic", "Footprint", "compute_footprint"]
 
@@ -136,11 +136,13 @@ def compute_footprint(
     *,
     trunk_edges: Iterable[tuple[str, str]] = (),
     cache: ParseCache | None = None,
+    seeds: Sequence[str] = (),
 ) -> Footprint:
     """The footprint of applying only the ``selected`` files of a root module.
 
     ``files`` maps configuration-relative paths to the texts of the root module's ``.tf`` / ``.tf.json`` files;
-    ``trunk_edges`` are ``(instance address, resource address it depends on)`` pairs from the trunk's state.
+    ``trunk_edges`` are ``(instance address, resource address it depends on)`` pairs from the trunk's state;
+    ``seeds`` are objects (``var.NAME``) whose values changed outside the files, planned as if selected.
     Never raises for a problem in the configuration: those become diagnostics. Raises ValueError when a
     selected path is not among ``files`` or is not a configuration file, AddressError for a bad trunk edge.
     """
@@ -150,7 +152,8 @@ def compute_footprint(
             raise ValueError(f"selected file {path!r} is not among the configuration's files")
         if not path.endswith((".tf", ".tf.json")):
             raise ValueError(f"selected file {path!r} is not a .tf or .tf.json file")
-    return _Footprinter(files, chosen, cache if cache is not None else ParseCache()).run(tuple(trunk_edges))
+    return _Footprinter(files, chosen, cache if cache is not None else ParseCache(), tuple(seeds)).run(
+        tuple(trunk_edges))
 
 
 @dataclass(slots=True)
@@ -179,6 +182,7 @@ class _Footprinter:
     files: Mapping[str, str]
     selected: tuple[str, ...]
     cache: ParseCache
+    seeds: tuple[str, ...] = ()
     diagnostics: dict[tuple[str, int, str, str], Diagnostic] = field(default_factory=dict)
     index: dict[str, list[_Def]] = field(default_factory=dict)
     locals_defs: list[_Def] = field(default_factory=list)
@@ -205,7 +209,7 @@ class _Footprinter:
                                "removed or import block, which the workspace needs or which may touch the "
                                "selected files, and JSON files cannot be analysed")
         extra_reads: list[_Member] = []
-        consumers = Consumers(self, selected_blocks, _Member)
+        consumers = Consumers(self, selected_blocks, _Member, self.seeds)
         while True:
             count = len(write_roots)
             extra_reads += self._pull_migrations(write_roots, writes)
@@ -622,7 +626,8 @@ class _Footprinter:
     def _parse_failure(self, path: str, exc: HclError) -> None:
         where, _, problem = str(exc).partition(": ")
         line = where.rpartition(":")[2]
-        self._diagnose("parse_error", path, int(line) if line.isdigit() else 1, problem or str(exc))
+        number = int(line) if line.isdigit() else 1
+        self._diagnose("parse_error", path, number, f"{problem or exc}: fix `{path}:{number}`")
 
     def _diagnose(self, construct: str, file: str, line: int, detail: str) -> None:
         action, fallback = DIAGNOSTICS[construct].action, DIAGNOSTICS[construct].how

@@ -48,6 +48,7 @@ __all__ = [
     "find_http_backend",
     "implicit_provider",
     "prescan",
+    "tfvars_values",
 ]
 
 @dataclass(slots=True)
@@ -132,6 +133,8 @@ def _parse(path: str, text: str, *, line_offset: int = 0) -> Tree[Token]:
     # from the rendered string. Blanking them keeps every offset and every reference the same.
     if "~}" in text or "${~" in text:
         text = text.replace("${~", "${ ").replace("~}", " }")
+    if text.startswith("\ufeff"):
+        text = " " + text[1:]  # a UTF-8 byte order mark, which Terraform skips; a space keeps every offset
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -173,6 +176,19 @@ def _parse_expression(source: str) -> Tree[Token]:
 
 
 _READER = ExpressionReader(_parse_expression)
+
+
+def tfvars_values(name: str, text: str) -> dict[str, str] | None:
+    """The values a variable-definitions file sets (name → canonical JSON of the value as written), or None
+    when it does not parse. ``.json`` files are read as JSON, others as HCL."""
+    text = text.removeprefix("\ufeff")
+    try:
+        document = json.loads(text) if name.endswith(".json") else hcl2.loads(text)
+    except Exception:  # noqa: BLE001 - python-hcl2 raises lark's and its own exceptions alike
+        return None
+    if not isinstance(document, dict):
+        return None
+    return {str(k): json.dumps(v, sort_keys=True) for k, v in document.items()}
 
 
 def _relabel(analysis: FileAnalysis, path: str) -> FileAnalysis:

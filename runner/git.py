@@ -84,6 +84,18 @@ def changed_entries(repo_dir: Path, ref: str, *, against: str | None = None) -> 
         return _changed_entries(repo, ref, against)
 
 
+def work_tree_root(path: Path) -> Path | None:
+    """The top of the git work tree holding ``path`` (resolved), or None when it is in none."""
+    try:
+        repo = Repo(path, search_parent_directories=True)
+    except (InvalidGitRepositoryError, NoSuchPathError):
+        return None
+    try:
+        return Path(repo.working_tree_dir).resolve() if repo.working_tree_dir else None
+    finally:
+        repo.close()
+
+
 def text_at(repo_dir: Path, ref: str, path: str) -> str:
     """The UTF-8 text of the file at repository-relative ``path`` in ``ref`` (``git show REF:path``).
 

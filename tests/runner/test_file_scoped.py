@@ -371,13 +371,16 @@ def test_sibling_and_parent_relative_modules_resolve_inside_the_workspace(repo):
                                                        '  input = var.n\n}\n')
     # a stale file where the old builder used to copy a "../" source: never planned
     repo.write("cache.tf", 'module "cache" {\n  source = "../cache"\n  n = "v1"\n}\n')
-    repo.git("init", "-q")  # the boundary is the repository holding both
-    outer = repo.dir.parent
-    repo.run("git", "init", "-q", str(outer))
+    # The boundary is the repository holding the configuration: here one holding it and both modules.
+    import shutil
+
+    shutil.rmtree(repo.dir / ".git")
+    repo.run("git", "init", "-q", str(repo.dir.parent))
     planned = plan_apply(repo, "-f", "cache.tf")
     assert planned["write_set"] == ["module.cache.module.inner.terraform_data.s"]
     assert any(k.startswith("../shared/") for k in planned["files"])
     untrap(repo)
+    repo.tf("init", "-input=false")
     repo.converged()
 
 

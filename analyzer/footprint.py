@@ -447,6 +447,8 @@ class _Footprinter:
             source = block.targets[0]
             if source.startswith("module.") and source.count(".") > 1:
                 continue  # an object inside a module: declared in the module's files, not here
+            if block.type == "moved" and len(block.targets) > 1 and block.targets[1].split("[", 1)[0] == source:
+                continue  # moved to a keyed instance of itself: how Terraform adopts count/for_each
             if self.index.get(source):
                 where = ", ".join(sorted({d.path for d in self.index[source]}))
                 self._diagnose("migration_source_declared", block.file, block.span.start_line,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -135,6 +136,11 @@ def _parse(path: str, text: str, *, line_offset: int = 0) -> Tree[Token]:
         text = text.replace("${~", "${ ").replace("~}", " }")
     if text.startswith("\ufeff"):
         text = " " + text[1:]  # a UTF-8 byte order mark, which Terraform skips; a space keeps every offset
+    # Two python-hcl2 grammar gaps: a traversal continued on the next line (``x\n  .attr``, valid inside
+    # parentheses) and a newline before ``=>`` in a ``for`` object. The continuation is moved before the line
+    # break, which keeps the text's length and line count (Terraform itself validates the original text).
+    if "\n" in text:
+        text = _CONTINUED.sub(lambda m: m.group(1) + m.group(3) + m.group(2), text)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -153,6 +159,9 @@ def _parse(path: str, text: str, *, line_offset: int = 0) -> Tree[Token]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+_CONTINUED = re.compile(r"([\w\])\"])([ \t]*\n[ \t\n]*)(\.[A-Za-z_][\w-]*|=>)")
 
 
 def _parse_expression(source: str) -> Tree[Token]:

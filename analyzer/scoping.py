@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from analyzer.footprint import Footprint
-from analyzer.footprint_rules import is_local_source
+from analyzer.footprint_rules import FILE_FUNCTIONS, is_local_source
 from analyzer.gitdiff import ChangeScope, WidenKind
 from analyzer.globs import intersects, matches, parse_glob
 from analyzer.hcl import ParseCache, analyze_file, tfvars_values
@@ -30,6 +31,7 @@ __all__ = [
     "declaring_files",
     "deleted_globs",
     "dependents_to_add",
+    "file_readers",
     "described_in",
     "local_module_sources",
     "output_globs",
@@ -200,6 +202,27 @@ def _json_module_sources(text: str) -> dict[str, str]:
             if isinstance(source, str) and is_local_source(source):
                 out[name] = source
     return out
+
+
+_FILE_CALL = re.compile(r"(?<![\w.-])(" + "|".join(sorted(FILE_FUNCTIONS)) + r")\s*\(")
+_LITERAL_PATH = re.compile(r'\s*"((?:\$\{\s*path\.module\s*\}/)?(?:[^"\\$%\n]|\\.)*)"\s*[,)]')
+
+
+def file_readers(files: Mapping[str, str]) -> dict[str, tuple[str, ...]] | None:
+    """Config-relative path → the root files whose ``file()``/``templatefile()``/… calls read it, when every
+    such call in the root files names a literal path (optionally ``${path.module}/``-relative); None when some
+    call's path is computed, so a changed non-.tf file cannot be placed (the caller refuses it)."""
+    readers: dict[str, set[str]] = {}
+    for name, text in files.items():
+        for call in _FILE_CALL.finditer(text):
+            literal = _LITERAL_PATH.match(text, call.end())
+            if literal is None:
+                return None
+            path = re.sub(r"^\$\{\s*path\.module\s*\}/", "", literal.group(1))
+            if "${" in path or "%{" in path:
+                return None
+            readers.setdefault(posixpath.normpath(path), set()).add(name)
+    return {path: tuple(sorted(names)) for path, names in sorted(readers.items())}
 
 
 def changed_variables(old: str | None, new: str | None, name: str) -> tuple[str, ...] | None:

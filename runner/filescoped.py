@@ -34,6 +34,7 @@ from analyzer.scoping import (
     deleted_globs,
     dependents_to_add,
     described_in,
+    file_readers,
     local_module_sources,
     output_globs,
     selection_from_changes,
@@ -436,7 +437,9 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
         sources = {name: posixpath.normpath(src) for name, src in local_module_sources(texts, cache).items()}
     except HclError as exc:
         raise KlExit(3, f"{exc}: fix that file, or run kl plan without -f (a full plan)") from exc
-    scope = changed_from(config_dir, config_dir, ref, against=against, module_sources=sources)
+    readers = file_readers(texts)
+    scope = changed_from(config_dir, config_dir, ref, against=against, module_sources=sources,
+                         file_readers=readers or {})
     var_texts: dict[str, tuple[str | None, str | None]] = {}
     for widening in scope.widen:
         if widening.kind is WidenKind.VARIABLES:

@@ -112,3 +112,14 @@ def test_changed_variables_compares_values_and_fails_on_unreadable_files():
     assert changed_variables('a = 1\nb = "x"\n', 'a = 1\nb = "y"\nc = 2\n', "terraform.tfvars") == ("var.b", "var.c")
     assert changed_variables(None, '{"a": 1}', "x.auto.tfvars.json") == ("var.a",)
     assert changed_variables("a = = 1", "a = 1", "terraform.tfvars") is None
+
+
+def test_file_readers_with_literal_paths_are_found_and_computed_paths_give_none():
+    from analyzer.scoping import file_readers
+
+    files = {"web.tf": 'resource "a" "b" {\n  x = file("${path.module}/templates/index.html")\n'
+                       '  y = templatefile("policy.json", {})\n}\n',
+             "other.tf": 'locals {\n  p = filebase64("templates/index.html")\n}\n'}
+    assert file_readers(files) == {"policy.json": ("web.tf",), "templates/index.html": ("other.tf", "web.tf")}
+    assert file_readers({**files, "x.tf": 'locals {\n  q = file(var.path)\n}\n'}) is None
+    assert file_readers({"x.tf": 'locals {\n  q = file("${var.dir}/a")\n}\n'}) is None

@@ -405,3 +405,16 @@ def test_a_re_read_data_source_is_read_reserved_and_the_apply_commits(repo, tmp_
     other.write_text(other.read_text().replace('"one"', '"two"').replace('"serial": 1', '"serial": 2'))
     applied = repo.kl("apply", "kl-plan.igplan", "--actor", "alice")
     assert applied.returncode == 0, applied.stdout + applied.stderr
+
+
+def test_changed_from_selects_the_literal_file_readers_of_a_changed_file(repo):
+    repo.write("greeting.txt", "hello\n")
+    repo.write("greet.tf", 'resource "terraform_data" "greet" {\n  input = file("${path.module}/greeting.txt")\n}\n')
+    plan_apply(repo, "-f", "greet.tf")
+    repo.git("add", "-A")
+    repo.git("commit", "-qm", "greeting")
+    repo.write("greeting.txt", "hello again\n")
+    planned = plan_apply(repo, "--changed-from", "HEAD")
+    assert planned["selected_files"] == ["greet.tf"] and planned["write_set"] == ["terraform_data.greet"]
+    untrap(repo)
+    repo.converged()

@@ -104,7 +104,7 @@ DIAGNOSTICS: Mapping[str, Rule] = MappingProxyType({
                                "every resource using it could change"),
     "consumer": Rule("widen", "a block of a file that is not selected refers (directly or through locals, data "
                      "sources and other resources) to something the selection writes or defines",
-                     "planned with the selection"),
+                     "kl plan lists its changes with the selection's"),
     "remote_state": Rule("widen", "a terraform_remote_state data source is in the workspace",
                          "the data source is copied and read; the other state's outputs are taken as they are "
                          "at plan time"),

@@ -139,7 +139,8 @@ class Case:
     def _run(self, argv: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(argv, cwd=cwd, env=self.env, capture_output=True, text=True, timeout=300)
         if check and proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n"
+                               f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         return proc
 
     def _write(self, config: Config) -> None:

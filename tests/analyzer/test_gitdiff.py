@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from analyzer.gitdiff import FULL, ChangeScope, DeletedFile, DiffEntry, WidenKind, Widening, scope_changes
+from analyzer.gitdiff import FULL, ChangeScope, DeletedFile, DiffEntry, Widening, WidenKind, scope_changes
 
 OLD_TEXT = 'resource "terraform_data" "gone" {}\n'
 

@@ -30,7 +30,6 @@ Must not do I/O or import hcl2; texts come from the caller and parsing goes thro
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from collections import deque
@@ -39,9 +38,9 @@ from dataclasses import dataclass, field
 
 from analyzer.addresses import AddressError, parse_instance_address, parse_module_path
 from analyzer.consumers import Consumers
+from analyzer.footprint_checks import Checks
 from analyzer.footprint_rules import (
     DIAGNOSTICS,
-    FILE_FUNCTIONS,
     HANDLED,
     Diagnostic,
     GlobCover,
@@ -178,7 +177,7 @@ class _Member:
 
 
 @dataclass(slots=True)
-class _Footprinter:
+class _Footprinter(Checks):
     files: Mapping[str, str]
     selected: tuple[str, ...]
     cache: ParseCache
@@ -299,18 +298,6 @@ class _Footprinter:
                 if self._valid_labels(path, header.line, header.type, header.labels):
                     self._add(_Def(path, header=header), header.type, header.labels)
         return selected_blocks
-
-    def _valid_labels(self, path: str, line: int, type_: str, labels: tuple[str, ...]) -> bool:
-        """Whether Terraform accepts the block's name labels; a diagnostic (not an AddressError) when not."""
-        if type_ not in _NAMED:
-            return True
-        for label in labels:
-            if _IDENTIFIER.fullmatch(label):
-                continue
-            self._diagnose("invalid_label", path, line, f'{type_} {" ".join(json.dumps(x) for x in labels)}: '
-                           f"{label!r} is not a valid name: fix `{path}:{line}`")
-            return False
-        return True
 
     def _prescan(self, path: str, text: str) -> tuple[tuple[BlockHeader, ...], bool]:
         digest = self.digests[path] = content_digest(text)
@@ -580,50 +567,6 @@ class _Footprinter:
         return definition.block
 
     # --- checks on members --------------------------------------------------------------------------------
-
-    def _check_member(self, member: _Member) -> None:
-        block = member.block
-        functions = member.local.functions if member.local else block.functions
-        name = f"local.{member.local.name}" if member.local else block.address
-        line = member.local.span.start_line if member.local else block.span.start_line
-        for function in dict.fromkeys(functions):
-            if function in FILE_FUNCTIONS:
-                self._diagnose("file_function", block.file, line, f"{name} calls {function}(), which reads files "
-                               "next to the configuration: copy the configuration directory's other files "
-                               "(templates, scripts, JSON) into the workspace")
-        if member.local is not None:
-            return
-        if block.type == "data" and block.labels[:1] == ("terraform_remote_state",):
-            self._diagnose("remote_state", block.file, line, f"{block.address} reads another state's outputs, which "
-                           "no reservation here covers: it is read as it is at plan time")
-        if block.type == "module" and block.module_source is None:
-            self._diagnose("module_source_missing", block.file, line, f"{block.address} has no literal source")
-        elif block.type == "module" and block.module_source and not is_local_source(block.module_source):
-            self._diagnose("module_source_remote", block.file, line, f"{block.address} comes from "
-                           f"{block.module_source!r}, whose contents are not analysed: every address under "
-                           f"{block.address}.* is covered, and terraform init must fetch it")
-
-    def _check_overrides(self, members: Iterable[_Member]) -> None:
-        if not self.overrides:
-            return
-        names = {f"local.{m.local.name}" if m.local else m.block.address for m in members}
-        for path in self.overrides:
-            text = self.files[path]
-            if path.endswith(".json"):
-                declarations = json_document_declarations(text)
-                if declarations is None:
-                    self._diagnose("parse_error", path, 1, "cannot parse the JSON override file")
-                overridden = {declared_address(t, labels) for t, labels in declarations or ()}
-            else:
-                try:
-                    blocks = analyze_file(path, text, cache=self.cache).blocks
-                except HclError as exc:
-                    self._parse_failure(path, exc)
-                    continue
-                overridden = {f"local.{d.name}" for b in blocks for d in b.locals} | {b.address for b in blocks}
-            for address in sorted(a for a in overridden if a and a in names):
-                self._diagnose("override_file", path, 1, f"this override file changes {address}, which the "
-                               "workspace contains")
 
     def _parse_failure(self, path: str, exc: HclError) -> None:
         where, _, problem = str(exc).partition(": ")

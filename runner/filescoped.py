@@ -329,7 +329,8 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
     prune_cache(cache, files)
     save_cache(data_dir, cache, loaded=loaded)
     write_globs = scoped.write_globs
-    slice_globs = tuple(sorted(set(write_globs) | set(fp.read_globs) | set(fp.validation_globs)))
+    slice_globs = tuple(sorted({g for g in write_globs if not g.startswith("output.")}
+                               | set(fp.read_globs) | set(fp.validation_globs)))
     described = described_in(fp, gone)
     slice_raw, slice_addresses, snapshot = fetch_slice(client, state, slice_globs, frozenset(described))
     flags = _var_flags(var_args, fp)

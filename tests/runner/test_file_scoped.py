@@ -331,7 +331,7 @@ def test_root_outputs_reading_what_the_change_writes_are_committed(repo):
     plan_apply(repo, "-f", "network.tf")
     repo.edit("network.tf", "net-v1", "net-v9")
     planned = plan_apply(repo, "-f", "network.tf")
-    assert "net" in planned["output_changes"]
+    assert "net" in planned["output_changes"] and "output.net" in planned["write_globs"]
     outputs = requests.get(repo.url, timeout=10).json()["outputs"]
     assert outputs["net"]["value"] == "prod-app-net-v9" and "db" in outputs
     untrap(repo)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from analyzer.addresses import AddressError, parse_instance_address, parse_module_path
 from analyzer.consumers import Consumers
-from analyzer.footprint_checks import Checks
+from analyzer.footprint_checks import Checks, labels_valid
 from analyzer.footprint_rules import (
     DIAGNOSTICS,
     HANDLED,
@@ -283,7 +283,7 @@ class _Footprinter(Checks):
                         self._add(_Def(path, block=block), block.type, block.labels)
                         selected_blocks.append(block)
                 continue
-            headers, complete = self._prescan(path, text)
+            headers, complete, bad = self._prescan(path, text)
             if not complete:
                 try:
                     analysis = analyze_file(path, text, cache=self.cache)
@@ -294,18 +294,26 @@ class _Footprinter(Checks):
                     if self._valid_labels(path, block.span.start_line, block.type, block.labels):
                         self._add(_Def(path, block=block), block.type, block.labels)
                 continue
-            for header in headers:
-                if self._valid_labels(path, header.line, header.type, header.labels):
+            for index, header in enumerate(headers):
+                if index in bad:
+                    self._valid_labels(path, header.line, header.type, header.labels)
+                else:
                     self._add(_Def(path, header=header), header.type, header.labels)
         return selected_blocks
 
-    def _prescan(self, path: str, text: str) -> tuple[tuple[BlockHeader, ...], bool]:
+    def _prescan(self, path: str, text: str) -> tuple[tuple[BlockHeader, ...], bool, frozenset[int]]:
+        """The file's headers, whether the scan was complete, and which headers carry labels Terraform rejects
+        (cached with the scan, so a warm run checks no label)."""
         digest = self.digests[path] = content_digest(text)
         hit = self.cache.prescans.get(digest)
         if hit is None:
             result = scan(text)
-            hit = self.cache.prescans[digest] = (result.headers, result.complete)
-        return hit
+            hit = (result.headers, result.complete)
+        if len(hit) == 2:  # a scan cached before labels were checked with it
+            headers = hit[0]
+            bad = frozenset(i for i, h in enumerate(headers) if not labels_valid(h.type, h.labels))
+            hit = self.cache.prescans[digest] = (headers, hit[1], bad)  # type: ignore[assignment]
+        return hit  # type: ignore[return-value]
 
     def _add(self, definition: _Def, type_: str, labels: tuple[str, ...]) -> None:
         self.by_file.setdefault(definition.path, []).append(definition)

@@ -14,11 +14,16 @@ from typing import Any
 from analyzer.footprint_rules import FILE_FUNCTIONS, declared_address, is_local_source, json_document_declarations
 from analyzer.hcl import HclError, analyze_file
 
-__all__ = ["Checks"]
+__all__ = ["Checks", "labels_valid"]
 
 _NAMED = {"resource": 2, "data": 2, "ephemeral": 2, "action": 2, "module": 1, "variable": 1, "output": 1, "check": 1}
 # Terraform's hclsyntax.ValidIdentifier: the rule for every name and type label of a named block.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def labels_valid(type_: str, labels: tuple[str, ...]) -> bool:
+    """Whether Terraform accepts a block's labels as names (only named block types are checked)."""
+    return type_ not in _NAMED or all(_IDENTIFIER.fullmatch(label) for label in labels)
 
 
 class Checks:

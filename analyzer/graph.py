@@ -64,15 +64,20 @@ class ReferenceMatcher:
                 last = address.rsplit(".", 1)[-1]
                 self._by_name.setdefault(last, []).append((address, _compiled(spelling)))
 
+        # One pass over a file for all the names at once (most files hold none of them).
+        names = sorted(self._by_name, key=lambda n: (-len(n), n))
+        self._any = re.compile("|".join(re.escape(n) for n in names)) if names else None
+
     def __bool__(self) -> bool:
         return bool(self._by_name)
 
     def hits(self, text: str) -> Iterator[Hit]:
-        """Every candidate reference in ``text``; a plain substring test on the name skips most files."""
-        for last, patterns in self._by_name.items():
-            if last not in text:
-                continue
-            for address, pattern in patterns:
+        """Every candidate reference in ``text``."""
+        if self._any is None:
+            return
+        found = set(self._any.findall(text))
+        for last in sorted(found):
+            for address, pattern in self._by_name.get(last, ()):
                 for match in pattern.finditer(text):
                     yield Hit(address, match.start())
 

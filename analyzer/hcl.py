@@ -61,7 +61,9 @@ class ParseCache:
 
     analyses: dict[str, FileAnalysis] = field(default_factory=dict)
     blocks: dict[tuple[str, int], Block] = field(default_factory=dict)
-    prescans: dict[str, tuple[tuple[BlockHeader, ...], bool]] = field(default_factory=dict)
+    # content sha256 -> (headers, complete) from the prescan, plus the indices of headers whose labels Terraform
+    # rejects once the footprint has checked them
+    prescans: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     parse_count: int = 0  # full or partial parses made through this cache (observability for callers)
 
     def __len__(self) -> int:

@@ -153,10 +153,17 @@ def test_the_users_index_is_left_untouched(sandbox):
     assert (index.read_bytes(), sandbox.git("status", "--porcelain")) == before
 
 
-def test_a_tfvars_change_widens_to_a_full_plan(sandbox):
+def test_a_tfvars_change_widens_to_the_changed_variables(sandbox):
     sandbox.write("terraform.tfvars", 'name = "b"\n')
     result = scope(sandbox)
-    assert [(w.path, w.effect) for w in result.widen] == [("terraform.tfvars", FULL)]
+    assert [(w.path, w.effect) for w in result.widen] == [("terraform.tfvars", "variables:terraform.tfvars")]
+    assert not result.needs_full_plan
+
+
+def test_a_var_file_only_tfvars_change_widens_to_a_full_plan(sandbox):
+    sandbox.write("prod.tfvars", 'name = "b"\n')
+    result = scope(sandbox)
+    assert [(w.path, w.effect) for w in result.widen] == [("prod.tfvars", FULL)]
     assert result.needs_full_plan and "kl plan . (without -f)" in result.widen[0].reason
 
 

@@ -312,8 +312,8 @@ class _Footprinter(Checks):
         if len(hit) == 2:  # a scan cached before labels were checked with it
             headers = hit[0]
             bad = frozenset(i for i, h in enumerate(headers) if not labels_valid(h.type, h.labels))
-            hit = self.cache.prescans[digest] = (headers, hit[1], bad)  # type: ignore[assignment]
-        return hit  # type: ignore[return-value]
+            hit = self.cache.prescans[digest] = (headers, hit[1], bad)
+        return hit
 
     def _add(self, definition: _Def, type_: str, labels: tuple[str, ...]) -> None:
         self.by_file.setdefault(definition.path, []).append(definition)

@@ -3,7 +3,7 @@ and the outcome distribution of file-scoped footprints.
 
 Point it at directories holding checked-out repositories (never committed here), for example:
 
-    for r in terraform-aws-modules/terraform-aws-vpc ...; do git clone --depth 1 https://github.com/$r /tmp/corpus/...; done
+    git clone --depth 1 https://github.com/terraform-aws-modules/terraform-aws-vpc /tmp/corpus/vpc   # and others
     .venv/bin/python -m bench.corpus_check /tmp/corpus            # prints the section
     .venv/bin/python -m bench.corpus_check /tmp/corpus --out docs/benchmarks.md
 

@@ -65,11 +65,15 @@ def check_spec(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplie
     """Refuse (exit 2: re-plan) when the configuration or the pinned inputs moved since kl plan."""
     if workspace.config_hash(config_dir) != spec.config_hash:
         raise KlExit(2, f"the configuration in {config_dir} changed since kl plan: re-run kl plan")
+    pinned_env = {v.name for v in spec.variables if v.kind == "env"}
+    for key in sorted(k for k in env if k.startswith("TF_VAR_") and k not in pinned_env):
+        raise KlExit(2, f"{key} is set but was not when kl plan ran: re-run kl plan")
     for var in spec.variables:
-        if var.kind == "var-file":
+        if var.kind in ("var-file", "auto-var-file"):
             path = Path(var.name)
             if not path.is_file() or workspace.file_hash(path) != var.sha256:
-                raise KlExit(2, f"-var-file {var.name} changed or vanished since kl plan: re-run kl plan")
+                raise KlExit(2, f"{var.name} changed or vanished since kl plan (the variable values differ): "
+                                "re-run kl plan")
         elif var.kind == "env":
             if hashlib.sha256(env.get(var.name, "").encode()).hexdigest() != var.sha256:
                 raise KlExit(2, f"{var.name} differs from what kl plan saw: re-run kl plan")

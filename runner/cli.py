@@ -350,7 +350,7 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
         chosen = changed_selection(config_dir, args.changed_from)
     except GitError as exc:
         raise UsageError(str(exc)) from exc
-    return Selection(tuple(sorted(set(chosen.files) | set(files))), chosen.deleted)
+    return Selection(tuple(sorted(set(chosen.files) | set(files))), chosen.deleted, chosen.variables)
 
 
 def _plan_spec(args: argparse.Namespace, env: dict[str, str]) -> tuple[Any, Any, Any]:

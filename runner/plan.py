@@ -109,12 +109,30 @@ def var_flags(variables: Sequence[PinnedVar], supplied: Mapping[str, str]) -> li
     return flags
 
 
+AUTO_VAR_NAMES = ("terraform.tfvars", "terraform.tfvars.json")
+
+
+def auto_var_files(config_dir: Path) -> list[Path]:
+    """The variable-definitions files Terraform loads by itself, in its order: ``terraform.tfvars``,
+    ``terraform.tfvars.json``, then ``*.auto.tfvars`` and ``*.auto.tfvars.json`` in lexical order of their names."""
+    if not config_dir.is_dir():
+        return []
+    present = {p.name: p for p in config_dir.iterdir() if p.is_file()}
+    fixed = [present[n] for n in AUTO_VAR_NAMES if n in present]
+    auto = [present[n] for n in sorted(present) if n.endswith((".auto.tfvars", ".auto.tfvars.json"))]
+    return fixed + auto
+
+
 def pin_variables(
-    var_args: Sequence[tuple[str, str]], env: Mapping[str, str], sensitive: frozenset[str]
+    var_args: Sequence[tuple[str, str]], env: Mapping[str, str], sensitive: frozenset[str],
+    config_dir: Path | None = None,
 ) -> tuple[PinnedVar, ...]:
-    """Record every input the plan used: -var values (hash only when sensitive), -var-file paths
-    with content hashes, and TF_VAR_ variables (hash only)."""
+    """Record every input the plan used: the variable-definitions files Terraform loads by itself (content
+    hashes), -var values (hash only when sensitive), -var-file paths with content hashes, and TF_VAR_
+    variables (hash only). Terraform's precedence among them is its own: kl passes them on unchanged."""
     pinned: list[PinnedVar] = []
+    for path in auto_var_files(config_dir) if config_dir is not None else ():
+        pinned.append(PinnedVar("auto-var-file", str(path.resolve()), workspace.file_hash(path)))
     for kind, raw in var_args:
         if kind == "var":
             name, _, value = raw.partition("=")
@@ -196,7 +214,7 @@ def make_plan(
         read_globs=tuple(analysis.read_globs),
         actions={c.address: c.summary for c in analysis.changes if c.address in write_set},
         described_resources=tuple(sorted(described)), orphans=tuple(sorted(left_alone)), warnings=tuple(warnings),
-        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan)), targets=tuple(targets),
+        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan), config_dir), targets=tuple(targets),
         output_changes=output_changes,
         refresh=refresh,
     )

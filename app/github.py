@@ -299,6 +299,43 @@ class GitHub:
 
         self._policy.call(f"reply on #{number}", once)
 
+    def sync_issue(self, marker: str, title: str, body: str, *, open_: bool, number: int | None = None) -> int | None:
+        """Keep the bot's one issue that carries ``marker`` (a hidden HTML comment) in step: with ``open_``,
+        edit it in place (reopening it when closed) or create it; without, close it with ``body`` when it is
+        open. The issue is found by ``number`` (as stored from an earlier call) when that one is the bot's and
+        carries the marker, else among the bot's issues by marker, so a retry after a lost answer never
+        opens a second one. Returns the issue's number (None: there was none to close)."""
+        text = _with_marker(marker, body)
+        short = _short(title, TITLE_LIMIT)
+
+        def mine(issue: Any) -> bool:
+            return issue.user is not None and issue.user.login == self.login and marker in (issue.body or "")
+
+        def once() -> int | None:
+            found = None
+            if number is not None:
+                try:
+                    candidate = self._repository.get_issue(number)
+                    found = candidate if mine(candidate) else None
+                except UnknownObjectException:
+                    found = None
+            if found is None:
+                found = next((i for i in self._repository.get_issues(state="all", creator=self.login)
+                              if i.pull_request is None and mine(i)), None)
+            if open_:
+                if found is None:
+                    return int(self._repository.create_issue(title=short, body=text).number)
+                if found.state != "open" or found.body != text or found.title != short:
+                    found.edit(title=short, body=text, state="open")
+                return int(found.number)
+            if found is None:
+                return None
+            if found.state == "open":
+                found.edit(body=text, state="closed", state_reason="completed")
+            return int(found.number)
+
+        return self._policy.call("update the drift issue", once)
+
     def set_check(self, sha: str, name: str, *, status: str, conclusion: str | None = None, title: str = "",
                   summary: str = "", text: str | None = None, external_id: str = "") -> None:
         """Report ``name`` on commit ``sha``. App mode: the check run of that name (ours, latest) is

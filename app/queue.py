@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from redis import Redis
 from rq import Queue, Retry
@@ -25,6 +26,8 @@ JOBS: dict[str, str] = {
     "comment": "runner.jobs.comment_command",
     "reconcile_holds": "runner.jobs.reconcile_holds",
     "pull_request_review": "runner.jobs.pull_request_review",
+    "drift_tick": "runner.jobs.drift_tick",
+    "drift_check": "runner.jobs.drift_check",
 }
 
 
@@ -51,4 +54,17 @@ def enqueue(
     queue.enqueue(JOBS[kind], *args, job_id=job_id, job_timeout=timeout,
                   retry=Retry(max=retries, interval=[5, 30, 120]), result_ttl=86400, failure_ttl=7 * 86400,
                   depends_on=depends_on)
+    return Enqueued(job_id, kind)
+
+
+def enqueue_at(redis: Redis, when: datetime, kind: str, args: Sequence[str | int], *, job_id: str,
+               timeout: int) -> Enqueued:
+    """Schedule one job for ``when`` (a worker running RQ's scheduler moves it to the queue then); a no-op
+    when a job with that id is still scheduled, queued or running."""
+    queue = Queue(QUEUE_NAME, connection=redis, serializer="rq.serializers.JSONSerializer")
+    existing = queue.fetch_job(job_id)
+    if existing is not None and existing.get_status(refresh=True) in ("queued", "started", "deferred", "scheduled"):
+        return Enqueued(job_id, kind)
+    queue.enqueue_at(when, JOBS[kind], *args, job_id=job_id, job_timeout=timeout, result_ttl=86400,
+                     failure_ttl=86400)
     return Enqueued(job_id, kind)

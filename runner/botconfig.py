@@ -17,6 +17,7 @@ The format::
     merge_wait: 10m             # how long a merge apply waits for reservations (default 10m)
     apply_on_comment: false     # let `kilolock apply` comments apply before merge (default false)
     apply_requirements: [approved, mergeable]   # gate of comment applies (also: undiverged; may be [])
+    drift: {every: 6h, issue: true}   # scheduled drift check of the default branch (default: none)
     projects:
       - dir: infra/prod         # the Terraform root module, relative to the repository root
         name: prod              # default: the directory (the state's name for the root directory)
@@ -34,7 +35,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,14 @@ from runner.config import ClientConfigError, read_tf_files, split_backend_addres
 CONFIG_NAMES = (".kilolock.yml", ".kilolock.yaml")
 DEFAULT_MERGE_WAIT = 600
 MAX_MERGE_WAIT = 6 * 3600
+# Scheduled drift windows: the scheduler ticks every few minutes, so shorter windows would be missed,
+# and a check older than a month says little about now.
+MIN_DRIFT_EVERY = 15 * 60
+MAX_DRIFT_EVERY = 31 * 86400
 _TOP_KEYS = frozenset({"version", "apply_on_merge", "apply_on_push", "merge_wait", "projects", "apply_on_comment",
-                       "apply_requirements"})
-_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment"})
+                       "apply_requirements", "drift"})
+_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment", "drift"})
+_DRIFT_KEYS = frozenset({"every", "issue"})
 REQUIREMENTS = ("approved", "mergeable", "undiverged")
 DEFAULT_REQUIREMENTS = ("approved", "mergeable")
 _SKIP_DIRS = frozenset({".git", ".terraform", "node_modules"})
@@ -73,6 +79,15 @@ class RawConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DriftSchedule:
+    """``drift: {every: 6h, issue: true}``: check the project's default-branch configuration for drift once
+    per window of ``every`` seconds; with ``issue``, keep one GitHub issue per project up to date."""
+
+    every: int
+    issue: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Project:
     """One Terraform root module the bot plans and applies.
 
@@ -88,6 +103,7 @@ class Project:
     files: tuple[str, ...]
     apply_on_merge: bool
     apply_on_comment: bool = False
+    drift: DriftSchedule | None = None
 
     @property
     def shown_dir(self) -> str:
@@ -157,11 +173,12 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     merge_wait = _duration(doc.get("merge_wait", DEFAULT_MERGE_WAIT), "merge_wait", problems)
     apply_on_comment = _boolean(doc, "apply_on_comment", False, "", problems)
     requirements = _requirements(doc.get("apply_requirements", list(DEFAULT_REQUIREMENTS)), problems)
+    drift = drift_schedule(doc.get("drift"), "drift", problems)
     items = doc.get("projects")
     projects: list[Project] = []
     if items is None:
-        projects = [_project_from(d, None, None, None, apply_on_merge, root, problems, "", apply_on_comment)
-                    for d in discover(root)]
+        projects = [replace(_project_from(d, None, None, None, apply_on_merge, root, problems, "", apply_on_comment),
+                            drift=drift) for d in discover(root)]
     elif not isinstance(items, list) or not items:
         problems.append("projects must be a non-empty list of {dir: …} mappings (or left out to discover them)")
     else:
@@ -180,8 +197,9 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
             files = _globs(item.get("files"), where, problems)
             own_apply = _boolean(item, "apply_on_merge", apply_on_merge, where + ": ", problems)
             own_comment = _boolean(item, "apply_on_comment", apply_on_comment, where + ": ", problems)
-            projects.append(_project_from(directory, name, state, files, own_apply, root, problems, where,
-                                          own_comment))
+            own_drift = drift_schedule(item["drift"], f"{where}: drift", problems) if "drift" in item else drift
+            projects.append(replace(_project_from(directory, name, state, files, own_apply, root, problems, where,
+                                                  own_comment), drift=own_drift))
     seen: dict[str, int] = {}
     for project in projects:
         seen[project.name] = seen.get(project.name, 0) + 1
@@ -382,4 +400,43 @@ def _duration(value: Any, key: str, problems: list[str]) -> int:
     if seconds is None or not 0 <= seconds <= MAX_MERGE_WAIT:
         problems.append(f"{key} must be a duration between 0 and 6h such as 600, 90s, 10m or 1h, got {value!r}")
         return DEFAULT_MERGE_WAIT
+    return seconds
+
+
+def drift_schedule(value: Any, where: str, problems: list[str]) -> DriftSchedule | None:
+    """``drift:``: absent, null or false (no scheduled check), or ``{every: DURATION, issue: BOOL}``."""
+    if value is None or value is False:
+        return None
+    if not isinstance(value, dict):
+        problems.append(f"{where} must be a mapping such as {{every: 6h}} or {{every: 6h, issue: true}} (or false), "
+                        f"got {value!r}")
+        return None
+    for key in sorted(set(value) - _DRIFT_KEYS):
+        problems.append(f"{where}: unknown key {key!r} (known: {', '.join(sorted(_DRIFT_KEYS))})")
+    if "every" not in value:
+        problems.append(f"{where}: every is required: how often to check, such as 6h, 30m or 1d")
+        return None
+    every = parse_every(value["every"])
+    if every is None:
+        problems.append(f"{where}: every must be a duration between 15m and 31d such as 30m, 6h or 1d, got "
+                        f"{value['every']!r}")
+    issue = _boolean(value, "issue", False, f"{where}: ", problems)
+    return DriftSchedule(every, issue) if every is not None else None
+
+
+def parse_every(value: Any) -> int | None:
+    """Seconds of a drift window (``90m``, ``6h``, ``1d``, ``1h30m`` or a number of seconds), None when it is
+    not a duration or out of range."""
+    seconds: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    elif isinstance(value, str):
+        text = value.strip()
+        parts = re.findall(r"(\d+)([dhms])", text)
+        if text.isdigit():
+            seconds = int(text)
+        elif parts and "".join(n + u for n, u in parts) == text:
+            seconds = sum(int(n) * {"d": 86400, "h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if seconds is None or not MIN_DRIFT_EVERY <= seconds <= MAX_DRIFT_EVERY:
+        return None
     return seconds

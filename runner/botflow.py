@@ -317,3 +317,11 @@ def end_live_runs(bench: Bench, root: Path, project: Project, actor: str, reason
             except EngineError as exc:
                 log.warning("could not close run %s: %s", run["id"], exc)
     return ended
+
+
+def branch_head(bench: Bench, repo: str, branch: str, token: str | None) -> str:
+    """The commit ``branch`` points at now (the mirror is fetched first)."""
+    url = git.clone_url(repo, clone_urls=dict(bench.settings.github_clone_urls),
+                        api_url=bench.settings.github_api_url)
+    mirror_dir = git.mirror(bench.cache_dir, repo, url, token=token, refresh=True)
+    return git.resolve_commit(mirror_dir, f"refs/heads/{branch}")

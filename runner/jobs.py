@@ -47,7 +47,7 @@ from app.github import GitHub, GitHubError, PullInfo
 from app.store import Database
 from app.store import bot as store
 from app.store.bot import BotJob, PrFootprint
-from runner import bot_holds, botflow, botview, comments, git
+from runner import bot_holds, botdrift, botflow, botview, comments, git
 from runner.botconfig import BotConfig, BotConfigError, load
 from runner.comments import (
     MARKER,
@@ -184,6 +184,8 @@ def work(settings: Settings, *, burst: bool = False, name: str | None = None, wi
     serializer = "rq.serializers.JSONSerializer"
     rq_queue = Queue(queue.QUEUE_NAME, connection=redis, serializer=serializer)
     worker = Worker([rq_queue], connection=redis, serializer=serializer, name=name)
+    if with_scheduler:  # the drift schedule: one tick stays scheduled (runner.botdrift)
+        botdrift.schedule_tick(redis, settings.job_timeout, time.time())
     return bool(worker.work(burst=burst, with_scheduler=with_scheduler, logging_level=settings.log_level))
 
 
@@ -496,6 +498,18 @@ def reconcile_holds(repo: str) -> str:
         return "reconciled " + (", ".join(f"#{n}" for n in ended) or "nothing")
 
 
+def drift_tick(at: int) -> str:
+    """Enqueue the drift checks due at ``at`` (epoch seconds) and schedule the next tick."""
+    with _job("drift_tick", botdrift.TICK_REPO, at) as ctx:
+        return "enqueued " + (", ".join(botdrift.tick(ctx, at, now=time.time())) or "nothing")
+
+
+def drift_check(repo: str, project: str, window: int, sha: str, branch: str) -> str:
+    """The scheduled drift check of one project for the window starting at ``window``."""
+    with _job("drift_check", repo, project, window) as ctx:
+        return botdrift.check(ctx, repo, project, window, sha, branch)
+
+
 def rerun_check(repo: str, external_id: str, head_sha: str) -> str:
     """A ``kilolock/*`` check run was re-requested: forget the stored outcome of the job its
     ``external_id`` names and run that job again."""
@@ -525,6 +539,8 @@ def rerun_check(repo: str, external_id: str, head_sha: str) -> str:
 
 def _rerun_args(db: Database, row: BotJob) -> tuple[str | int, ...]:
     number = row.number or 0
+    if row.kind == "drift_check":
+        return botdrift.rerun_args(row)
     if row.kind == "push":
         return row.repo, row.sha, str(row.result.get("before", ZERO_SHA))
     if row.kind == "merge_apply" and row.project:
@@ -676,6 +692,6 @@ def _source(root: Any) -> str:
         return exc.source
 
 
-__all__: Sequence[str] = ("comment_command", "configure", "merge_apply", "pull_request_closed",
+__all__: Sequence[str] = ("comment_command", "configure", "drift_check", "drift_tick", "merge_apply", "pull_request_closed",
                           "pull_request_footprint", "pull_request_preview", "pull_request_review",
                           "push_to_default_branch", "reconcile_holds", "rerun_check")

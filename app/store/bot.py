@@ -289,3 +289,64 @@ def list_jobs(db: Database, repo: str, number: int | None = None) -> list[BotJob
     """A repository's jobs (one PR's when ``number`` is given), oldest first."""
     with db.transaction() as conn, conn.cursor(row_factory=class_row(BotJob)) as cur:
         return cur.execute(_LIST_JOBS, (repo, number, number)).fetchall()
+
+
+# --- scheduled checks (one per repository, project and window) ------------------------------------
+
+# Unlike claim_job, a row another worker holds as running is NOT taken over, unless it has been running
+# longer than ``stale`` seconds (its worker died: RQ would have killed it by then) or it was reset.
+_CLAIM_WINDOW = """
+INSERT INTO bot_jobs (id, kind, repo, number, sha, project, status, attempts)
+VALUES (%s, %s, %s, NULL, %s, %s, 'running', 1)
+ON CONFLICT (id) DO UPDATE
+   SET status = 'running', attempts = bot_jobs.attempts + 1, updated_at = now()
+ WHERE bot_jobs.status = 'queued'
+    OR (bot_jobs.status = 'running' AND bot_jobs.updated_at < now() - make_interval(secs => %s))
+RETURNING id, kind, repo, number, sha, project, status, attempts, result, posted, error
+"""
+_KNOWN_REPOS = """
+SELECT repo FROM bot_jobs WHERE repo <> '' AND repo <> '-'
+UNION SELECT repo FROM webhook_deliveries WHERE repo <> ''
+ORDER BY repo
+"""
+_LAST_RESULT = """
+SELECT result FROM bot_jobs
+WHERE repo = %s AND kind = %s AND project = %s AND status <> ALL(%s) AND result ? %s
+ORDER BY finished_at DESC NULLS LAST, updated_at DESC LIMIT 1
+"""
+
+
+def claim_window(db: Database, job_id: str, kind: str, repo: str, *, sha: str, project: str,
+                 stale_seconds: int) -> tuple[BotJob, bool]:
+    """Claim a scheduled job's row: (row, True) when this caller runs it now, (row, False) when another
+    worker is running it or it already finished (the caller then only delivers a finished outcome)."""
+    with db.transaction() as conn, conn.cursor(row_factory=class_row(BotJob)) as cur:
+        job = cur.execute(_CLAIM_WINDOW, (job_id, kind, repo, sha, project, stale_seconds)).fetchone()
+        if job is not None:
+            return job, True
+        job = cur.execute(_GET_JOB, (job_id,)).fetchone()
+    assert job is not None, "the conflicting row exists: it stopped the upsert"
+    return job, False
+
+
+def known_repos(db: Database) -> list[str]:
+    """Every repository the bot has received a delivery for or run a job on."""
+    with db.transaction() as conn:
+        return [str(row[0]) for row in conn.execute(_KNOWN_REPOS).fetchall()]
+
+
+def last_result(db: Database, repo: str, kind: str, project: str, key: str) -> dict[str, Any] | None:
+    """The stored result of the newest finished job of ``kind`` on (repo, project) that holds ``key``."""
+    unfinished = ["queued", "running"]
+    with db.transaction() as conn:
+        row = conn.execute(_LAST_RESULT, (repo, kind, project, unfinished, key)).fetchone()
+    return dict(row[0]) if row is not None else None
+
+
+_MERGE_RESULT = "UPDATE bot_jobs SET result = result || %s, updated_at = now() WHERE id = %s"
+
+
+def merge_result(db: Database, job_id: str, extra: dict[str, Any]) -> None:
+    """Add keys to a job's stored result (what posting it learnt, such as an issue number)."""
+    with db.transaction() as conn:
+        conn.execute(_MERGE_RESULT, (json.dumps(extra), job_id))

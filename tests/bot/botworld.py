@@ -293,12 +293,13 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
     stops: list[Any] = []
 
     def make(*, mode: str = "app", files: dict[str, str] | None = None, kilolock_yml: str | None = None,
-             served: bool = False, job_timeout: int = 600) -> World:
+             served: bool = False, job_timeout: int = 600, extra_env: dict[str, str] | None = None) -> World:
         server = live_server_factory(github_webhook_secret=webhooks.SECRET, redis_url=redis_url)
         home = tmp_path / "tf-home"
         home.mkdir(exist_ok=True)
-        tf_env = terraform_env(home)
-        for key in ("KL_TERRAFORM_BIN", "TF_CLI_CONFIG_FILE", "TF_IN_AUTOMATION", "CHECKPOINT_DISABLE", "TF_INPUT"):
+        tf_env = {**terraform_env(home), **(extra_env or {})}
+        for key in ("KL_TERRAFORM_BIN", "TF_CLI_CONFIG_FILE", "TF_IN_AUTOMATION", "CHECKPOINT_DISABLE", "TF_INPUT",
+                    *(extra_env or {})):
             monkeypatch.setenv(key, tf_env[key])
         work = tmp_path / "work"
         work.mkdir()

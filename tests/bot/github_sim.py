@@ -64,9 +64,11 @@ class GitHubSim:
     check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
     permissions: dict[str, str] = field(default_factory=dict)
+    issues: dict[int, dict[str, Any]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1001))
+    _issue_numbers: Iterator[int] = field(default_factory=lambda: itertools.count(501))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -204,6 +206,25 @@ class GitHubSim:
             status = {"sha": m.group(1), **body}
             self.statuses.append(status)
             return 201, {"id": next(self._ids), "url": f"{self.base_url}{path}", **body}
+        if path == f"{r}/issues" and method == "GET":
+            state = (query.get("state") or ["open"])[0]
+            creator = (query.get("creator") or [None])[0]
+            return 200, [self._issue_json(i) for n, i in sorted(self.issues.items())
+                         if (state == "all" or i["state"] == state) and creator in (None, i["user"])]
+        if path == f"{r}/issues" and method == "POST":
+            issue = {"number": next(self._issue_numbers), "title": body["title"], "body": body.get("body", ""),
+                     "state": "open", "user": self.bot_login, "state_reason": None, "history": ["opened"]}
+            self.issues[issue["number"]] = issue
+            return 201, self._issue_json(issue)
+        if (m := re.fullmatch(rf"{r}/issues/(\d+)", path)) and int(m.group(1)) in self.issues:
+            issue = self.issues[int(m.group(1))]
+            if method == "PATCH":
+                if body.get("state") and body["state"] != issue["state"]:
+                    issue["history"].append("reopened" if body["state"] == "open" else "closed")
+                for key in ("title", "body", "state", "state_reason"):
+                    if key in body:
+                        issue[key] = body[key]
+            return 200, self._issue_json(issue)
         if m := re.fullmatch(rf"{r}/collaborators/([^/]+)/permission", path):
             permission = self.permissions.get(m.group(1))
             if permission is None:
@@ -233,6 +254,13 @@ class GitHubSim:
                 "user": {"login": comment["user"], "id": 9, "type": "Bot" if "[bot]" in comment["user"] else "User"},
                 "url": f"{self.base_url}/repos/{self.repo}/issues/comments/{comment['id']}",
                 "html_url": f"https://github.com/{self.repo}/pull/{comment['issue']}#issuecomment-{comment['id']}"}
+
+    def _issue_json(self, issue: dict[str, Any]) -> dict[str, Any]:
+        return {"id": issue["number"] * 10, "number": issue["number"], "title": issue["title"],
+                "body": issue["body"], "state": issue["state"], "state_reason": issue["state_reason"],
+                "user": {"login": issue["user"], "id": 9, "type": "Bot" if "[bot]" in issue["user"] else "User"},
+                "url": f"{self.base_url}/repos/{self.repo}/issues/{issue['number']}",
+                "html_url": f"https://github.com/{self.repo}/issues/{issue['number']}"}
 
     def _run_json(self, run: dict[str, Any]) -> dict[str, Any]:
         return {"id": run["id"], "name": run["name"], "head_sha": run["head_sha"], "status": run.get("status"),

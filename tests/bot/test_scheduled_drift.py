@@ -151,7 +151,7 @@ def _queue_as_applied(world: World) -> dict[str, Any]:
 def test_two_forking_workers_post_the_window_check_exactly_once(world_factory: Any, provider: Installed,
                                                               tmp_path: Path) -> None:  # noqa: F811
     world, cloud = _world(world_factory, provider, tmp_path, "drift: {every: 1h}\n", mode="token", served=True)
-    cloud.edit("local", "bucket", "archive", size=5)
+    cloud.edit("east", "bucket", "archive", size=5)
     window = _next_window()
     _tick(world, window + 10)
     _tick(world, window + 20)

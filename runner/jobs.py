@@ -692,6 +692,6 @@ def _source(root: Any) -> str:
         return exc.source
 
 
-__all__: Sequence[str] = ("comment_command", "configure", "drift_check", "drift_tick", "merge_apply", "pull_request_closed",
-                          "pull_request_footprint", "pull_request_preview", "pull_request_review",
-                          "push_to_default_branch", "reconcile_holds", "rerun_check")
+__all__: Sequence[str] = ("comment_command", "configure", "drift_check", "drift_tick", "merge_apply",
+                          "pull_request_closed", "pull_request_footprint", "pull_request_preview",
+                          "pull_request_review", "push_to_default_branch", "reconcile_holds", "rerun_check")

@@ -34,9 +34,9 @@ def provider(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     return install(tmp_path_factory.mktemp("fakecloud-provider"))
 
 
-def _world(world_factory: Any, provider: Installed, tmp_path: Path, yml: str, **kwargs: Any) -> tuple[World, Cloud]:
+def _world(make: Any, provider: Installed, tmp_path: Path, yml: str, **kwargs: Any) -> tuple[World, Cloud]:
     cloud_root = tmp_path / "cloud"
-    world = world_factory(files=CLOUD_FILES, kilolock_yml=yml, extra_env=provider.env(cloud_root), **kwargs)
+    world = make(files=CLOUD_FILES, kilolock_yml=yml, extra_env=provider.env(cloud_root), **kwargs)
     # The bot knows a repository once a delivery for it arrived.
     store.record_delivery(_db(world), "delivery-1", "installation", "created", REPO)
     return world, Cloud(cloud_root)
@@ -148,8 +148,8 @@ def _queue_as_applied(world: World) -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if v is not None}
 
 
-def test_two_forking_workers_post_the_window_check_exactly_once(world_factory: Any, provider: Installed,
-                                                              tmp_path: Path) -> None:  # noqa: F811
+def test_two_forking_workers_post_the_window_check_exactly_once(world_factory: Any,  # noqa: F811
+                                                              provider: Installed, tmp_path: Path) -> None:
     world, cloud = _world(world_factory, provider, tmp_path, "drift: {every: 1h}\n", mode="token", served=True)
     cloud.edit("east", "bucket", "archive", size=5)
     window = _next_window()

@@ -87,6 +87,12 @@ def test_the_tick_enqueues_one_check_per_project_per_window_and_schedules_the_ne
     assert runs[0]["conclusion"] == "success", runs[0]
     assert runs[0]["history"] == [("completed", "success")] * 2  # one report per window
     assert "no drift in infra" in runs[0]["output"]["title"]
+    # Re-running the check on GitHub runs that window's check again and reports it on the same check run.
+    world.deliver_rerun(botdrift.check_id(REPO, "infra", window), head)
+    world.run_jobs(retries_now=False)
+    assert _drift_runs(world)[0]["history"] == [("completed", "success")] * 3
+    rerun = next(j for j in _drift_jobs(world) if j.id == botdrift.check_id(REPO, "infra", window))
+    assert (rerun.status, rerun.attempts, rerun.posted) == ("succeeded", 2, True)
     # Every tick schedules its successor at the next boundary (RQ's scheduler starts it).
     scheduled = world.queue().scheduled_job_registry.get_job_ids()
     assert botdrift.tick_id(((window + HOUR + 10) // botdrift.TICK_SECONDS + 1) * botdrift.TICK_SECONDS) in scheduled

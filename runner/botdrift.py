@@ -116,7 +116,11 @@ def check(ctx: Any, repo: str, name: str, window: int, sha: str, branch: str) ->
             return "delivered"
         log.info("drift check %s is running on another worker", ctx.id)
         return "running elsewhere"
-    status, outcome = _run(ctx, repo, name, window, sha, branch)
+    try:
+        status, outcome = _run(ctx, repo, name, window, sha, branch)
+    except Exception:
+        store.reset_job(ctx.db, ctx.id)  # unclaimed again: RQ's retry of this job may run it
+        raise
     store.finish_job(ctx.db, ctx.id, status, {"drift": outcome})
     fresh = store.get_job(ctx.db, ctx.id)
     assert fresh is not None

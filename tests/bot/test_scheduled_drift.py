@@ -226,3 +226,26 @@ def test_drift_is_inherited_overridden_or_turned_off_per_project(tmp_path: Path)
     assert schedules["b"] is not None and (schedules["b"].every, schedules["b"].issue) == (24 * HOUR, False)
     assert schedules["c"] is None
     assert all(p.drift is None for p in _validate("projects:\n  - {dir: a, state: a}\n", tmp_path).projects)
+
+
+def test_github_failing_after_the_check_is_retried_by_posting_the_stored_outcome(
+        world_factory: Any, provider: Installed, tmp_path: Path) -> None:  # noqa: F811
+    world, _ = _world(world_factory, provider, tmp_path, "drift: {every: 1h}\n")
+    world.sim.fail("POST", r"/check-runs$", 500, times=5)  # every attempt of the first try
+    window = _next_window()
+    _tick(world, window + 10)
+    world.run_jobs(retries_now=False)
+    assert _drift_runs(world) == []
+    # The retry RQ scheduled for the check (not the next tick): run it now.
+    check = botdrift.check_id(REPO, "infra", window)
+    rq_queue = world.queue()
+    assert check in rq_queue.scheduled_job_registry.get_job_ids()
+    job = rq_queue.fetch_job(check)
+    assert job is not None
+    rq_queue.scheduled_job_registry.remove(job)
+    rq_queue.enqueue_job(job)
+    world.run_jobs(retries_now=False)
+    runs = _drift_runs(world)
+    assert len(runs) == 1 and runs[0]["conclusion"] == "success"
+    (row,) = _drift_jobs(world)
+    assert (row.status, row.attempts, row.posted) == ("succeeded", 1, True)  # Terraform ran once

@@ -177,3 +177,19 @@ def test_postgres_starts_again_after_a_stop_in_the_same_process(tmp_path: Path) 
 
 def test_default_data_dir_is_the_per_user_kilolock_folder() -> None:
     assert default_data_dir().name == "kilolock"
+
+
+def test_a_postgres_that_cannot_start_is_one_clear_error_naming_its_log(tmp_path: Path) -> None:
+    from app.embedded import EmbeddedServiceError
+
+    where = tmp_path / "broken"
+    start_embedded_postgres(where)
+    stop_embedded_postgres(where)
+    with (where / "postgres" / "postgresql.conf").open("a") as conf:
+        conf.write("\nshared_buffers = 'not a size'\n")
+    with pytest.raises(EmbeddedServiceError) as raised:
+        start_embedded_postgres(where)
+    message = str(raised.value)
+    assert "did not start after 3 attempts" in message
+    assert str(where / "postgres" / "log") in message and "shared_buffers" in message
+    assert "KL_DATABASE_URL" in message

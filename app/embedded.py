@@ -258,7 +258,8 @@ def _create_database_if_missing(server: PostgresServer, name: str) -> None:
     )
     # "already exists" also covers another process creating it between two starts.
     if result.returncode != 0 and "already exists" not in result.stderr:
-        raise EmbeddedServiceError(f"could not create database {name!r} on the embedded Postgres: {result.stderr.strip()}")
+        raise EmbeddedServiceError(
+            f"could not create database {name!r} on the embedded Postgres: {result.stderr.strip()}")
 
 
 def _running_redis_url(redis_dir: Path) -> str | None:

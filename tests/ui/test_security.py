@@ -5,7 +5,6 @@ tenant isolation (another tenant's state is a 404), sensitive values never rende
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import replace
 from typing import Any
 

@@ -51,14 +51,22 @@ def _is_loopback(host: str) -> bool:
 
 def _listen(host: str, port: int, what: str) -> Any:
     """Bind before anything is printed, so a port clash is the only thing said."""
+    import socket
+
     from werkzeug.serving import make_server
 
     try:
+        # A bind of our own first: werkzeug reports a clash itself and exits 1.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
         return make_server(host, port, None, threaded=True)  # type: ignore[arg-type]  # the app comes next
-    except OSError as exc:
-        raise UsageError(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}. Another process "
-                         f"(perhaps another kl serve) holds that port: stop it, or pass --port/--control-port with "
-                         "a free one") from exc
+    except (OSError, SystemExit) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "address in use"
+        raise UsageError(f"cannot listen on {host}:{port} for the {what}: {reason}. Another process (perhaps "
+                         "another kl serve) holds that port: stop it, or pass --port/--control-port with a free "
+                         "one") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -422,7 +422,8 @@ def selection_from_changes(scope: ChangeScope, config_dir: Path, files: Mapping[
     selected = set(scope.files)
     for widening in scope.widen:
         if widening.effect == "full":
-            raise KlExit(3, f"{widening.path}: {widening.reason}\nrun kl plan without -f (a full plan)")
+            advice = "" if "full plan" in widening.reason else "\nrun kl plan without -f (a full plan)"
+            raise KlExit(3, f"{widening.path}: {widening.reason}{advice}")
         if widening.effect.startswith("files:"):
             selected.update(f for f in widening.effect[len("files:"):].split(",") if f)
         elif widening.effect.startswith("module:"):

@@ -22,7 +22,8 @@ KL = Path(sys.executable).with_name("kl")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def kl(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def kl(*args: str, cwd: Path, env: dict[str, str] | None = None,
+       timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(KL), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env={"PATH": os.environ["PATH"], "HOME": str(cwd), **(env or {})})
 

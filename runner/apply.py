@@ -227,7 +227,8 @@ def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, buil
             where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses,
                                    "apply failed") if result else None
             _fail(client, run_id, holder, str(exc))
-            kept = f"\nthe partial post-apply state is kept in {where} (see kl recover)" if where else ""
+            kept = (f"\nthe partial post-apply state is kept in {where}: if Terraform changed real infrastructure, "
+                    f"kl recover {run_id} commits it") if where else ""
             raise KlExit(1, f"{exc}\nnothing was committed; the trunk is unchanged{kept}") from exc
         result = ws.read_state() or b""
         return _commit(client, spec, options, run_id, heartbeat, result, slice_raw, slice_addresses)
@@ -252,7 +253,8 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
                   if surprise else f"the reservations were lost during the apply: {heartbeat.lost}")
         where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, reason)
         _fail(client, run_id, holder, reason)
-        raise KlExit(1, f"{reason}; nothing was committed; the post-apply state is kept in {where}")
+        raise KlExit(1, f"{reason}; nothing was committed; the post-apply state is kept in {where}: run "
+                        f"kl recover {run_id} to commit it")
     try:
         answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses,
                                prune_outputs=spec.mode == "full")

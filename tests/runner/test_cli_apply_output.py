@@ -44,8 +44,9 @@ def test_dash_c_json_documents_and_terraforms_own_counts(world):  # noqa: F811
     result = json.loads(applied.stdout)
     assert isinstance(result["commit_serial"], int) and result["run_id"].startswith("ar_")
     assert result["dry_run"] is False and result["rows"]["updated"] >= 1
-    terraform_says = re.search(r"Apply complete! Resources: (\d+) added, (\d+) changed, (\d+) destroyed", applied.stderr)
-    kl_says = re.search(r"apply complete: (\d+) added, (\d+) changed, (\d+) destroyed \(2 replaced\)", applied.stderr)
+    said = applied.stderr
+    terraform_says = re.search(r"Apply complete! Resources: (\d+) added, (\d+) changed, (\d+) destroyed", said)
+    kl_says = re.search(r"apply complete: (\d+) added, (\d+) changed, (\d+) destroyed \(2 replaced\)", said)
     assert terraform_says and kl_says, applied.stderr
     assert terraform_says.groups() == kl_says.groups() == ("2", "1", "2")
 

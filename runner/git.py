@@ -221,7 +221,9 @@ def _diff_working_tree(repo: Repo, base: Commit) -> list[Diff]:
         index = Path(tmp) / "index"
         real_index = Path(repo.git_dir) / "index"
         if real_index.exists():
-            shutil.copyfile(real_index, index)
+            # copy2 keeps the index file's mtime: git treats entries modified in the same second as the index
+            # was written as "racily clean" and compares their content; a fresh mtime would hide such edits.
+            shutil.copy2(real_index, index)
         with repo.git.custom_environment(GIT_INDEX_FILE=str(index)):
             # Intent-to-add makes untracked, non-ignored files visible to `git diff REF` (and to its
             # rename detection) without hashing their content or touching the real index.

@@ -107,3 +107,44 @@ def test_a_conflict_after_waiting_says_so_and_a_refused_commit_points_at_kl_reco
     doc = json.loads(recovered.stdout)
     assert doc["recovered_run_id"] == run["id"] and isinstance(doc["commit_serial"], int)
     assert doc["run_id"] != run["id"] and "terraform_data.web" in doc["committed_addresses"]
+
+
+def test_a_missing_cli_configuration_file_does_not_bury_terraforms_error(world):  # noqa: F811
+    broken = checkout(world, "broken")
+    broken.write()
+    (broken.dir / "bad.tf").write_text('resource "terraform_data" "x" {\n  input = var.nowhere\n}\n')
+    env = {**broken.env, "TF_CLI_CONFIG_FILE": str(world["root"] / "no-such.tfrc")}
+    failed = kl_in(broken.dir, env, "plan")
+    assert failed.returncode == 1
+    assert "var.nowhere" in failed.stderr or "nowhere" in failed.stderr, failed.stderr
+    assert "Unable to open CLI configuration file" not in failed.stderr + failed.stdout
+
+
+def test_changed_from_a_module_file_names_no_deleted_files(world, tmp_path):  # noqa: F811
+    repo = checkout(world, "modrepo")
+    url = world["server"].url + "/v1/states/modules"
+    (repo.dir / "main.tf").write_text(
+        f'terraform {{\n  backend "http" {{\n    address = "{url}"\n  }}\n}}\n'
+        'module "app" {\n  source = "./modules/app"\n}\n')
+    (repo.dir / "modules" / "app").mkdir(parents=True)
+    (repo.dir / "modules" / "app" / "main.tf").write_text('resource "terraform_data" "m" {\n  input = "v1"\n}\n')
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args], cwd=repo.dir,
+                       check=True, capture_output=True, timeout=60)
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "start")
+    (repo.dir / "modules" / "app" / "main.tf").write_text('resource "terraform_data" "m" {\n  input = "v2"\n}\n')
+    planned = repo.kl("plan", "--changed-from", "HEAD")
+    assert planned.returncode == 0, planned.stderr
+    assert "File-scoped: main.tf" in planned.stdout
+    assert "Deleted files" not in planned.stdout and "module.app.*" in planned.stdout
+    (repo.dir / "gone.tf").write_text('resource "terraform_data" "g" {}\n')
+    git("add", "-A")
+    git("commit", "-qm", "more")
+    (repo.dir / "gone.tf").unlink()
+    deleted = repo.kl("plan", "--changed-from", "HEAD")
+    assert deleted.returncode == 0, deleted.stderr
+    assert "Deleted files (what they declared is planned for destruction): gone.tf" in deleted.stdout

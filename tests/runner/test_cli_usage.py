@@ -200,3 +200,20 @@ def test_file_selection_mistakes_say_which_file_to_name(tmp_path):
     inner = kl("plan", "-f", "modules/app/main.tf", cwd=tmp_path)
     assert inner.returncode == 3 and "-f app.tf (the file that calls that module)" in inner.stderr
     assert "--changed-from" in inner.stderr
+
+
+def test_changed_from_sees_a_same_size_edit_made_in_the_second_of_the_commit(tmp_path):
+    """git trusts an index entry whose stat data match unless the index is not older than the file; the
+    copy of the index kl diffs with must keep that age, or such an edit goes unseen (a narrower plan)."""
+    write_backend(tmp_path, "http://127.0.0.1:9/v1/states/x")
+    (tmp_path / "app.tf").write_text('module "app" {\n  source = "./modules/app"\n}\n')
+    (tmp_path / "modules" / "app").mkdir(parents=True)
+    module = tmp_path / "modules" / "app" / "main.tf"
+    module.write_text('resource "terraform_data" "m" {\n  input = "v1"\n}\n')
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
+        subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args], cwd=tmp_path,
+                       check=True, capture_output=True, timeout=60)
+    module.write_text('resource "terraform_data" "m" {\n  input = "v2"\n}\n')  # same size, same second
+    result = kl("plan", "--changed-from", "HEAD", cwd=tmp_path)
+    assert "no Terraform files changed" not in result.stderr
+    assert result.returncode == 1 and "cannot reach Kilolock" in result.stderr, result.stderr

@@ -10,7 +10,7 @@ from ``merge-base...head``.
 Must not: run git, read files or the environment, or parse HCL. ``runner.git`` collects the entries and
 the texts at REF; the HCL analysis supplies the local module sources and the ``file()`` readers. When a
 change cannot be placed with certainty the scope widens or records a failure: it never narrows silently
-(ADR 0014, safety invariant 4).
+(see docs/file-scoped.md).
 """
 
 from __future__ import annotations

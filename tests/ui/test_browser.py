@@ -168,5 +168,5 @@ def test_overlapping_runs_are_drawn_overlapping_and_an_abort_frees_the_reservati
     wait_for(browser, ".gantt")
     shot(browser, "10-all-runs")
     browser.get(f"{site.url}/ui/pulls")
-    assert "not configured" in wait_for(browser, "#pulls-empty").text
+    assert "not set up" in wait_for(browser, "#pulls-empty").text
     shot(browser, "11-pulls")

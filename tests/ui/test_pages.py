@@ -156,3 +156,17 @@ def test_a_refused_login_keeps_the_name_typed(anon):
 
     refused = login(anon, "not-the-token", name="henry")
     assert refused.status_code == 403 and 'value="henry"' in refused.get_data(as_text=True)
+
+
+def test_open_mode_audit_rows_name_the_runs_actor_not_anonymous(client, clean_db):
+    client.post("/v1/states/open", data=counted_state(1, 1))
+    opened = client.post("/v1/engine/states/open/runs", json={"actor": "ivy", "reservations": [
+        {"glob": "*", "mode": "write"}]})
+    run_id = opened.get_json()["run"]["id"]
+    client.post(f"/v1/engine/runs/{run_id}/close", json={"holder": "ivy", "status": "failed", "error_summary": "x"})
+    with psycopg.connect(clean_db) as conn:
+        actors = {kind: actor for kind, actor in conn.execute(
+            "SELECT kind, actor FROM events WHERE detail ->> 'run_id' = %s OR kind LIKE 'run%%'", (run_id,))}
+    assert actors and set(actors.values()) == {"ivy"}, actors
+    html = client.get(f"/ui/runs/{run_id}", headers={"Accept": "text/html"}).get_data(as_text=True)
+    assert "anonymous" not in html.split('id="events"', 1)[1]

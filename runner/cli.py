@@ -49,24 +49,29 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _listen(host: str, port: int, what: str) -> Any:
-    """Bind before anything is printed, so a port clash is the only thing said."""
+def _port_free(host: str, port: int, what: str) -> None:
+    """Refuse a port in use before anything starts or is printed, so the clash is the only thing said."""
     import socket
 
-    from werkzeug.serving import make_server
-
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        # A bind of our own first: werkzeug reports a clash itself and exits 1.
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
-        return make_server(host, port, None, threaded=True)  # type: ignore[arg-type]  # the app comes next
-    except (OSError, SystemExit) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "address in use"
-        raise UsageError(f"cannot listen on {host}:{port} for the {what}: {reason}. Another process (perhaps "
-                         "another kl serve) holds that port: stop it, or pass --port/--control-port with a free "
-                         "one") from None
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}. Another process "
+                         "(perhaps another kl serve) holds that port: stop it, or pass --port/--control-port with "
+                         "a free one") from None
+
+
+def _listen(host: str, port: int, app: Any, what: str) -> Any:
+    from werkzeug.serving import make_server
+
+    try:
+        return make_server(host, port, app, threaded=True)
+    except (OSError, SystemExit):  # werkzeug reports a clash itself and exits; taken since _port_free looked
+        _port_free(host, port, what)
+        raise
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -84,16 +89,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "your states. Set KL_AUTH_MODE=static with KL_AUTH_TOKEN, or pass --allow-open-on-network "
             "(KL_ALLOW_OPEN_ON_NETWORK=true)"
         )
-    server = _listen(args.host, args.port, "service")
-    control = _listen(args.control_host, args.control_port, "control API") if args.control_port else None
+    _port_free(args.host, args.port, "service")
+    if args.control_port:
+        _port_free(args.control_host, args.control_port, "control API")
     where = "KL_DATABASE_URL" if settings.database_url else "embedded Postgres"
     settings = replace(settings, database_url=resolve_database_url(settings))
-    server.app = create_app(settings, lanes="public" if control else "all")
+    # Listening only once the apps exist: a client that connects early is refused, not left waiting.
+    main_app = create_app(settings, lanes="public" if args.control_port else "all")
+    control_app = create_app(settings, lanes="control") if args.control_port else None
+    server = _listen(args.host, args.port, main_app, "service")
     shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
     listening = f"http://{shown_host}:{server.port}"
     print(f"Kilolock listening on {listening} (database: {where}, auth: {settings.auth_mode.value})")
-    if control is not None:
-        control.app = create_app(settings, lanes="control")
+    if control_app is not None:
+        control = _listen(args.control_host, args.control_port, control_app, "control API")
         threading.Thread(target=control.serve_forever, name="control-api", daemon=True).start()
         print(f"control API on http://{args.control_host}:{control.port}/v1/api")
     print(f"Dashboard: {listening}/ui/")

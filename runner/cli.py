@@ -10,8 +10,6 @@ to it only through ``runner.engine_client``. Exit codes: 0 ok, 1 failed, 2 confl
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ipaddress
 import os
 import sys
 from collections.abc import Sequence
@@ -30,48 +28,20 @@ from runner.cli_support import (
     UsageError,
     apply_document,
     file_hint,
+    is_loopback,
+    json_mode,
     leaf_parsers,
+    listen,
+    package_version,
+    parse_duration,
     plan_document,
+    port_free,
     print_json,
 )
 from runner.config import ClientConfigError, resolve
 from runner.engine_client import EngineClient
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _port_free(host: str, port: int, what: str) -> None:
-    """Refuse a port in use before anything starts or is printed, so the clash is the only thing said."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-    except OSError as exc:
-        raise UsageError(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}. Another process "
-                         "(perhaps another kl serve) holds that port: stop it, or pass --port/--control-port with "
-                         "a free one") from None
-
-
-def _listen(host: str, port: int, app: Any, what: str) -> Any:
-    from werkzeug.serving import make_server
-
-    try:
-        return make_server(host, port, app, threaded=True)
-    except (OSError, SystemExit):  # werkzeug reports a clash itself and exits; taken since _port_free looked
-        _port_free(host, port, what)
-        raise
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -83,26 +53,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.allow_open_on_network:
         settings = replace(settings, allow_open_on_network=True)
-    if settings.auth_mode is AuthMode.OPEN and not _is_loopback(args.host) and not settings.allow_open_on_network:
+    if settings.auth_mode is AuthMode.OPEN and not is_loopback(args.host) and not settings.allow_open_on_network:
         raise UsageError(
             f"refusing to serve KL_AUTH_MODE=open on {args.host}: anyone who can reach it could rewrite "
             "your states. Set KL_AUTH_MODE=static with KL_AUTH_TOKEN, or pass --allow-open-on-network "
             "(KL_ALLOW_OPEN_ON_NETWORK=true)"
         )
-    _port_free(args.host, args.port, "service")
+    port_free(args.host, args.port, "service")
     if args.control_port:
-        _port_free(args.control_host, args.control_port, "control API")
+        port_free(args.control_host, args.control_port, "control API")
     where = "KL_DATABASE_URL" if settings.database_url else "embedded Postgres"
     settings = replace(settings, database_url=resolve_database_url(settings))
     # Listening only once the apps exist: a client that connects early is refused, not left waiting.
     main_app = create_app(settings, lanes="public" if args.control_port else "all")
     control_app = create_app(settings, lanes="control") if args.control_port else None
-    server = _listen(args.host, args.port, main_app, "service")
+    server = listen(args.host, args.port, main_app, "service")
     shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
     listening = f"http://{shown_host}:{server.port}"
     print(f"Kilolock listening on {listening} (database: {where}, auth: {settings.auth_mode.value})")
     if control_app is not None:
-        control = _listen(args.control_host, args.control_port, control_app, "control API")
+        control = listen(args.control_host, args.control_port, control_app, "control API")
         threading.Thread(target=control.serve_forever, name="control-api", daemon=True).start()
         print(f"control API on http://{args.control_host}:{control.port}/v1/api")
     print(f"Dashboard: {listening}/ui/")
@@ -247,17 +217,6 @@ def _print_json(value: Any) -> None:
     print_json(value)
 
 
-@contextlib.contextmanager
-def _json_mode(args: argparse.Namespace) -> Any:
-    """With --json, everything a command says goes to stderr; stdout carries only the JSON document."""
-    if not getattr(args, "json", False):
-        yield
-        return
-    args.json_out = sys.stdout
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
-
-
 def _span(row: dict[str, Any]) -> str:
     end = row.get("delete_serial")
     return f"[{row['create_serial']}, {'' if end is None else end})"
@@ -352,18 +311,6 @@ def cmd_abort(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``5m``, ``1h30m`` → seconds."""
-    import re
-
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = re.findall(r"(\d+)([hms])", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 30s, 5m or 1h")
-    return float(sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts))
-
-
 def _terraform_context(env: dict[str, str]) -> Any:
     from runner.config import data_dir
     from runner.plan import TerraformContext
@@ -435,7 +382,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from runner.config import process_env
     from runner.plan import summary
 
-    with _json_mode(args):
+    with json_mode(args):
         spec, _, selection = _plan_spec(args, process_env())
         out = Path(args.out or ("kl-plan.igplan" if selection is not None else "kl-plan.json"))
         out.write_text(spec.to_json())
@@ -459,7 +406,7 @@ def _rerun_command(args: argparse.Namespace) -> str:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    with _json_mode(args):
+    with json_mode(args):
         spec, outcome = _apply(args)
     if args.json:
         print_json(apply_document(spec, outcome, dry_run=args.dry_run), args.json_out)
@@ -510,7 +457,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     from runner.apply import recover
     from runner.config import data_dir, process_env
 
-    with _json_mode(args):
+    with json_mode(args):
         client, _ = _client(args, need_state=False)
         outcome = recover(client, data_dir(process_env()), args.run_id, args.actor)
     if args.json:
@@ -534,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Every subparser is a KlArgumentParser (usage errors exit 3 with the subcommand's own usage).
     # To add a command: sub.add_parser(...), its options, set_defaults(func=...), anywhere below.
     parser = KlArgumentParser(prog="kl", description="Kilolock: Terraform state as rows, applied in parallel.")
-    parser.add_argument("--version", action="version", version=f"kl {_version()}")
+    parser.add_argument("--version", action="version", version=f"kl {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the service (dev server; use gunicorn in production)")
@@ -668,15 +615,6 @@ def build_parser() -> argparse.ArgumentParser:
     k_revoke.add_argument("token_id", metavar="TOKEN_ID")
     k_revoke.set_defaults(func=cmd_tokens_revoke)
     return parser
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("kilolock")
-    except PackageNotFoundError:
-        return "(not installed)"
 
 
 def _prepare(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
-"""What every kl command shares: the argument parser's error handling, JSON documents, and the hints
-that turn an error into the next thing to do.
+"""What every kl command shares: the argument parser's error handling, JSON documents, the hints
+that turn an error into the next thing to do, and the small helpers of kl serve.
 
 The parser exits 3 on every usage error (2 means "conflict or stale plan: re-plan" to a CI wrapper),
 and shows the usage of the subcommand that was misused, not the top level's.
@@ -8,7 +8,9 @@ and shows the usage of the subcommand that was misused, not the top level's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import ipaddress
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -157,3 +159,69 @@ def _module_callers(config_dir: Path, module_dir: Path, roots: list[str]) -> lis
                 found.append(name)
                 break
     return found
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def port_free(host: str, port: int, what: str) -> None:
+    """Refuse a port in use before anything starts or is printed, so the clash is the only thing said."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}. Another process "
+                         "(perhaps another kl serve) holds that port: stop it, or pass --port/--control-port with "
+                         "a free one") from None
+
+
+def listen(host: str, port: int, app: Any, what: str) -> Any:
+    from werkzeug.serving import make_server
+
+    try:
+        return make_server(host, port, app, threaded=True)
+    except (OSError, SystemExit):  # werkzeug reports a clash itself and exits; taken since port_free looked
+        port_free(host, port, what)
+        raise
+
+
+@contextlib.contextmanager
+def json_mode(args: argparse.Namespace) -> Any:
+    """With --json, everything a command says goes to stderr; stdout carries only the JSON document."""
+    if not getattr(args, "json", False):
+        yield
+        return
+    args.json_out = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``5m``, ``1h30m`` → seconds."""
+    import re
+
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+)([hms])", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 30s, 5m or 1h")
+    return float(sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts))
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kilolock")
+    except PackageNotFoundError:
+        return "(not installed)"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 
+from app.domain.throttle import parse_networks
 from app.errors import ConfigError
 
 
@@ -59,6 +60,12 @@ class Settings:
     repo_cache_dir: Path | None = None
     job_timeout: int = 3600
     webhook_max_bytes: int = 25 * 1024 * 1024
+    # Hostile clients (docs/auth.md, docs/http-backend.md).
+    auth_failure_limit: int = 10
+    auth_failure_window: int = 60
+    trusted_proxies: tuple[str, ...] = ()
+    large_body_bytes: int = 16 * 1024 * 1024
+    max_large_bodies: int = 2
 
     @property
     def github_enabled(self) -> bool:
@@ -144,6 +151,11 @@ class Settings:
                 continue
             clone_urls.append((repo.strip(), url.strip()))
         cache_dir = text("KL_REPO_CACHE_DIR")
+        proxies = tuple(p.strip() for p in (text("KL_TRUSTED_PROXIES") or "").split(",") if p.strip())
+        try:
+            parse_networks(proxies)
+        except ValueError as exc:
+            problems.append(f"KL_TRUSTED_PROXIES: {exc}; list proxy addresses or CIDR networks, comma-separated")
         settings = cls(
             database_url=text("KL_DATABASE_URL"),
             redis_url=text("KL_REDIS_URL"),
@@ -172,6 +184,11 @@ class Settings:
             repo_cache_dir=Path(cache_dir).expanduser() if cache_dir else None,
             job_timeout=integer("KL_JOB_TIMEOUT", 3600, minimum=10),
             webhook_max_bytes=integer("KL_WEBHOOK_MAX_BYTES", 25 * 1024 * 1024),
+            auth_failure_limit=integer("KL_AUTH_FAILURE_LIMIT", 10),
+            auth_failure_window=integer("KL_AUTH_FAILURE_WINDOW", 60),
+            trusted_proxies=proxies,
+            large_body_bytes=integer("KL_LARGE_BODY_BYTES", 16 * 1024 * 1024),
+            max_large_bodies=integer("KL_MAX_LARGE_BODIES", 2),
         )
         if problems:
             raise ConfigError(problems)

@@ -55,6 +55,12 @@ class InvalidStateNameError(BadRequestError):
     code = "invalid_state_name"
 
 
+class UnstorableValueError(BadRequestError):
+    """A value the database refused as data (out of range, not storable text): the request's fault."""
+
+    code = "unstorable_value"
+
+
 class InvalidLockInfoError(BadRequestError):
     code = "invalid_lock_info"
 
@@ -106,9 +112,34 @@ class StateLockedError(KlError):
         self.lock_info = lock_info
 
 
+class TooManyRequestsError(KlError):
+    """Refused before any work: the client must wait ``retry_after`` seconds (sent as Retry-After)."""
+
+    status = 429
+    code = "too_many_requests"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.retry_after = retry_after
+
+
+class AuthThrottledError(TooManyRequestsError):
+    code = "auth_throttled"
+
+
 class ServiceUnavailableError(KlError):
     status = 503
     code = "unavailable"
+
+
+class BodyCapacityError(ServiceUnavailableError):
+    """Too many large request bodies are being read at once; retry after ``retry_after`` seconds."""
+
+    code = "body_capacity"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.retry_after = retry_after
 
 
 class ReservationConflictError(ConflictError):

@@ -78,7 +78,8 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 _TRUNCATE = (
     "TRUNCATE states, state_versions, resources, outputs, events, api_tokens, environments, workspaces, "
-    "webhook_deliveries, pull_request_footprints, bot_jobs RESTART IDENTITY CASCADE; DELETE FROM tenants WHERE id <> 1"
+    "webhook_deliveries, pull_request_footprints, bot_jobs, auth_throttle RESTART IDENTITY CASCADE; "
+    "DELETE FROM tenants WHERE id <> 1"
 )
 
 

@@ -143,12 +143,11 @@ def blocks(wanted: Sequence[Wanted], earlier: Iterable[Sequence[Wanted]]) -> boo
 def lease_for(seconds: float | None) -> timedelta:
     if seconds is None:
         return DEFAULT_LEASE
-    lease = timedelta(seconds=seconds)
-    if not MIN_LEASE <= lease <= MAX_LEASE:
+    if not MIN_LEASE.total_seconds() <= seconds <= MAX_LEASE.total_seconds():  # before timedelta can overflow
         raise BadRequestError(
             f"lease_seconds must be between {int(MIN_LEASE.total_seconds())} and {int(MAX_LEASE.total_seconds())}"
         )
-    return lease
+    return timedelta(seconds=seconds)
 
 
 def format_duration(delta: timedelta) -> str:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from app.errors import ServiceUnavailableError
+from app.errors import ServiceUnavailableError, UnstorableValueError
 
 log = logging.getLogger("kilolock.store")
 
@@ -36,6 +36,14 @@ class Database:
         try:
             with self._pool.connection() as conn:
                 yield conn
+        except (psycopg.errors.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
+            # Class 22 (data exception) and 54 (a value too large for an index): the request carried a
+            # value the database cannot hold. The message and diagnostics quote row data (state content),
+            # so only the SQLSTATE is kept; nothing was written (the transaction rolled back).
+            log.warning("database refused a value: SQLSTATE %s (%s)", exc.sqlstate, exc.__class__.__name__)
+            raise UnstorableValueError(
+                f"a value in the request cannot be stored (SQLSTATE {exc.sqlstate}): check for oversized "
+                "identifiers, out-of-range numbers or characters that are not text") from None
         except PoolTimeout as exc:
             raise ServiceUnavailableError("database unavailable: no connection within the pool timeout") from exc
         except psycopg.OperationalError as exc:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import psycopg
 from psycopg.rows import class_row
 
+from analyzer.jsontext import INT64_MAX, may_hold_unstorable, unstorable_path
 from analyzer.state import EncryptedState, ParsedState, StateFormatError, parse_state
 from app.domain.locking import LockInfo, UnlockRequest, check_lock_for_write, parse_lock_info
 from app.domain.principal import Principal
@@ -147,12 +148,24 @@ def list_states(db: Database, principal: Principal) -> list[StateSummary]:
         return cur.execute(_LIST_STATES, (principal.tenant_id, principal.scope)).fetchall()
 
 
-def parse_body(body: bytes) -> ParsedState | EncryptedState:
-    """Parse a POSTed state, mapping format problems to a 400."""
+def parse_body(body: bytes | bytearray) -> ParsedState | EncryptedState:
+    """Parse a POSTed state, mapping format problems to a 400, and refuse (400, naming the field)
+    what Postgres cannot hold: a NUL or a lone surrogate in any string (``jsonb`` and ``text`` refuse
+    both) and a serial beyond 64 bits (``bigint``). Refusing beats storing other bytes than were sent."""
     try:
-        return parse_state(body)
+        parsed = parse_state(body)  # type: ignore[arg-type]  # json.loads reads any bytes-like body
     except StateFormatError as exc:
         raise InvalidStateError(str(exc)) from exc
+    if parsed.serial > INT64_MAX:
+        raise InvalidStateError(f'the state\'s "serial" {parsed.serial} is above the 64-bit limit (2^63 - 1), '
+                                "which Kilolock cannot store: write the state with a smaller serial")
+    if may_hold_unstorable(body):  # a quick scan; the walk below runs only when an escape may be there
+        where = unstorable_path(json.loads(body))
+        if where is not None:
+            raise InvalidStateError(f"{where} holds a NUL character or a lone UTF-16 surrogate, which Kilolock "
+                                    "cannot store (Postgres text and jsonb refuse them): change that value so "
+                                    "it holds neither")
+    return parsed
 
 
 def write_state(

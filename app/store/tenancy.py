@@ -194,10 +194,3 @@ def authenticate(db: Database, secret: str) -> AuthenticatedToken | None:
         if found is not None:
             conn.execute(_TOUCH, (found.id,))
     return found
-
-
-def record_auth_failure(db: Database, *, reason: str, username: str, path: str, remote: str) -> None:
-    """Audit a refused credential — never the secret that was presented."""
-    with db.transaction() as conn:
-        events.record(conn, Principal(tenant_id=0, actor=username[:100] or "anonymous"), "auth_failed",
-                      state_id=None, state_name="", reason=reason, path=path[:300], remote=remote)

@@ -16,12 +16,13 @@ from typing import Any
 
 from flask import Flask, Response, g, jsonify, redirect, request
 from flask.json.provider import DefaultJSONProvider
+from werkzeug.routing import PathConverter
 
 from app.config import AuthMode, Settings
 from app.errors import ConfigError
 from app.store import Database
 from app.store.migrate import migrate
-from app.web import backend, control, engine, errors, exposure, metrics, runs, ui, webhook
+from app.web import backend, control, engine, errors, exposure, inputs, metrics, openapi, runs, ui, webhook
 from app.web.context import Services, services
 from app.web.logs import configure_logging
 
@@ -40,6 +41,19 @@ class _JSONProvider(DefaultJSONProvider):
         if isinstance(o, bytes | memoryview):
             return bytes(o).decode("utf-8", "replace")
         return DefaultJSONProvider.default(o)
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        """Request bodies parsed with bounded depth and storable strings (``app.web.inputs``)."""
+        return inputs.json_loads(s)
+
+
+class _PathConverter(PathConverter):
+    """``<path:…>`` for every route: anything after the prefix, even a leading slash or a newline, so a
+    malformed state name reaches the name rules (400) instead of missing every route (a 404 Terraform
+    would read as "no state") or being merged into another URL by a redirect."""
+
+    regex = "(?s:.+?)"
+    part_isolating = False
 
 
 def resolve_database_url(settings: Settings) -> str:
@@ -67,7 +81,11 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
             log.info("applied migrations: %s", ", ".join(f"{m.version:04d}_{m.name}" for m in applied))
     app = Flask("kilolock")
     app.json = _JSONProvider(app)
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    # Never merge "//" by redirecting: a redirect's Location is built from the Host header, and it turns
+    # Terraform's LOCK or POST into a bodiless GET. Doubled slashes reach the name rules instead (400).
+    app.url_map.merge_slashes = False
+    app.url_map.converters["path"] = _PathConverter
+    inputs.init_app(app, settings)
     app.extensions["kilolock"] = Services(settings=settings, db=Database(url, pool_size=settings.db_pool_size))
     errors.register(app)
     exposure.init_app(app, settings)  # open mode answers loopback clients only, unless opted in
@@ -86,6 +104,7 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
         webhook.init_app(app, settings)  # always registered: with no secret it refuses every delivery
     if lanes in ("all", "control"):
         app.register_blueprint(control.bp)
+    openapi.init_app(app)
 
     @app.get("/healthz")
     def healthz() -> tuple[Response, int]:
@@ -97,6 +116,8 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
         presented = request.headers.get("X-Request-Id", "")
         g.request_id = presented if _REQUEST_ID.fullmatch(presented) else uuid.uuid4().hex[:16]
         g.started = time.perf_counter()
+
+    app.before_request(inputs.check_request)
 
     @app.after_request
     def _finish(response: Response) -> Response:

@@ -1,7 +1,10 @@
 """Request authentication: credentials in, a Principal out, for the three auth modes.
 
 Secrets are compared in constant time (static mode) or found by their SHA-256 hash (database
-mode), and never logged or echoed in errors. Failed attempts are audited without the secret.
+mode), and never logged or echoed in errors. Failed attempts are throttled per client address (and
+per token when the refused credential names one): past ``KL_AUTH_FAILURE_LIMIT`` failures in a
+``KL_AUTH_FAILURE_WINDOW`` the caller gets 429 with Retry-After before anything is checked. They
+are audited without the secret, once per key and window (``app.store.throttle``).
 """
 
 from __future__ import annotations
@@ -10,14 +13,19 @@ import base64
 import binascii
 import hmac
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from flask import Request
 
 from app.config import AuthMode, Settings
 from app.domain.names import split_scoped_path
 from app.domain.principal import Principal, default_principal
-from app.errors import ForbiddenError, InvalidStateNameError, UnauthorizedError
-from app.store import Database, tenancy
+from app.domain.throttle import client_address, parse_networks
+from app.errors import AuthThrottledError, ForbiddenError, InvalidStateNameError, UnauthorizedError
+from app.store import Database, tenancy, throttle
+
+# The Basic username becomes the recorded actor in open and static mode.
+MAX_USERNAME = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,9 @@ def credentials_of(request: Request) -> Credentials | None:
         except (binascii.Error, UnicodeDecodeError) as exc:
             raise UnauthorizedError("malformed Basic credentials") from exc
         username, _, password = decoded.partition(":")
+        if len(username) > MAX_USERNAME or any(not ch.isprintable() for ch in username):
+            raise UnauthorizedError(f"malformed Basic credentials: the username must be at most {MAX_USERNAME} "
+                                    "printable characters")
         return Credentials(username=username, secret=password, scheme="basic")
     return None
 
@@ -60,24 +71,52 @@ def principal_for(creds: Credentials | None, request: Request, settings: Setting
         return default_principal(actor=(creds.username if creds and creds.username else "anonymous"))
     if creds is None or not creds.secret:
         raise UnauthorizedError(_MISSING)
+    keys = [f"addr:{remote_address(request, settings)}"]
+    check_throttle(db, settings, keys)
     if settings.auth_mode is AuthMode.STATIC:
         expected = (settings.auth_token or "").encode()
         if not hmac.compare_digest(creds.secret.encode(), expected):
-            _refuse(db, request, creds, "invalid static token")
+            refuse(db, settings, request, keys, creds.username, "invalid static token")
         return default_principal(actor=creds.username or "static-token")
     token = tenancy.authenticate(db, creds.secret)
     if token is None:
-        _refuse(db, request, creds, "unknown or revoked token")
+        refuse(db, settings, request, keys, creds.username, "unknown or revoked token")
     assert token is not None
+    token_key = f"token:{token.id}"
+    check_throttle(db, settings, [token_key])
     if creds.scheme == "basic" and not hmac.compare_digest(creds.username.encode(), token.workspace_id.encode()):
-        _refuse(db, request, creds, "username is not the token's workspace id",
-                hint="set username to the token's workspace id (ws_...)")
+        refuse(db, settings, request, [*keys, token_key], creds.username, "username is not the token's workspace id",
+               hint="set username to the token's workspace id (ws_...)")
     return Principal(tenant_id=token.tenant_id, actor=token.name, scope=token.scope, token_name=token.name)
 
 
-def _refuse(db: Database, request: Request, creds: Credentials, reason: str, hint: str = "") -> None:
-    tenancy.record_auth_failure(db, reason=reason, username=creds.username, path=request.path,
-                                remote=request.remote_addr or "")
+def remote_address(request: Request, settings: Settings) -> str:
+    """The client's address: the TCP peer, or what trusted proxies (KL_TRUSTED_PROXIES) forwarded."""
+    return client_address(request.remote_addr or "", request.headers.get("X-Forwarded-For"),
+                          parse_networks(settings.trusted_proxies))
+
+
+def _throttled(wait: int) -> AuthThrottledError:
+    return AuthThrottledError(f"too many failed authentications from this client: retry in {wait} s with a valid "
+                              "token (an operator can raise KL_AUTH_FAILURE_LIMIT)", retry_after=wait)
+
+
+def check_throttle(db: Database, settings: Settings, keys: list[str]) -> None:
+    """429 when any key has used up its failures in the current window."""
+    wait = throttle.blocked_for(db, keys, datetime.now(UTC), limit=settings.auth_failure_limit,
+                                window=settings.auth_failure_window)
+    if wait:
+        raise _throttled(wait)
+
+
+def refuse(db: Database, settings: Settings, request: Request, keys: list[str], username: str, reason: str,
+           hint: str = "") -> None:
+    """Count and (aggregated) audit a failure, then refuse: 403, or 429 once the limit is reached."""
+    wait = throttle.record_failure(db, keys, datetime.now(UTC), limit=settings.auth_failure_limit,
+                                   window=settings.auth_failure_window, reason=reason, username=username,
+                                   path=request.path, remote=request.remote_addr or "")
+    if wait:
+        raise _throttled(wait)
     raise ForbiddenError("invalid credentials" + (f": {hint}" if hint else ""))
 
 

@@ -1,7 +1,8 @@
 """The Terraform HTTP backend lane: /v1/states/{name} and /v1/state-unlock/{name}.
 
-Speaks exactly the stock ``backend "http"`` protocol. Bodies are read with ``get_data()``
-(Terraform's force-unlock sends an empty body labelled JSON) and never logged.
+Speaks exactly the stock ``backend "http"`` protocol. Bodies are read through ``app.web.inputs``
+(bounded: 413 beyond the limit; Terraform's force-unlock sends an empty body labelled JSON) and
+never logged. Lock and unlock bodies are small documents and are checked like every JSON body.
 """
 
 from __future__ import annotations
@@ -9,14 +10,31 @@ from __future__ import annotations
 from flask import Blueprint, Response, request
 
 from app.domain.locking import classify_unlock
-from app.errors import InvalidStateNameError, StateNotFoundError
+from app.errors import InvalidLockInfoError, InvalidStateNameError, PayloadTooLargeError, StateNotFoundError
 from app.store import states
-from app.web import metrics
+from app.web import inputs, metrics
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("backend", __name__)
 
 _STATE_METHODS = ["GET", "POST", "DELETE", "LOCK", "UNLOCK"]
+# Terraform's LockInfo is a few hundred bytes; anything this large is not one.
+MAX_LOCK_BODY = 64 * 1024
+
+
+def _lock_body(what: str) -> bytes | bytearray:
+    """A LOCK or UNLOCK body: at most MAX_LOCK_BODY bytes, acceptable JSON when it is JSON, and
+    free of control characters when it is a plain-text lock ID."""
+    length = request.content_length
+    if length is not None and length > MAX_LOCK_BODY:
+        raise PayloadTooLargeError(f"a {what} body is at most {MAX_LOCK_BODY} bytes: send Terraform's LockInfo")
+    body = inputs.read_body()
+    if len(body) > MAX_LOCK_BODY:
+        raise PayloadTooLargeError(f"a {what} body is at most {MAX_LOCK_BODY} bytes: send Terraform's LockInfo")
+    if not inputs.check_json(body, f"{what} body") and inputs.has_control(
+            bytes(body).strip().decode("utf-8", "replace")):
+        raise InvalidLockInfoError(f"the {what} body holds a control character: send Terraform's LockInfo")
+    return body
 
 
 def _ok(body: bytes = b"", mimetype: str = "text/plain") -> Response:
@@ -43,15 +61,15 @@ def state(name: str) -> Response:
             raise StateNotFoundError(f"no state named {name!r}")
         return _ok(raw, "application/json")
     if request.method == "POST":
-        states.write_state(db, who, name, request.get_data(cache=False), lock_id=lock_id)
+        states.write_state(db, who, name, inputs.read_body(), lock_id=lock_id)
         return _ok()
     if request.method == "DELETE":
         states.delete_state(db, who, name, lock_id=lock_id)
         return _ok()
     if request.method == "LOCK":
-        states.lock(db, who, name, request.get_data(cache=False))
+        states.lock(db, who, name, bytes(_lock_body("LOCK")))
         return _ok()
-    states.unlock(db, who, name, classify_unlock(request.get_data(cache=False), lock_id))
+    states.unlock(db, who, name, classify_unlock(bytes(_lock_body("UNLOCK")), lock_id))
     return _ok()
 
 
@@ -60,6 +78,6 @@ def state(name: str) -> Response:
 def state_unlock(name: str) -> Response:
     """The unlock alias for edges that drop UNLOCK requests with a body."""
     name = state_name(name)
-    request_ = classify_unlock(request.get_data(cache=False), request.args.get("ID") or None)
+    request_ = classify_unlock(bytes(_lock_body("UNLOCK")), request.args.get("ID") or None)
     states.unlock(services().db, principal(), name, request_)
     return _ok()

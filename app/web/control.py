@@ -15,7 +15,7 @@ from app.config import AuthMode
 from app.domain.blocks import scoped_backend_block
 from app.errors import BadRequestError, ForbiddenError, UnauthorizedError
 from app.store import tenancy
-from app.web.auth import credentials_of
+from app.web.auth import check_throttle, credentials_of, refuse, remote_address
 from app.web.context import services
 
 bp = Blueprint("control", __name__, url_prefix="/v1/api")
@@ -29,10 +29,10 @@ def _require_control_token() -> None:
     creds = credentials_of(request)
     if creds is None or not creds.secret:
         raise UnauthorizedError("control token required: Authorization: Bearer $KL_CONTROL_TOKEN")
+    keys = [f"addr:{remote_address(request, settings)}"]
+    check_throttle(services().db, settings, keys)
     if not hmac.compare_digest(creds.secret.encode(), settings.control_token.encode()):
-        tenancy.record_auth_failure(services().db, reason="invalid control token", username=creds.username,
-                                    path=request.path, remote=request.remote_addr or "")
-        raise ForbiddenError("invalid control token")
+        refuse(services().db, settings, request, keys, creds.username, "invalid control token")
 
 
 def _body() -> dict[str, Any]:

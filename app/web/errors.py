@@ -39,6 +39,9 @@ def error_response(error: KlError) -> Response:
         response.status_code = error.status
     if error.status == 401:
         response.headers["WWW-Authenticate"] = 'Basic realm="kilolock"'
+    retry_after = getattr(error, "retry_after", None)
+    if isinstance(retry_after, int) and retry_after > 0:
+        response.headers["Retry-After"] = str(retry_after)
     return response
 
 
@@ -51,7 +54,7 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(RequestEntityTooLarge)
     def _too_large(_: RequestEntityTooLarge) -> Response:
-        limit = app.config.get("MAX_CONTENT_LENGTH")
+        limit = app.config.get("KL_BODY_LIMIT")
         return error_response(
             PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes: raise KL_MAX_BODY_BYTES")
         )

@@ -16,7 +16,7 @@ from app.domain.reservations import RunStatus, Wanted, lease_for, parse_wanted
 from app.errors import BadRequestError
 from app.store import commit as commit_store
 from app.store import runs
-from app.web import metrics
+from app.web import inputs, metrics
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("runs", __name__, url_prefix="/v1/engine")
@@ -29,7 +29,8 @@ def _body() -> dict[str, Any]:
     try:
         doc = request.get_json(force=True, silent=False)
     except Exception as exc:  # werkzeug raises BadRequest subclasses for malformed JSON
-        raise BadRequestError("request body must be a JSON object") from exc
+        detail = getattr(exc, "description", "") or ""
+        raise BadRequestError("request body must be a JSON object" + (f" ({detail})" if detail else "")) from exc
     if not isinstance(doc, dict):
         raise BadRequestError("request body must be a JSON object")
     return doc
@@ -111,7 +112,7 @@ def list_runs() -> Response:
     if status is not None and status not in {s.value for s in RunStatus}:
         raise BadRequestError(f"unknown status {status!r}: use one of {', '.join(s.value for s in RunStatus)}")
     found = runs.list_runs(services().db, principal(), state=state_name(state) if state else None,
-                           status=status, limit=min(int(request.args.get("limit", 100) or 100), 1000))
+                           status=status, limit=inputs.int_arg("limit", 1, 1000) or 100)
     return jsonify({"ok": True, "runs": [_run_payload(r) for r in found]})
 
 

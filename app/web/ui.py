@@ -234,7 +234,8 @@ def _duration(run: runs.Run) -> str:
 
 def _safe_next(target: str | None) -> str:
     """Only a path inside the dashboard: never another host (``//evil``) or scheme."""
-    if target and target.startswith("/ui/") and not target.startswith("//") and "\\" not in target:
+    if (target and target.startswith("/ui/") and not target.startswith("//") and "\\" not in target
+            and target.isprintable() and len(target) <= 2000):
         return target
     return url_for("ui.states")
 

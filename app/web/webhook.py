@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import parse_qs
@@ -21,6 +21,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from redis import Redis
 from redis.exceptions import RedisError
 
+from analyzer.jsontext import JsonInputError, load_json
 from app import queue
 from app.config import Settings
 from app.domain.webhooks import PayloadError, Routed, route
@@ -40,6 +41,9 @@ bp = Blueprint("webhook", __name__)
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 EXTENSION = "kilolock.webhook"
+# GitHub's delivery ids are GUIDs and its event names short slugs; anything else is not GitHub.
+_DELIVERY_ID = re.compile(r"[A-Za-z0-9-]{1,100}")
+_EVENT = re.compile(r"[a-z_]{1,64}")
 # Events GitHub can send that are worth their own metrics label; anything else (and anything sent
 # before the signature is checked) is counted as "other", so a caller cannot grow the label set.
 _KNOWN_EVENTS = frozenset({
@@ -108,6 +112,9 @@ def receive() -> tuple[Response, int]:
     delivery_id = request.headers.get("X-GitHub-Delivery", "")
     if not event or not delivery_id:
         _reject(event, BadRequestError("X-GitHub-Event and X-GitHub-Delivery headers are required"))
+    if not _DELIVERY_ID.fullmatch(delivery_id) or not _EVENT.fullmatch(event):
+        _reject(event, BadRequestError("X-GitHub-Delivery must be GitHub's delivery GUID (at most 100 letters, digits "
+                                       "and dashes) and X-GitHub-Event an event name"))
     db = services().db
     try:
         routed = route(event, delivery_id, _payload(body), app_id=settings.github_app_id)
@@ -178,9 +185,9 @@ def _payload(body: bytes) -> dict[str, Any]:
         fields = parse_qs(body.decode("utf-8", "replace"))
         raw = (fields.get("payload") or [""])[0]
     try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise PayloadError(f"the webhook body is not JSON: {exc}") from None
+        doc = load_json(raw)
+    except JsonInputError as exc:
+        raise PayloadError(f"the webhook body is not acceptable JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise PayloadError("the webhook payload is not a JSON object")
     return doc

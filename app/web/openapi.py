@@ -1,0 +1,184 @@
+"""The OpenAPI 3.1 description of the engine lane (/v1/engine) and the control API (/v1/api), served at
+``GET /v1/openapi.json`` (no authentication: it describes, it holds nothing).
+
+The operations are declared once, below, as data; ``document()`` renders them. A test checks this table
+against the app's registered routes in both directions (every route documented, no stale entry), and a
+property-based fuzz drives every operation from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Flask, Response, jsonify
+
+PATH = "/v1/openapi.json"
+
+_STR = {"type": "string"}
+_INT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+_GLOBS = {"type": "array", "items": _STR, "description": "address globs: exact, prefix.*, output.NAME or *"}
+_WANTED = {
+    "type": "array",
+    "items": {"type": "object", "required": ["glob", "mode"], "properties": {
+        "glob": _STR, "mode": {"type": "string", "enum": ["read", "write"]}}},
+}
+_HOLDER = {"holder": {**_STR, "description": "the run's holder name, as opened"}}
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    schema: dict[str, Any]
+    required: bool = False
+    where: str = "query"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    params: tuple[Param, ...] = ()
+    body: dict[str, Any] | None = None  # a JSON object schema
+    required: tuple[str, ...] = ()
+    success: int = 200
+    tags: tuple[str, ...] = field(default=("engine",))
+
+
+def _engine_state(path: str, method: str, summary: str, *params: Param, body: dict[str, Any] | None = None,
+                  required: tuple[str, ...] = (), success: int = 200) -> Operation:
+    return Operation(method, "/v1/engine/states/{name}" + path, summary,
+                     (Param("name", _STR, True, "path"), *params), body, required, success)
+
+
+def _run(path: str, summary: str, body: dict[str, Any] | None = None, required: tuple[str, ...] = ("holder",),
+         method: str = "post") -> Operation:
+    return Operation(method, "/v1/engine/runs/{run_id}" + path, summary, (Param("run_id", _STR, True, "path"),),
+                     body, required if body is not None else ())
+
+
+def _control(method: str, path: str, summary: str, *params: str, body: dict[str, Any] | None = None,
+             required: tuple[str, ...] = (), success: int = 200) -> Operation:
+    return Operation(method, "/v1/api" + path, summary, tuple(Param(p, _STR, True, "path") for p in params), body,
+                     required, success, ("control",))
+
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("get", "/v1/engine/states", "List the caller's states with serial, lock flag and resource count"),
+    _engine_state("/resources", "get", "Resource instances alive at a serial (default: the head)",
+                  Param("serial", _INT), Param("prefix", _STR), Param("instance", {"type": "string",
+                                                                                   "enum": ["1", "true"]})),
+    _engine_state("/history", "get", "Every lifecycle of one instance address", Param("address", _STR, True)),
+    _engine_state("/dependencies", "get", "Recorded dependency edges at a serial", Param("serial", _INT)),
+    _engine_state("/assembled", "get", "The v4 state re-assembled from rows at a serial", Param("serial", _INT)),
+    _engine_state("/events", "get", "The state's audit trail, newest first",
+                  Param("limit", {"type": "integer", "minimum": 1, "maximum": 1000})),
+    _engine_state("/slice", "post", "The head's instances under the globs, as a v4 state",
+                  body={"globs": _GLOBS}, required=("globs",)),
+    _engine_state("/edges", "post", "Dependency edges at the head touching the globs",
+                  body={"globs": _GLOBS}, required=("globs",)),
+    _engine_state("/runs", "post", "Open an apply run holding reservations (all or nothing)", body={
+        "actor": _STR, "reservations": _WANTED, "lease_seconds": {"type": "number", "minimum": 1, "maximum": 43200},
+        "wait_seconds": {"type": "number", "minimum": 0}, "base_serial": _INT, "info": {"type": "object"},
+    }, required=("actor", "reservations"), success=201),
+    Operation("get", "/v1/engine/runs", "List apply runs", (
+        Param("state", _STR), Param("status", _STR), Param("limit", {"type": "integer", "minimum": 1,
+                                                                     "maximum": 1000}))),
+    Operation("get", "/v1/engine/reservations", "List live reservations", (Param("state", _STR),)),
+    Operation("get", "/v1/engine/runs/{run_id}", "One run with its reservations",
+              (Param("run_id", _STR, True, "path"),)),
+    _run("/reservations", "Acquire more reservations for a live run",
+         {**_HOLDER, "reservations": _WANTED, "wait_seconds": {"type": "number", "minimum": 0}},
+         ("holder", "reservations")),
+    _run("/renew", "Extend the run's lease", _HOLDER),
+    _run("/release", "Release some (globs) or all of the run's reservations", {**_HOLDER, "globs": _GLOBS}),
+    _run("/running", "Mark the run as applying", _HOLDER),
+    _run("/close", "Close the run as failed or aborted", {
+        **_HOLDER, "status": {"type": "string", "enum": ["failed", "aborted"]}, "error_summary": _STR,
+        "counters": {"type": "object"}}, ("holder", "status")),
+    _run("/abort", "Abort a run (operators; releases its reservations)", {"reason": _STR}, ()),
+    _run("/commit", "Row-level commit of the run's post-apply slice", {
+        **_HOLDER, "state": {"type": "object", "description": "the post-apply v4 state of the slice"},
+        "slice_addresses": {"type": "array", "items": _STR}, "prune_outputs": {"type": "boolean"}},
+        ("holder", "state")),
+    _control("post", "/tenants", "Create a tenant", body={"slug": _STR, "name": _STR}, required=("slug",),
+             success=201),
+    _control("get", "/tenants", "List tenants"),
+    _control("post", "/tenants/{slug}/tokens", "Create a token (the secret is shown once)", "slug",
+             body={"name": _STR, "environment": _STR, "workspace": _STR}, required=("name", "environment"),
+             success=201),
+    _control("get", "/tenants/{slug}/tokens", "List a tenant's tokens (never secrets)", "slug"),
+    _control("post", "/tenants/{slug}/tokens/{token_id}/revoke", "Revoke a token", "slug", "token_id"),
+    _control("delete", "/tenants/{slug}/tokens/{token_id}", "Revoke a token (DELETE form)", "slug", "token_id"),
+)
+
+_ERROR = {
+    "type": "object",
+    "required": ["ok", "code", "error", "status"],
+    "properties": {"ok": {"const": False}, "code": _STR, "error": _STR, "status": {"type": "integer"}},
+    "description": "The JSON error envelope; some codes add fields (conflicts, lock_info, retry_after).",
+}
+_ERRORS = {
+    "400": "malformed request: the message names the field",
+    "401": "no credentials", "403": "credentials refused, or another credential's run",
+    "404": "no such state or run", "409": "conflict: reservations, stale plan, closed run",
+    "413": "body over KL_MAX_BODY_BYTES", "423": "the state is locked",
+    "429": "too many failed authentications (Retry-After)",
+    "503": "database unavailable, or too many large bodies at once (Retry-After)",
+}
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "summary": op.summary,
+        "tags": list(op.tags),
+        "operationId": (op.method + op.path.replace("/v1", "").replace("{", "").replace("}", "")
+                        .replace("/", "_").replace("-", "_")),
+        "security": [{"control": []}] if "control" in op.tags else [{"bearer": []}, {"basic": []}],
+        "responses": {str(op.success): {"description": "success", "content": {"application/json": {
+            "schema": {"type": "object", "properties": {"ok": {"const": True}}}}}}},
+    }
+    doc["responses"].update({code: {"description": text, "content": {"application/json": {"schema": {
+        "$ref": "#/components/schemas/Error"}}}} for code, text in _ERRORS.items()})
+    if op.params:
+        doc["parameters"] = [{"name": p.name, "in": p.where, "required": p.required or p.where == "path",
+                              "schema": p.schema} for p in op.params]
+    if op.body is not None:
+        doc["requestBody"] = {"required": bool(op.required), "content": {"application/json": {"schema": {
+            "type": "object", "properties": op.body, "required": list(op.required)}}}}
+    return doc
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI document, rendered from OPERATIONS."""
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Kilolock engine lane and control API", "version": "1",
+                 "description": "Kilolock's native API for kl and the workers (/v1/engine, the same tokens as "
+                                "the Terraform backend lane) and the operators' control API (/v1/api, behind "
+                                "KL_CONTROL_TOKEN). Errors use one JSON envelope."},
+        "paths": paths,
+        "components": {
+            "schemas": {"Error": _ERROR},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "a Kilolock token"},
+                "basic": {"type": "http", "scheme": "basic", "description": "workspace id : token secret"},
+                "control": {"type": "http", "scheme": "bearer", "description": "KL_CONTROL_TOKEN"},
+            },
+        },
+    }
+
+
+def init_app(app: Flask) -> None:
+    """Serve the document at PATH."""
+    rendered = document()
+
+    @app.get(PATH)
+    def openapi() -> Response:
+        response = jsonify(rendered)
+        response.headers["Cache-Control"] = "public, max-age=300"
+        return response

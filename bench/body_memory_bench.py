@@ -49,7 +49,7 @@ from bench.backend_bench import (
 )
 from tests.helpers import instance, resource, state
 
-SECTION = "## Large request bodies (issue 12)"
+SECTION = "## Large request bodies"
 DEFAULT_OUT = Path("docs/benchmarks.md")
 TARGET_RATIO = 3.0
 NOTE = ('Reading: the target of 3x the body is not met. Parsing the whole document at once already costs the '

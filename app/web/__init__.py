@@ -22,7 +22,21 @@ from app.config import AuthMode, Settings
 from app.errors import ConfigError
 from app.store import Database
 from app.store.migrate import migrate
-from app.web import backend, control, drift, engine, errors, exposure, inputs, metrics, openapi, pruning, runs, ui, webhook
+from app.web import (
+    backend,
+    control,
+    drift,
+    engine,
+    errors,
+    exposure,
+    inputs,
+    metrics,
+    openapi,
+    pruning,
+    runs,
+    ui,
+    webhook,
+)
 from app.web.context import Services, services
 from app.web.logs import configure_logging
 

@@ -222,13 +222,14 @@ def test_changed_from_sees_a_same_size_edit_made_in_the_second_of_the_commit(tmp
 def test_a_tfvars_refusal_gives_its_full_plan_advice_once(tmp_path):
     write_backend(tmp_path, "http://127.0.0.1:9/v1/states/x")
     (tmp_path / "main.tf").write_text('variable "a" {}\nresource "terraform_data" "x" {\n  input = var.a\n}\n')
-    (tmp_path / "terraform.tfvars").write_text('a = "1"\n')
+    # A values file Terraform does not load by itself (only -var-file reads it) cannot be scoped.
+    (tmp_path / "prod.tfvars").write_text('a = "1"\n')
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
         subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args], cwd=tmp_path,
                        check=True, capture_output=True, timeout=60)
-    (tmp_path / "terraform.tfvars").write_text('a = "2"\n')
+    (tmp_path / "prod.tfvars").write_text('a = "2"\n')
     result = kl("plan", "--changed-from", "HEAD", cwd=tmp_path)
-    assert result.returncode == 3 and "terraform.tfvars: variable values changed" in result.stderr
+    assert result.returncode == 3 and "prod.tfvars: a variable-definitions file" in result.stderr, result.stderr
     assert result.stderr.count("full plan") == 1, result.stderr
 
 

@@ -33,6 +33,8 @@ WINDOW_BYTES = 4 * 1024 * 1024
 # A number that ends this close to the window's end may continue in the next bytes ("1.5e" + "10").
 _NUMBER_TAIL = 16
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
+# What follows an array element: its comma (and the whitespace before the next one) or the closing bracket.
+_SEPARATOR = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 _HEADER_KEYS = ("mode", "type", "name", "provider")
 _STREAMED = object()
 _scanstring: Callable[[str, int, bool], tuple[Any, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
@@ -215,13 +217,55 @@ def _stream_resources(window: _Window, rows: list[st.InstanceRow], accelerated: 
             if resource.get("instances") is _STREAMED and key in ("module", *_HEADER_KEYS):
                 raise Unstreamable  # a field its rows depend on came after them
             if key == "instances" and window.peek() == "[" and all(k in resource for k in _HEADER_KEYS):
-                header = st._resource_header(position, resource, modules)
-                for _ in window.items():
-                    floats.orjson_safe = True
-                    instance = window.value()
-                    rows.append(st._instance_row(header, instance, seen, _canonical_for(floats, accelerated)))
+                _stream_instances(window, st._resource_header(position, resource, modules), rows, seen,
+                                  accelerated)
                 resource[key] = _STREAMED
             else:
                 resource[key] = window.value()
         if resource.get("instances") is not _STREAMED:  # no instances, or read whole: the usual rules
             rows.extend(st._parse_resource(position, resource, modules, seen, _canonical_for(floats, accelerated)))
+
+
+def _stream_instances(
+    window: _Window, header: st._ResourceHeader, rows: list[st.InstanceRow], seen: set[tuple[str, str]],
+    accelerated: bool,
+) -> None:
+    """The rows of the ``instances`` array that starts here. The hot loop of a large upload, so it works on
+    the window's text directly: one scanner call and one separator match per instance."""
+    floats = window.floats
+    fast = st._canonical_accelerated if accelerated else st._canonical
+    slow = st._canonical
+    instance_row = st._instance_row
+    append = rows.append
+    window.expect("[")
+    if window.peek() == "]":
+        window.pos += 1
+        return
+    text, pos = window.text, window.pos
+    scan, separator = window.scan, _SEPARATOR.match
+    while True:
+        floats.orjson_safe = True
+        try:
+            instance, end = scan(text, pos)
+            found = separator(text, end)
+        except (StopIteration, ValueError):
+            found = None
+        if found is None or found.end() > len(text) - _NUMBER_TAIL:
+            # Near the window's end (or a problem): the careful path reads this element and its separator.
+            window.pos = pos
+            instance = window.value()
+            char = window.peek()
+            window.pos += 1
+            append(instance_row(header, instance, seen, fast if floats.orjson_safe else slow))
+            if char == "]":
+                return
+            if char != ",":
+                raise Unstreamable
+            window.peek()
+            text, pos = window.text, window.pos
+            continue
+        append(instance_row(header, instance, seen, fast if floats.orjson_safe else slow))
+        pos = found.end()
+        if found.group(1) == "]":
+            window.pos = pos
+            return

@@ -13,6 +13,7 @@ Must not import hcl2 (``analyzer.hcl`` parses and hands the tree in) or touch th
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,11 +263,10 @@ class _BlockReader:
         if name in ("count", "for_each") and block_type in (*_RESOURCE_TYPES, "module", "import"):
             self.fields["repetition"] = name
         elif name == "provider" and block_type in (*_RESOURCE_TYPES, "import"):
-            self.fields["provider"] = _traversal_text(expression, self.path, self.line_offset, allow_keys=False)
+            self.fields["provider"] = _provider_text(expression, self.path, self.line_offset)
         elif name == "providers" and block_type == "module":
             self.fields["passed_providers"] = [
-                _traversal_text(value, self.path, self.line_offset, allow_keys=False)
-                for value in _object_values(expression)
+                _provider_text(value, self.path, self.line_offset) for value in _object_values(expression)
             ]
         elif name == "source" and block_type == "module":
             self.fields["source"] = _literal(expression)
@@ -374,6 +374,18 @@ def _literal(expression: Tree[Token]) -> str | None:
     while term.data == "expr_term" and len(term.children) == 1 and isinstance(term.children[0], Tree):
         term = term.children[0]
     return literal_string(term) if term.data == "string" else None
+
+
+_PROVIDER_REF = re.compile(r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)?")
+
+
+def _provider_text(expression: Tree[Token], path: str, line_offset: int) -> str:
+    """A provider configuration reference: ``aws.east``, or the legacy quoted ``"aws.east"`` Terraform still
+    accepts (with a deprecation warning)."""
+    quoted = _literal(expression)
+    if quoted is not None and _PROVIDER_REF.fullmatch(quoted):
+        return quoted
+    return _traversal_text(expression, path, line_offset, allow_keys=False)
 
 
 def _object_values(expression: Tree[Token]) -> Iterator[Tree[Token]]:

@@ -37,9 +37,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from analyzer.addresses import AddressError, parse_instance_address, parse_module_path
+from analyzer.consumers import Consumers
+from analyzer.footprint_checks import Checks, labels_valid
 from analyzer.footprint_rules import (
     DIAGNOSTICS,
-    FILE_FUNCTIONS,
     HANDLED,
     Diagnostic,
     GlobCover,
@@ -73,6 +74,8 @@ _MIGRATIONS = frozenset({"moved", "removed", "import"})
 _NAMED = {"resource": 2, "data": 2, "ephemeral": 2, "action": 2, "module": 1, "variable": 1, "output": 1, "check": 1}
 _LOCAL_KINDS = frozenset({"each", "count", "self", "path", "terraform"})
 SELECTED, WRITE, READ, VALIDATION = "selected", "write", "read", "validation"
+# Terraform's hclsyntax.ValidIdentifier: the rule for every name and type label of a named block.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,8 @@ class Footprint:
     canonical, sorted and unique. ``blocks`` are the workspace's members in file and position order;
     ``module_dirs`` the local module sources (normalised relative paths, possibly starting with ``..``) to copy
     whole. ``diagnostics`` say where the footprint was widened or why it must not be used (``fails_closed``).
+    ``outputs`` are the root outputs the plan covers (declared in a selected file, or reading what it writes):
+    their values are planned and committed (``footprint_rules.output_globs`` gives their reservations).
     """
 
     selected_files: tuple[str, ...]
@@ -116,6 +121,7 @@ class Footprint:
     blocks: tuple[BlockRef, ...]
     module_dirs: tuple[str, ...]
     diagnostics: tuple[Diagnostic, ...]
+    outputs: tuple[str, ...] = ()
 
     @property
     def fails_closed(self) -> bool:
@@ -129,11 +135,13 @@ def compute_footprint(
     *,
     trunk_edges: Iterable[tuple[str, str]] = (),
     cache: ParseCache | None = None,
+    seeds: Sequence[str] = (),
 ) -> Footprint:
     """The footprint of applying only the ``selected`` files of a root module.
 
     ``files`` maps configuration-relative paths to the texts of the root module's ``.tf`` / ``.tf.json`` files;
-    ``trunk_edges`` are ``(instance address, resource address it depends on)`` pairs from the trunk's state.
+    ``trunk_edges`` are ``(instance address, resource address it depends on)`` pairs from the trunk's state;
+    ``seeds`` are objects (``var.NAME``) whose values changed outside the files, planned as if selected.
     Never raises for a problem in the configuration: those become diagnostics. Raises ValueError when a
     selected path is not among ``files`` or is not a configuration file, AddressError for a bad trunk edge.
     """
@@ -143,7 +151,8 @@ def compute_footprint(
             raise ValueError(f"selected file {path!r} is not among the configuration's files")
         if not path.endswith((".tf", ".tf.json")):
             raise ValueError(f"selected file {path!r} is not a .tf or .tf.json file")
-    return _Footprinter(files, chosen, cache if cache is not None else ParseCache()).run(tuple(trunk_edges))
+    return _Footprinter(files, chosen, cache if cache is not None else ParseCache(), tuple(seeds)).run(
+        tuple(trunk_edges))
 
 
 @dataclass(slots=True)
@@ -168,10 +177,11 @@ class _Member:
 
 
 @dataclass(slots=True)
-class _Footprinter:
+class _Footprinter(Checks):
     files: Mapping[str, str]
     selected: tuple[str, ...]
     cache: ParseCache
+    seeds: tuple[str, ...] = ()
     diagnostics: dict[tuple[str, int, str, str], Diagnostic] = field(default_factory=dict)
     index: dict[str, list[_Def]] = field(default_factory=dict)
     locals_defs: list[_Def] = field(default_factory=list)
@@ -181,6 +191,9 @@ class _Footprinter:
     overrides: list[str] = field(default_factory=list)
     resolved: dict[str, list[_Member] | None] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
+    by_file: dict[str, list[_Def]] = field(default_factory=dict)
+    reads: set[str] = field(default_factory=set)
+    outputs: set[str] = field(default_factory=set)
 
     # --- the index ------------------------------------------------------------------------------------
 
@@ -188,12 +201,20 @@ class _Footprinter:
         selected_blocks = self._build_index()
         write_roots = [_Member(b) for b in selected_blocks if _is_write_root(b)]
         writes = {g for b in selected_blocks for g in self._owned_globs(b)}
+        self.outputs.update(b.labels[0] for b in selected_blocks if b.type == "output" and b.labels)
         for definition in (*self.terraform_defs, *self.migrations):
             if definition.is_json:
                 self._diagnose("tf_json", definition.path, 1, "a JSON configuration file holds a terraform, moved, "
                                "removed or import block, which the workspace needs or which may touch the "
                                "selected files, and JSON files cannot be analysed")
-        extra_reads = self._pull_migrations(write_roots, writes)
+        extra_reads: list[_Member] = []
+        consumers = Consumers(self, selected_blocks, _Member, self.seeds)
+        while True:
+            count = len(write_roots)
+            extra_reads += self._pull_migrations(write_roots, writes)
+            consumers.pull(write_roots, writes)
+            if len(write_roots) == count:
+                break
         self._check_selected_duplicates(selected_blocks)
         self._check_migration_sources(write_roots)
         terraform_blocks = [_Member(b) for d in self.terraform_defs if (b := self._block(d)) is not None]
@@ -220,6 +241,7 @@ class _Footprinter:
             refs.append(_block_ref(member, role))
         refs.sort(key=lambda r: (r.file, r.span.start_pos))
         reads.update(trunk_reads(trunk_edges, writes))
+        reads.update(self.reads)
         write_list = minimal(writes)
         read_list = uncovered(reads, write_list)
         return Footprint(
@@ -230,6 +252,7 @@ class _Footprinter:
             blocks=tuple(refs),
             module_dirs=tuple(sorted(module_dirs)),
             diagnostics=tuple(sorted(self.diagnostics.values(), key=lambda d: (d.file, d.line, d.construct))),
+            outputs=tuple(sorted(self.outputs)),
         )
 
     def _build_index(self) -> list[Block]:
@@ -256,10 +279,11 @@ class _Footprinter:
                     self._parse_failure(path, exc)
                     continue
                 for block in analysis.blocks:
-                    self._add(_Def(path, block=block), block.type, block.labels)
-                    selected_blocks.append(block)
+                    if self._valid_labels(path, block.span.start_line, block.type, block.labels):
+                        self._add(_Def(path, block=block), block.type, block.labels)
+                        selected_blocks.append(block)
                 continue
-            headers, complete = self._prescan(path, text)
+            headers, complete, bad = self._prescan(path, text)
             if not complete:
                 try:
                     analysis = analyze_file(path, text, cache=self.cache)
@@ -267,21 +291,32 @@ class _Footprinter:
                     self._parse_failure(path, exc)
                     continue
                 for block in analysis.blocks:
-                    self._add(_Def(path, block=block), block.type, block.labels)
+                    if self._valid_labels(path, block.span.start_line, block.type, block.labels):
+                        self._add(_Def(path, block=block), block.type, block.labels)
                 continue
-            for header in headers:
-                self._add(_Def(path, header=header), header.type, header.labels)
+            for index, header in enumerate(headers):
+                if index in bad:
+                    self._valid_labels(path, header.line, header.type, header.labels)
+                else:
+                    self._add(_Def(path, header=header), header.type, header.labels)
         return selected_blocks
 
-    def _prescan(self, path: str, text: str) -> tuple[tuple[BlockHeader, ...], bool]:
+    def _prescan(self, path: str, text: str) -> tuple[tuple[BlockHeader, ...], bool, frozenset[int]]:
+        """The file's headers, whether the scan was complete, and which headers carry labels Terraform rejects
+        (cached with the scan, so a warm run checks no label)."""
         digest = self.digests[path] = content_digest(text)
         hit = self.cache.prescans.get(digest)
         if hit is None:
             result = scan(text)
-            hit = self.cache.prescans[digest] = (result.headers, result.complete)
+            hit = (result.headers, result.complete)
+        if len(hit) == 2:  # a scan cached before labels were checked with it
+            headers = hit[0]
+            bad = frozenset(i for i, h in enumerate(headers) if not labels_valid(h.type, h.labels))
+            hit = self.cache.prescans[digest] = (headers, hit[1], bad)
         return hit
 
     def _add(self, definition: _Def, type_: str, labels: tuple[str, ...]) -> None:
+        self.by_file.setdefault(definition.path, []).append(definition)
         if type_ == "locals":
             self.locals_defs.append(definition)
         elif type_ == "terraform":
@@ -346,13 +381,19 @@ class _Footprinter:
 
     def _owned_globs(self, block: Block) -> list[str]:
         """The write globs a block of a selected file (or one pulled onto the write side) owns."""
-        if block.type in ("resource", "data") and len(block.labels) == 2:
+        if block.type == "data" and len(block.labels) == 2:
+            # Terraform re-reads a data source on every run: a read, on every path (the commit keeps the
+            # trunk's copy of data sources no write glob covers), never a write.
+            self.reads.update(resource_globs(block.address))
+            return []
+        if block.type == "resource" and len(block.labels) == 2:
             return list(resource_globs(block.address, exact=True))
         if block.type == "module":
             return list(resource_globs(block.address))
         if block.type in _MIGRATIONS:
             return self._target_globs(block)
-        return [g for address in block.scoped_data for g in resource_globs(address, exact=True)]
+        self.reads.update(g for address in block.scoped_data for g in resource_globs(address))
+        return []
 
     def _target_globs(self, block: Block) -> list[str]:
         globs: list[str] = []
@@ -401,6 +442,8 @@ class _Footprinter:
             source = block.targets[0]
             if source.startswith("module.") and source.count(".") > 1:
                 continue  # an object inside a module: declared in the module's files, not here
+            if block.type == "moved" and len(block.targets) > 1 and block.targets[1].split("[", 1)[0] == source:
+                continue  # moved to a keyed instance of itself: how Terraform adopts count/for_each
             if self.index.get(source):
                 where = ", ".join(sorted({d.path for d in self.index[source]}))
                 self._diagnose("migration_source_declared", block.file, block.span.start_line,
@@ -533,54 +576,11 @@ class _Footprinter:
 
     # --- checks on members --------------------------------------------------------------------------------
 
-    def _check_member(self, member: _Member) -> None:
-        block = member.block
-        functions = member.local.functions if member.local else block.functions
-        name = f"local.{member.local.name}" if member.local else block.address
-        line = member.local.span.start_line if member.local else block.span.start_line
-        for function in dict.fromkeys(functions):
-            if function in FILE_FUNCTIONS:
-                self._diagnose("file_function", block.file, line, f"{name} calls {function}(), which reads files "
-                               "next to the configuration: copy the configuration directory's other files "
-                               "(templates, scripts, JSON) into the workspace")
-        if member.local is not None:
-            return
-        if block.type == "data" and block.labels[:1] == ("terraform_remote_state",):
-            self._diagnose("remote_state", block.file, line, f"{block.address} reads another state's outputs, which "
-                           "no reservation here covers: it is read as it is at plan time")
-        if block.type == "module" and block.module_source is None:
-            self._diagnose("module_source_missing", block.file, line, f"{block.address} has no literal source")
-        elif block.type == "module" and block.module_source and not is_local_source(block.module_source):
-            self._diagnose("module_source_remote", block.file, line, f"{block.address} comes from "
-                           f"{block.module_source!r}, whose contents are not analysed: every address under "
-                           f"{block.address}.* is covered, and terraform init must fetch it")
-
-    def _check_overrides(self, members: Iterable[_Member]) -> None:
-        if not self.overrides:
-            return
-        names = {f"local.{m.local.name}" if m.local else m.block.address for m in members}
-        for path in self.overrides:
-            text = self.files[path]
-            if path.endswith(".json"):
-                declarations = json_document_declarations(text)
-                if declarations is None:
-                    self._diagnose("parse_error", path, 1, "cannot parse the JSON override file")
-                overridden = {declared_address(t, labels) for t, labels in declarations or ()}
-            else:
-                try:
-                    blocks = analyze_file(path, text, cache=self.cache).blocks
-                except HclError as exc:
-                    self._parse_failure(path, exc)
-                    continue
-                overridden = {f"local.{d.name}" for b in blocks for d in b.locals} | {b.address for b in blocks}
-            for address in sorted(a for a in overridden if a and a in names):
-                self._diagnose("override_file", path, 1, f"this override file changes {address}, which the "
-                               "workspace contains")
-
     def _parse_failure(self, path: str, exc: HclError) -> None:
         where, _, problem = str(exc).partition(": ")
         line = where.rpartition(":")[2]
-        self._diagnose("parse_error", path, int(line) if line.isdigit() else 1, problem or str(exc))
+        number = int(line) if line.isdigit() else 1
+        self._diagnose("parse_error", path, number, f"{problem or exc}: fix `{path}:{number}`")
 
     def _diagnose(self, construct: str, file: str, line: int, detail: str) -> None:
         action, fallback = DIAGNOSTICS[construct].action, DIAGNOSTICS[construct].how

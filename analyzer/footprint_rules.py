@@ -98,6 +98,13 @@ DIAGNOSTICS: Mapping[str, Rule] = MappingProxyType({
     "migration_source_declared": _fail("a moved or removed block of the workspace moves or removes a resource or "
                                        "module call (written without a key) that a file still declares: Terraform "
                                        "rejects that, and a workspace without that file would apply it anyway"),
+    "invalid_label": _fail("a block label Terraform rejects as a name (it must start with a letter or an "
+                           "underscore and hold only letters, digits, underscores and dashes), or an empty one"),
+    "provider_consumer": _fail("a provider configuration refers to something the selection writes or defines, so "
+                               "every resource using it could change"),
+    "consumer": Rule("widen", "a block of a file that is not selected refers (directly or through locals, data "
+                     "sources and other resources) to something the selection writes or defines",
+                     "kl plan lists its changes with the selection's"),
     "remote_state": Rule("widen", "a terraform_remote_state data source is in the workspace",
                          "the data source is copied and read; the other state's outputs are taken as they are "
                          "at plan time"),

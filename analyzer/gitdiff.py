@@ -57,18 +57,31 @@ class DeletedFile:
     text_at_ref: str
 
 
+class WidenKind(StrEnum):
+    """What a :class:`Widening` adds to the scope."""
+
+    FULL = "full"            # only a full plan is safe
+    MODULE = "module"        # the module calls ``names`` (their whole footprint ``module.NAME.*``)
+    FILES = "files"          # the config-dir files ``names``, also added to ChangeScope.files
+    VARIABLES = "variables"  # the variable-definitions file ``names[0]`` (config-dir relative) changed values
+
+
 @dataclass(frozen=True, slots=True)
 class Widening:
     """A change that widens the scope beyond the changed ``.tf`` files.
 
-    ``path`` is repository-relative (it may lie outside the config dir). ``effect`` is ``"full"`` (only a
-    full plan is safe), ``"module:NAME"`` (the module call's whole footprint ``module.NAME.*``) or
-    ``"files:a.tf,b.tf"`` (those config-dir files, which are also added to :attr:`ChangeScope.files`).
+    ``path`` is repository-relative (it may lie outside the config dir); ``kind`` and ``names`` say what it
+    adds. ``effect`` is the same as text (``full``, ``module:NAME``, ``files:a.tf,b.tf``, ``variables:F``).
     """
 
     path: str
     reason: str
-    effect: str
+    kind: WidenKind
+    names: tuple[str, ...] = ()
+
+    @property
+    def effect(self) -> str:
+        return self.kind.value if self.kind is WidenKind.FULL else f"{self.kind.value}:{','.join(self.names)}"
 
 
 FULL: Final = "full"
@@ -93,7 +106,7 @@ class ChangeScope:
     @property
     def needs_full_plan(self) -> bool:
         """Whether some change can only be planned safely over the whole configuration."""
-        return any(w.effect == FULL for w in self.widen)
+        return any(w.kind is WidenKind.FULL for w in self.widen)
 
     @property
     def has_failures(self) -> bool:
@@ -141,8 +154,9 @@ def scope_changes(
        as an addition or a deletion on that side; the other side goes through these rules on its own.
        Override files (``override.tf``, ``*_override.tf``) merge into blocks of other files → full.
     3. ``.terraform.lock.hcl`` in ``config_dir`` (provider versions changed) → full.
-    4. ``*.tfvars``, ``*.auto.tfvars`` and their ``.json`` forms in ``config_dir`` → full: variables can
-       feed any block, and which blocks use which variable is not known here.
+    4. ``terraform.tfvars``, ``*.auto.tfvars`` and their ``.json`` forms in ``config_dir`` → ``variables``
+       (the caller compares the values at REF and now and plans the consumers of those that changed); any
+       other ``*.tfvars`` there (only read through ``-var-file``) → full.
     5. A path inside a local module's source directory (even outside ``config_dir``) → ``module:NAME``
        for every call of that directory.
     6. A path read by ``file()``/``templatefile()`` → ``files:…`` with its readers, which join ``files``
@@ -197,6 +211,11 @@ def _is_config_file(name: str) -> bool:
 def _is_override(name: str) -> bool:
     stem = name.removesuffix(".json").removesuffix(".tf")
     return stem == "override" or stem.endswith("_override")
+
+
+def _is_auto_loaded(name: str) -> bool:
+    return name in ("terraform.tfvars", "terraform.tfvars.json") or name.endswith((".auto.tfvars",
+                                                                                    ".auto.tfvars.json"))
 
 
 def _ignore_reason(rel: str) -> str | None:
@@ -307,8 +326,12 @@ class _ScopeBuilder:
                                  "resource")
                 return
             if name.endswith(_VARS_SUFFIXES):
-                self._full(path, "variable values changed; variables can feed any block and which blocks use "
-                                 "which variable is not known here")
+                if _is_auto_loaded(name):
+                    self.widen[Widening(path, "variable values changed: the consumers of the variables whose "
+                                              "values differ are planned", WidenKind.VARIABLES, (rel,))] = None
+                else:
+                    self._full(path, "a variable-definitions file Terraform does not load by itself changed "
+                                     "(passed with -var-file, which this scope cannot see)")
                 return
         matched = self._widen_modules(path, rel)
         matched = self._widen_readers(path, rel) or matched
@@ -329,7 +352,7 @@ class _ScopeBuilder:
             self.deleted[rel] = DeletedFile(rel, text)
 
     def _full(self, path: str, reason: str) -> None:
-        self.widen[Widening(path, f"{reason}; {self.full_plan}", FULL)] = None
+        self.widen[Widening(path, f"{reason}; {self.full_plan}", WidenKind.FULL)] = None
 
     def _modules_of(self, rel: str) -> list[str]:
         return sorted(name for name, directory in self.module_dirs.items() if _is_inside(rel, directory))
@@ -338,7 +361,7 @@ class _ScopeBuilder:
         names = self._modules_of(rel)
         for name in names:
             reason = f"inside {self.module_dirs[name]}, the source of module {name!r}: plans module.{name}.*"
-            self.widen[Widening(path, reason, f"module:{name}")] = None
+            self.widen[Widening(path, reason, WidenKind.MODULE, (name,))] = None
         return bool(names)
 
     def _widen_readers(self, path: str, rel: str) -> bool:
@@ -354,12 +377,13 @@ class _ScopeBuilder:
             names = self._modules_of(reader_rel)
             for name in names:
                 reason = f"read by {reader_rel}, inside the source of module {name!r}: plans module.{name}.*"
-                self.widen[Widening(path, reason, f"module:{name}")] = None
+                self.widen[Widening(path, reason, WidenKind.MODULE, (name,))] = None
             if not names:
                 self._full(path, f"read by {reader_rel}, which is neither a file directly in the configuration "
                                  "directory nor inside a known module")
         if top_level:
             listed = ",".join(sorted(top_level))
-            self.widen[Widening(path, f"read by file()/templatefile() in {listed}", f"files:{listed}")] = None
+            self.widen[Widening(path, f"read by file()/templatefile() in {listed}", WidenKind.FILES,
+                                tuple(sorted(top_level)))] = None
             self.files.update(dict.fromkeys(top_level))
         return True

@@ -1,7 +1,14 @@
 """Reservation globs: which instance addresses a reservation covers, and when two reservations conflict.
 
-Owns the glob grammar (``*``, an exact instance address, or a module or resource prefix followed by
-``.*``), its canonical text, ``matches``, ``intersects`` and the read/write conflict matrix.
+Owns the glob grammar (``*``, an exact instance address, a module or resource prefix followed by
+``.*``, or a root output ``output.NAME`` / ``output.*``), its canonical text, ``matches``,
+``matches_output``, ``intersects`` and the read/write conflict matrix.
+
+Root outputs. Outputs are not instances, so output globs live in their own space: ``output.NAME`` covers
+one root output, ``output.*`` every root output, ``*`` covers outputs too (it is Terraform's whole-state
+LOCK), and no resource, module or exact glob ever intersects an output glob. Output names are
+identifiers, so ``output.x`` is always an output: a root resource of type ``output`` cannot be named by
+an exact or resource glob (only ``*`` covers it), which is the wide side of the ambiguity.
 
 Must not do I/O or compare addresses as raw strings: every comparison goes through parsed steps from
 ``analyzer.addresses``, because ``module.web`` is a string prefix of ``module.webapp``.
@@ -45,6 +52,7 @@ __all__ = [
     "conflicts",
     "intersects",
     "matches",
+    "matches_output",
     "parse_glob",
 ]
 
@@ -57,6 +65,9 @@ _MANAGED = "managed"
 _DATA = "data"
 _EVERYTHING = "*"
 _PREFIX_SUFFIX = ".*"
+_OUTPUT = "output"
+_OUTPUT_PREFIX = _OUTPUT + "."
+_ALL_OUTPUTS = _OUTPUT_PREFIX + "*"
 
 READ = "read"
 WRITE = "write"
@@ -65,7 +76,8 @@ _MODES = (READ, WRITE)
 _ACCEPTED_FORMS = (
     "a glob is '*' (everything), an instance address ('aws_vpc.main', 'data.aws_ami.x', "
     "'module.net[\"a\"].aws_subnet.private[0]'), a module prefix ('module.web.*', 'module.net[\"a\"].*', "
-    "'module.a.module.b.*') or a resource prefix ('aws_instance.web.*', 'module.x.aws_instance.web.*')"
+    "'module.a.module.b.*'), a resource prefix ('aws_instance.web.*', 'module.x.aws_instance.web.*') "
+    "or a root output ('output.NAME', or 'output.*' for every output)"
 )
 
 
@@ -78,6 +90,8 @@ class GlobKind(StrEnum):
     MODULE = "module"  # module.web.*: every address inside the module instance(s)
     RESOURCE = "resource"  # aws_instance.web.*: every instance of one resource, keyed or not
     EXACT = "exact"  # one instance address
+    OUTPUT = "output"  # output.NAME: one root output
+    OUTPUTS = "outputs"  # output.*: every root output
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +100,16 @@ class Glob:
 
     ``module`` is the module path (empty for the root and for ``*``), ``resource`` is
     ``(mode, type, name)`` for resource and exact globs, and ``key`` is the instance key of an exact
-    glob. Build globs with ``parse_glob`` or the ``everything``/``exact``/``module_prefix``/
-    ``resource_prefix`` constructors; the constructor rejects shapes that have no text form.
+    glob; ``output`` is the name of an ``output.NAME`` glob. Build globs with ``parse_glob`` or the
+    ``everything``/``exact``/``module_prefix``/``resource_prefix``/``root_output``/``all_outputs``
+    constructors; the constructor rejects shapes that have no text form.
     """
 
     kind: GlobKind
     module: tuple[ModuleStep, ...] = ()
     resource: _Resource | None = None
     key: _Key = None
+    output: str | None = None
 
     def __post_init__(self) -> None:
         for step in self.module:
@@ -108,18 +124,30 @@ class Glob:
             if mode == _MANAGED and type_ in ("module", _DATA):
                 # The text form would read back as a module step or a data source.
                 raise ValueError(f"a managed resource type cannot be {type_!r}")
+            if mode == _MANAGED and type_ == _OUTPUT and not self.module:
+                # The text form would read back as a root output.
+                raise ValueError(
+                    f"a root resource of type {_OUTPUT!r} has no glob of its own ('output.NAME' is an output): "
+                    "reserve it with '*'"
+                )
             _check_identifier(name, "resource name")
+        if self.output is not None:
+            _check_identifier(self.output, "output name")
         has_resource = self.resource is not None
+        bare = not self.module and not has_resource and self.key is None
+        has_output = self.output is not None
         shape_ok = {
-            GlobKind.EVERYTHING: not self.module and not has_resource and self.key is None,
-            GlobKind.MODULE: bool(self.module) and not has_resource and self.key is None,
-            GlobKind.RESOURCE: has_resource and self.key is None,
-            GlobKind.EXACT: has_resource,
+            GlobKind.EVERYTHING: bare and not has_output,
+            GlobKind.MODULE: bool(self.module) and not has_resource and self.key is None and not has_output,
+            GlobKind.RESOURCE: has_resource and self.key is None and not has_output,
+            GlobKind.EXACT: has_resource and not has_output,
+            GlobKind.OUTPUT: bare and has_output,
+            GlobKind.OUTPUTS: bare and not has_output,
         }[self.kind]
         if not shape_ok:
             raise ValueError(
                 f"a {self.kind} glob cannot have module={self.module!r}, "
-                f"resource={self.resource!r}, key={self.key!r}"
+                f"resource={self.resource!r}, key={self.key!r}, output={self.output!r}"
             )
 
     @classmethod
@@ -142,6 +170,21 @@ class Glob:
     def resource_prefix(cls, module: tuple[ModuleStep, ...], mode: str, type_: str, name: str) -> Glob:
         """``….TYPE.NAME.*``: every instance of one resource, with or without an instance key."""
         return cls(GlobKind.RESOURCE, module, (mode, type_, name))
+
+    @classmethod
+    def root_output(cls, name: str) -> Glob:
+        """``output.NAME``: one root output of the state."""
+        return cls(GlobKind.OUTPUT, output=name)
+
+    @classmethod
+    def all_outputs(cls) -> Glob:
+        """``output.*``: every root output of the state."""
+        return cls(GlobKind.OUTPUTS)
+
+    @property
+    def is_output(self) -> bool:
+        """Whether this glob covers root outputs only (``output.NAME`` or ``output.*``)."""
+        return self.kind in (GlobKind.OUTPUT, GlobKind.OUTPUTS)
 
     @property
     def is_exact(self) -> bool:
@@ -167,6 +210,10 @@ def canonical(glob: Glob) -> str:
     """The normalized text of ``glob``, as stored and shown; ``parse_glob`` reads it back unchanged."""
     if glob.kind is GlobKind.EVERYTHING:
         return _EVERYTHING
+    if glob.kind is GlobKind.OUTPUTS:
+        return _ALL_OUTPUTS
+    if glob.kind is GlobKind.OUTPUT:
+        return _OUTPUT_PREFIX + str(glob.output)
     module = format_module_path(glob.module)
     if glob.resource is None:
         return module + _PREFIX_SUFFIX
@@ -182,6 +229,8 @@ def parse_glob(text: str) -> Glob:
         return Glob.everything()
     if not text:
         _reject(text, "it is empty")
+    if text.startswith(_OUTPUT_PREFIX):
+        return _parse_output(text)
     is_prefix = text.endswith(_PREFIX_SUFFIX)
     body = text[: -len(_PREFIX_SUFFIX)] if is_prefix else text
     star = _stray_star(body)
@@ -220,6 +269,8 @@ def matches(glob: Glob, address: str | InstanceAddress) -> bool:
     target = _as_address(address)
     if glob.kind is GlobKind.EVERYTHING:
         return True
+    if glob.is_output:
+        return False
     if glob.kind is GlobKind.EXACT:
         return glob.address == target
     if glob.kind is GlobKind.MODULE:
@@ -231,6 +282,13 @@ def matches(glob: Glob, address: str | InstanceAddress) -> bool:
     )
 
 
+def matches_output(glob: Glob, name: str) -> bool:
+    """Whether ``glob`` covers the root output ``name``: ``*``, ``output.*`` and ``output.NAME`` do."""
+    if glob.kind in (GlobKind.EVERYTHING, GlobKind.OUTPUTS):
+        return True
+    return glob.kind is GlobKind.OUTPUT and glob.output == name
+
+
 def intersects(a: Glob, b: Glob) -> bool:
     """Whether some instance address matches both globs.
 
@@ -240,6 +298,10 @@ def intersects(a: Glob, b: Glob) -> bool:
     """
     if a.is_everything or b.is_everything:
         return True
+    if a.is_output or b.is_output:
+        if not (a.is_output and b.is_output):
+            return False  # outputs and instances never share an address
+        return a.kind is GlobKind.OUTPUTS or b.kind is GlobKind.OUTPUTS or a.output == b.output
     if a.is_exact:
         return matches(b, a.address)
     if b.is_exact:
@@ -284,6 +346,25 @@ def _steps_unify(a: tuple[ModuleStep, ...], b: tuple[ModuleStep, ...]) -> bool:
     return all(
         x.name == y.name and (x.key is None or y.key is None or x.key == y.key)
         for x, y in zip(a, b, strict=False)
+    )
+
+
+def _parse_output(text: str) -> Glob:
+    if text == _ALL_OUTPUTS:
+        return Glob.all_outputs()
+    name = text[len(_OUTPUT_PREFIX):]
+    if is_identifier(name):
+        return Glob.root_output(name)
+    head = name.split(".", 1)[0].split("[", 1)[0]
+    hint = (
+        f"; write {_OUTPUT_PREFIX + head!r} for the whole output"
+        if is_identifier(head)
+        else ""
+    )
+    _reject(
+        text,
+        f"an output glob is 'output.NAME' with NAME an identifier, or 'output.*': outputs are root "
+        f"values with no instance keys, attributes or partial-name wildcards{hint}",
     )
 
 

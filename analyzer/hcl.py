@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "find_http_backend",
     "implicit_provider",
     "prescan",
+    "tfvars_values",
 ]
 
 @dataclass(slots=True)
@@ -59,7 +61,9 @@ class ParseCache:
 
     analyses: dict[str, FileAnalysis] = field(default_factory=dict)
     blocks: dict[tuple[str, int], Block] = field(default_factory=dict)
-    prescans: dict[str, tuple[tuple[BlockHeader, ...], bool]] = field(default_factory=dict)
+    # content sha256 -> (headers, complete) from the prescan, plus the indices of headers whose labels Terraform
+    # rejects once the footprint has checked them
+    prescans: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     parse_count: int = 0  # full or partial parses made through this cache (observability for callers)
 
     def __len__(self) -> int:
@@ -132,6 +136,13 @@ def _parse(path: str, text: str, *, line_offset: int = 0) -> Tree[Token]:
     # from the rendered string. Blanking them keeps every offset and every reference the same.
     if "~}" in text or "${~" in text:
         text = text.replace("${~", "${ ").replace("~}", " }")
+    if text.startswith("\ufeff"):
+        text = " " + text[1:]  # a UTF-8 byte order mark, which Terraform skips; a space keeps every offset
+    # Two python-hcl2 grammar gaps: a traversal continued on the next line (``x\n  .attr``, valid inside
+    # parentheses) and a newline before ``=>`` in a ``for`` object. The continuation is moved before the line
+    # break, which keeps the text's length and line count (Terraform itself validates the original text).
+    if "\n" in text:
+        text = _CONTINUED.sub(lambda m: m.group(1) + m.group(3) + m.group(2), text)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -150,6 +161,9 @@ def _parse(path: str, text: str, *, line_offset: int = 0) -> Tree[Token]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+_CONTINUED = re.compile(r"([\w\])\"])([ \t]*\n[ \t\n]*)(\.[A-Za-z_][\w-]*|=>)")
 
 
 def _parse_expression(source: str) -> Tree[Token]:
@@ -173,6 +187,19 @@ def _parse_expression(source: str) -> Tree[Token]:
 
 
 _READER = ExpressionReader(_parse_expression)
+
+
+def tfvars_values(name: str, text: str) -> dict[str, str] | None:
+    """The values a variable-definitions file sets (name → canonical JSON of the value as written), or None
+    when it does not parse. ``.json`` files are read as JSON, others as HCL."""
+    text = text.removeprefix("\ufeff")
+    try:
+        document = json.loads(text) if name.endswith(".json") else hcl2.loads(text)
+    except Exception:  # noqa: BLE001 - python-hcl2 raises lark's and its own exceptions alike
+        return None
+    if not isinstance(document, dict):
+        return None
+    return {str(k): json.dumps(v, sort_keys=True) for k, v in document.items()}
 
 
 def _relabel(analysis: FileAnalysis, path: str) -> FileAnalysis:

@@ -44,6 +44,9 @@ class Settings:
     log_level: str = "INFO"
     public_url: str | None = None
     max_wait_seconds: int = 300
+    wait_ticket_seconds: int = 10
+    max_globs_per_request: int = 1000
+    max_globs_per_run: int = 5000
     session_secret: str | None = field(default=None, repr=False)
     log_format: str = "text"
     metrics_token: str | None = field(default=None, repr=False)
@@ -64,6 +67,10 @@ class Settings:
     trusted_proxies: tuple[str, ...] = ()
     large_body_bytes: int = 16 * 1024 * 1024
     max_large_bodies: int = 2
+    # Retention of old versions' raw bytes (docs/data-model.md); 0 switches a rule off.
+    retain_versions: int = 0
+    retain_days: int = 0
+    prune_interval_seconds: int = 3600
 
     @property
     def github_enabled(self) -> bool:
@@ -164,6 +171,9 @@ class Settings:
             log_level=(text("KL_LOG_LEVEL") or "INFO").upper(),
             public_url=text("KL_PUBLIC_URL"),
             max_wait_seconds=integer("KL_MAX_WAIT_SECONDS", 300, minimum=0),
+            wait_ticket_seconds=integer("KL_WAIT_TICKET_SECONDS", 10, minimum=2),
+            max_globs_per_request=integer("KL_MAX_GLOBS_PER_REQUEST", 1000, minimum=1),
+            max_globs_per_run=integer("KL_MAX_GLOBS_PER_RUN", 5000, minimum=1),
             session_secret=session_secret,
             log_format=log_format,
             metrics_token=text("KL_METRICS_TOKEN"),
@@ -182,6 +192,9 @@ class Settings:
             trusted_proxies=proxies,
             large_body_bytes=integer("KL_LARGE_BODY_BYTES", 16 * 1024 * 1024),
             max_large_bodies=integer("KL_MAX_LARGE_BODIES", 2),
+            retain_versions=integer("KL_RETAIN_VERSIONS", 0, minimum=0),
+            retain_days=integer("KL_RETAIN_DAYS", 0, minimum=0),
+            prune_interval_seconds=integer("KL_PRUNE_INTERVAL_SECONDS", 3600, minimum=0),
         )
         if problems:
             raise ConfigError(problems)

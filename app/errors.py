@@ -141,9 +141,17 @@ class ReservationConflictError(ConflictError):
 
     code = "reservation_conflict"
 
-    def __init__(self, message: str, conflicts: list[dict[str, object]]) -> None:
-        super().__init__(message, conflicts=conflicts)
+    def __init__(self, message: str, conflicts: list[dict[str, object]], *, total: int | None = None) -> None:
+        super().__init__(message, conflicts=conflicts,
+                         conflicts_total=len(conflicts) if total is None else total)
         self.conflicts = conflicts
+
+
+class TicketExpiredError(ConflictError):
+    """A wait ticket was not presented again within its window, or is not this caller's (another
+    credential, state or set of reservations): its place in the queue is gone."""
+
+    code = "wait_ticket_expired"
 
 
 class LeaseExpiredError(ConflictError):

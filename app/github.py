@@ -78,6 +78,21 @@ class PullInfo:
     merged: bool
     state: str
     author: str
+    # None while GitHub is still computing it (it answers the first read of a changed pull request so).
+    mergeable: bool | None = None
+    mergeable_state: str = "unknown"
+    merge_commit_sha: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """One submitted review: its author, ``APPROVED``/``CHANGES_REQUESTED``/``COMMENTED``/``DISMISSED``, the
+    commit it reviewed and when (GitHub lists them oldest first)."""
+
+    login: str
+    state: str
+    commit_id: str
+    submitted_at: str
 
 
 # --- App installations, shared by every client of this process -----------------------------------
@@ -212,9 +227,22 @@ class GitHub:
         def once() -> PullInfo:
             pr = self._repository.get_pull(number)
             return PullInfo(number=pr.number, head_sha=pr.head.sha, head_ref=pr.head.ref, base_ref=pr.base.ref,
-                            base_sha=pr.base.sha, merged=bool(pr.merged), state=pr.state, author=pr.user.login)
+                            base_sha=pr.base.sha, merged=bool(pr.merged), state=pr.state, author=pr.user.login,
+                            mergeable=pr.mergeable, mergeable_state=str(pr.mergeable_state or "unknown"),
+                            merge_commit_sha=pr.merge_commit_sha or None)
 
         return self._policy.call(f"read pull request #{number}", once)
+
+    def reviews(self, number: int) -> list[Review]:
+        """The submitted reviews of PR ``number``, oldest first (every page)."""
+
+        def once() -> list[Review]:
+            found = self._repository.get_pull(number).get_reviews()
+            return [Review(login=r.user.login if r.user is not None else "", state=str(r.state or ""),
+                           commit_id=str(r.commit_id or ""), submitted_at=str(r.submitted_at or ""))
+                    for r in found]
+
+        return self._policy.call(f"read the reviews of #{number}", once)
 
     def default_branch(self) -> str:
         if self._default_branch is None:
@@ -457,4 +485,4 @@ def _rate_limit_wait(headers: dict[str, str]) -> float:
     return SECONDARY_RATE_WAIT
 
 
-__all__ = ["GitHub", "GitHubError", "PullInfo", "forget_cached_installations", "truncate"]
+__all__ = ["GitHub", "GitHubError", "PullInfo", "Review", "forget_cached_installations", "truncate"]

@@ -23,6 +23,8 @@ JOBS: dict[str, str] = {
     "push": "runner.jobs.push_to_default_branch",
     "rerun": "runner.jobs.rerun_check",
     "comment": "runner.jobs.comment_command",
+    "reconcile_holds": "runner.jobs.reconcile_holds",
+    "pull_request_review": "runner.jobs.pull_request_review",
 }
 
 

@@ -6,6 +6,7 @@ Run from the repository root:
     .venv/bin/python -m bench.reservations_bench                   # full size, rewrites its section
     .venv/bin/python -m bench.reservations_bench --quick           # smoke test, prints only
     .venv/bin/python -m bench.reservations_bench --out /tmp/r.md   # full size, section written elsewhere
+    .venv/bin/python -m bench.reservations_bench --heavy           # heavy clients (bench/heavy_reservations.py)
 
 One cycle opens an apply run holding a write glob and a read glob (``POST /v1/engine/states/NAME/runs``)
 and releases everything it holds (``POST /v1/engine/runs/ID/release``). The globs are keyed module
@@ -55,6 +56,7 @@ from analyzer.globs import canonical, parse_glob
 from app.domain.principal import default_principal
 from app.domain.reservations import DEFAULT_LEASE, glob_root, parse_wanted
 from app.errors import ReservationConflictError
+from app.store import acquire as store_acquire
 from app.store import holds
 from app.store import runs as store_runs
 from app.store.db import Database
@@ -446,7 +448,7 @@ def probes(probe: Probe, *, unindexed: bool) -> Iterator[None]:
     restored on exit). With ``unindexed``, the candidates query runs with index and bitmap scans
     disabled for that one statement (transaction-local settings, set before and restored after)."""
     original_candidates = holds.candidates
-    original_find = store_runs.find_conflicts
+    original_find = store_acquire.find_conflicts
 
     def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Any]:
         if unindexed:
@@ -472,12 +474,12 @@ def probes(probe: Probe, *, unindexed: bool) -> Iterator[None]:
                 probe.conflict_checks += spent
 
     holds.candidates = candidates  # type: ignore[assignment]
-    store_runs.find_conflicts = find_conflicts  # type: ignore[assignment]
+    store_acquire.find_conflicts = find_conflicts  # type: ignore[assignment]
     try:
         yield
     finally:
         holds.candidates = original_candidates  # type: ignore[assignment]
-        store_runs.find_conflicts = original_find  # type: ignore[assignment]
+        store_acquire.find_conflicts = original_find  # type: ignore[assignment]
 
 
 def probed_slice(lane: str, live: int, make_client: Callable[[int], Any], clients: int, sz: Sizes, seed: int, *,
@@ -1037,7 +1039,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                 "unless --out is given",
                      json_help="also dump every raw latency as JSON here")
     p.add_argument("--seed", type=int, default=4, help="random seed for globs (default: %(default)s)")
+    p.add_argument("--heavy", action="store_true",
+                   help="measure heavy clients instead (1,000 x 2,000 glob conflict check, LOCK latency meanwhile, "
+                        "/healthz with 50 waiters on gunicorn) and write their own section")
     return p.parse_args(argv)
+
+
+def main_heavy(args: argparse.Namespace, command: str) -> int:
+    from bench import heavy_reservations as heavy
+
+    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
+    machine = machine_info(args.database_url)
+    with Harness(args.database_url) as h:
+        found = heavy.run_heavy(h, args.quick, lambda msg: print(msg, file=sys.stderr, flush=True))
+    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    section = heavy.heavy_section(found, machine, command)
+    print(section)
+    if args.json is not None:
+        args.json.write_text(json.dumps({**found, "machine": machine, "command": command}, indent=1))
+    if out is not None:
+        doc = out.read_text() if out.exists() else "# Benchmarks\n"
+        pattern = re.compile(rf"^{re.escape(heavy.HEAVY_SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
+        if pattern.search(doc):
+            doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
+        else:
+            doc = doc.rstrip("\n") + "\n\n" + section
+        out.write_text(doc.rstrip("\n") + "\n")
+        print(f"wrote the '{heavy.HEAVY_SECTION}' section of {out}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1046,6 +1075,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     command = shlex.join([".venv/bin/python", "-m", "bench.reservations_bench",
                           *(sys.argv[1:] if argv is None else argv)])
+    if args.heavy:
+        return main_heavy(args, command)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.configuration import is_described
+from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, assemble_state, parse_state
 from app.domain.commit import commit_delta, parse_globs, unreserved_read
@@ -27,7 +28,7 @@ from runner.engine_client import EngineClient, EngineError
 from runner.plan import KlExit, TerraformContext, fetch_snapshot, plan_in_workspace, terraform, var_flags
 from runner.spec import PlanSpec
 
-CONFLICT_CODES = {"reservation_conflict", "stale_plan"}
+CONFLICT_CODES = {"reservation_conflict", "stale_plan", "wait_ticket_expired"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +65,15 @@ def check_spec(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplie
     """Refuse (exit 2: re-plan) when the configuration or the pinned inputs moved since kl plan."""
     if workspace.config_hash(config_dir) != spec.config_hash:
         raise KlExit(2, f"the configuration in {config_dir} changed since kl plan: re-run kl plan")
+    pinned_env = {v.name for v in spec.variables if v.kind == "env"}
+    for key in sorted(k for k in env if k.startswith("TF_VAR_") and k not in pinned_env):
+        raise KlExit(2, f"{key} is set but was not when kl plan ran: re-run kl plan")
     for var in spec.variables:
-        if var.kind == "var-file":
+        if var.kind in ("var-file", "auto-var-file"):
             path = Path(var.name)
             if not path.is_file() or workspace.file_hash(path) != var.sha256:
-                raise KlExit(2, f"-var-file {var.name} changed or vanished since kl plan: re-run kl plan")
+                raise KlExit(2, f"{var.name} changed or vanished since kl plan (the variable values differ): "
+                                "re-run kl plan")
         elif var.kind == "env":
             if hashlib.sha256(env.get(var.name, "").encode()).hexdigest() != var.sha256:
                 raise KlExit(2, f"{var.name} differs from what kl plan saw: re-run kl plan")
@@ -202,7 +207,7 @@ def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, buil
         ws, slice_raw, slice_addresses = prepared.ws, prepared.slice_raw, prepared.slice_addresses
         flags = var_flags(spec.variables, options.supplied_vars)
         try:
-            plan = plan_in_workspace(ctx, ws, flags, spec.targets)
+            plan = plan_in_workspace(ctx, ws, flags, spec.targets, refresh=spec.refresh)
         except KlExit as exc:
             _fail(client, run_id, holder, str(exc))
             raise
@@ -228,9 +233,21 @@ def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, buil
             kept = f"\nthe partial post-apply state is kept in {where} (see kl recover)" if where else ""
             raise KlExit(1, f"{exc}\nnothing was committed; the trunk is unchanged{kept}") from exc
         result = ws.read_state() or b""
+        if spec.refresh:
+            result = _written_rows_only(result, slice_raw, spec)
         return _commit(client, spec, options, run_id, heartbeat, result, slice_raw, slice_addresses)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _written_rows_only(result: bytes, slice_raw: bytes | None, spec: PlanSpec) -> bytes:
+    """kl plan --refresh refreshed the whole workspace; only the write set's rows are this run's to commit."""
+    after, before = parse_state(result), parse_state(slice_raw) if slice_raw else None
+    if not isinstance(after, ParsedState):
+        return result
+    written = set(spec.write_set)
+    return keep_trunk_rows(after, before if isinstance(before, ParsedState) else None,
+                           lambda row: row.address in written)
 
 
 def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id: str, heartbeat: Heartbeat,

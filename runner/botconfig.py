@@ -15,12 +15,18 @@ The format::
     apply_on_merge: true        # apply each project a merged pull request touches (default true)
     apply_on_push: false        # apply pushes to the default branch that are not merged PRs (default false)
     merge_wait: 10m             # how long a merge apply waits for reservations (default 10m)
+    apply_on_comment: false     # let `kilolock apply` comments apply before merge (default false)
+    apply_requirements: [approved, mergeable]   # gate of comment applies (also: undiverged; may be [])
     projects:
       - dir: infra/prod         # the Terraform root module, relative to the repository root
         name: prod              # default: the directory (the state's name for the root directory)
         state: prod             # default: from the directory's backend "http" block
         files: ["infra/prod/**", "modules/**", "!**/*.md"]   # default: the directory and its local modules
         apply_on_merge: true    # default: the top-level value
+        apply_on_comment: true  # default: the top-level value
+
+Comment applies read ``apply_on_comment`` and ``apply_requirements`` from the default branch's file only
+(``runner.bot_holds``), so a pull request cannot relax its own gate.
 """
 
 from __future__ import annotations
@@ -41,8 +47,11 @@ from runner.config import ClientConfigError, read_tf_files, split_backend_addres
 CONFIG_NAMES = (".kilolock.yml", ".kilolock.yaml")
 DEFAULT_MERGE_WAIT = 600
 MAX_MERGE_WAIT = 6 * 3600
-_TOP_KEYS = frozenset({"version", "apply_on_merge", "apply_on_push", "merge_wait", "projects"})
-_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge"})
+_TOP_KEYS = frozenset({"version", "apply_on_merge", "apply_on_push", "merge_wait", "projects", "apply_on_comment",
+                       "apply_requirements"})
+_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment"})
+REQUIREMENTS = ("approved", "mergeable", "undiverged")
+DEFAULT_REQUIREMENTS = ("approved", "mergeable")
 _SKIP_DIRS = frozenset({".git", ".terraform", "node_modules"})
 
 
@@ -78,6 +87,7 @@ class Project:
     address: str | None
     files: tuple[str, ...]
     apply_on_merge: bool
+    apply_on_comment: bool = False
 
     @property
     def shown_dir(self) -> str:
@@ -91,6 +101,7 @@ class BotConfig:
     apply_on_push: bool = False
     merge_wait: int = DEFAULT_MERGE_WAIT
     source: str = "discovered"
+    apply_requirements: tuple[str, ...] = DEFAULT_REQUIREMENTS
 
     def project(self, name: str) -> Project | None:
         return next((p for p in self.projects if p.name == name), None)
@@ -144,10 +155,13 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     apply_on_merge = _boolean(doc, "apply_on_merge", True, "", problems)
     apply_on_push = _boolean(doc, "apply_on_push", False, "", problems)
     merge_wait = _duration(doc.get("merge_wait", DEFAULT_MERGE_WAIT), "merge_wait", problems)
+    apply_on_comment = _boolean(doc, "apply_on_comment", False, "", problems)
+    requirements = _requirements(doc.get("apply_requirements", list(DEFAULT_REQUIREMENTS)), problems)
     items = doc.get("projects")
     projects: list[Project] = []
     if items is None:
-        projects = [_project_from(d, None, None, None, apply_on_merge, root, problems, "") for d in discover(root)]
+        projects = [_project_from(d, None, None, None, apply_on_merge, root, problems, "", apply_on_comment)
+                    for d in discover(root)]
     elif not isinstance(items, list) or not items:
         problems.append("projects must be a non-empty list of {dir: …} mappings (or left out to discover them)")
     else:
@@ -165,7 +179,9 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
             state = _text(item, "state", where, problems)
             files = _globs(item.get("files"), where, problems)
             own_apply = _boolean(item, "apply_on_merge", apply_on_merge, where + ": ", problems)
-            projects.append(_project_from(directory, name, state, files, own_apply, root, problems, where))
+            own_comment = _boolean(item, "apply_on_comment", apply_on_comment, where + ": ", problems)
+            projects.append(_project_from(directory, name, state, files, own_apply, root, problems, where,
+                                          own_comment))
     seen: dict[str, int] = {}
     for project in projects:
         seen[project.name] = seen.get(project.name, 0) + 1
@@ -174,7 +190,7 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     if problems:
         raise BotConfigError(problems, source=raw.source)
     return BotConfig(projects=tuple(projects), apply_on_merge=apply_on_merge, apply_on_push=apply_on_push,
-                     merge_wait=merge_wait, source=raw.source)
+                     merge_wait=merge_wait, source=raw.source, apply_requirements=requirements)
 
 
 def discover(root: Path) -> list[str]:
@@ -246,7 +262,8 @@ def _compiled(glob: str) -> re.Pattern[str]:
 
 
 def _project_from(directory: str, name: str | None, state: str | None, files: tuple[str, ...] | None,
-                  apply_on_merge: bool, root: Path, problems: list[str], where: str) -> Project:
+                  apply_on_merge: bool, root: Path, problems: list[str], where: str,
+                  apply_on_comment: bool = False) -> Project:
     label = f"{where} (dir {directory or '.'})" if where else f"{directory or '.'}"
     texts = read_tf_files(root / directory) if (root / directory).is_dir() else {}
     address = None
@@ -268,7 +285,7 @@ def _project_from(directory: str, name: str | None, state: str | None, files: tu
     if files is None:
         files = default_triggers(directory, texts)
     return Project(name=name or directory or state or ".", dir=directory, state=state or "", address=address,
-                   files=files, apply_on_merge=apply_on_merge)
+                   files=files, apply_on_merge=apply_on_merge, apply_on_comment=apply_on_comment)
 
 
 def default_triggers(directory: str, texts: Mapping[str, str]) -> tuple[str, ...]:
@@ -333,6 +350,20 @@ def _boolean(doc: Mapping[str, Any], key: str, default: bool, where: str, proble
         problems.append(f"{where}{key} must be true or false, got {value!r}")
         return default
     return value
+
+
+def _requirements(value: Any, problems: list[str]) -> tuple[str, ...]:
+    """``apply_requirements``: a list (possibly empty) of known requirement names."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(f"apply_requirements must be a list such as [approved, mergeable, undiverged] (or []), "
+                        f"got {value!r}")
+        return DEFAULT_REQUIREMENTS
+    unknown = [v for v in value if v not in REQUIREMENTS]
+    if unknown:
+        problems.append(f"apply_requirements: unknown requirement(s) {', '.join(map(repr, unknown))} (known: "
+                        f"{', '.join(REQUIREMENTS)})")
+        return DEFAULT_REQUIREMENTS
+    return tuple(r for r in REQUIREMENTS if r in value)
 
 
 def _duration(value: Any, key: str, problems: list[str]) -> int:

@@ -8,9 +8,10 @@ Owns reading ``bot_jobs`` and ``pull_request_footprints`` (through ``app.store.b
 
 from __future__ import annotations
 
-from app.store import Database
+from app.store import Database, pr_holds
 from app.store import bot as store
 from app.store.bot import BotJob
+from runner import holdtext
 from runner.comments import (
     ApplyResult,
     CommentView,
@@ -45,7 +46,26 @@ def comment_view(db: Database, repo: str, number: int) -> CommentView:
         applies = results + [ApplyResult(n, "", merges[-1].sha, "pending") for n in waiting]
     return CommentView(repo, number, fp, preview, pending, tuple(applies),
                        overlaps_of(db, repo, number, fp) if fp is not None and not merges else {},
-                       merged_sha=merges[-1].sha if merges else None)
+                       merged_sha=merges[-1].sha if merges else None,
+                       holds=tuple(_hold_lines(db, repo, number, fp, rows, merged=bool(merges))))
+
+
+def _hold_lines(db: Database, repo: str, number: int, fp: FootprintOutcome | None, rows: list[BotJob],
+                *, merged: bool) -> list[str]:
+    """The pull-request holds part of the comment (``runner.holdtext``)."""
+    from runner.bot_holds import blocking_holds
+
+    own = [h for h in pr_holds.of_pull_request(db, repo, number) if h.live]
+    others = {}
+    if fp is not None and not merged:
+        for project in fp.projects:
+            if not project.error:
+                found = blocking_holds(db, repo, number, project.state, project.write_globs, project.read_globs)
+                if found:
+                    others[project.name] = found
+    closes = [r for r in rows if r.kind == "pull_request_closed" and r.is_finished and r.result.get("applied_before")]
+    closed = closes[-1].result["applied_before"] if closes and not own and not merged else []
+    return holdtext.comment_lines(number, fp.head_sha if fp is not None else None, own, others, closed)
 
 
 def overlaps_of(db: Database, repo: str, number: int, fp: FootprintOutcome) -> dict[str, tuple[Overlap, ...]]:

@@ -350,7 +350,7 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
         chosen = changed_selection(config_dir, args.changed_from)
     except GitError as exc:
         raise UsageError(str(exc)) from exc
-    return Selection(tuple(sorted(set(chosen.files) | set(files))), chosen.deleted)
+    return Selection(tuple(sorted(set(chosen.files) | set(files))), chosen.deleted, chosen.variables)
 
 
 def _plan_spec(args: argparse.Namespace, env: dict[str, str]) -> tuple[Any, Any, Any]:
@@ -366,9 +366,9 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str]) -> tuple[Any, Any,
     selection = _selection(args, config_dir)
     if selection is None:
         return make_plan(client, ctx, state=config.state, config_dir=config_dir, var_args=_var_args(args),
-                         targets=args.target or []), client, selection
+                         targets=args.target or [], refresh=getattr(args, "refresh", False)), client, selection
     spec = plan_files(client, ctx, state=config.state, config_dir=config_dir, selection=selection,
-                      var_args=_var_args(args), data_dir=data_dir(env))
+                      var_args=_var_args(args), data_dir=data_dir(env), refresh=getattr(args, "refresh", False))
     return spec, client, selection
 
 
@@ -527,6 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("-var", "--var", action="append", metavar="NAME=VALUE", help="an input variable")
     plan.add_argument("-var-file", "--var-file", action="append", metavar="FILE", help="a variables file")
     plan.add_argument("--target", action="append", metavar="ADDRESS", help="plan only this address (repeatable)")
+    plan.add_argument("--refresh", action="store_true",
+                      help="refresh the slice's objects first, so the plan sees drift in what it changes")
     plan.set_defaults(func=cmd_plan)
 
     apply = sub.add_parser("apply", help="apply a kl-plan.json: reserve, apply the slice, commit row by row")
@@ -553,6 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
     recover_cmd.add_argument("run_id", metavar="RUN_ID")
     recover_cmd.add_argument("--actor", help="holder for the new run when the old one has ended")
     recover_cmd.set_defaults(func=cmd_recover)
+
+    from runner.drift_cli import add_commands as add_drift_commands
+
+    add_drift_commands(sub, client_options, parse_duration)
 
     embedded = sub.add_parser("embedded", help="manage the embedded Postgres and Redis under KL_DATA_DIR")
     embedded_sub = embedded.add_subparsers(dest="embedded_command", required=True, metavar="SUBCOMMAND")
@@ -587,6 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
     k_revoke.add_argument("tenant", metavar="TENANT")
     k_revoke.add_argument("token_id", metavar="TOKEN_ID")
     k_revoke.set_defaults(func=cmd_tokens_revoke)
+    from runner import prune as prune_command  # registered from its own module
+
+    prune_command.register(sub)
     return parser
 
 

@@ -31,6 +31,10 @@ ROW_ORDER = ("delete", "replace", "create", "update", "move", "read", "no-op")
 HELP = """Kilolock commands (comment on the pull request; you need write access to the repository):
 
 - `kilolock plan` re-runs the plan preview for the pull request's current head.
+- `kilolock apply [-p NAME]` applies the head before merge (every touched project, or the one named), when
+  `apply_on_comment` is on and the `apply_requirements` hold (both read from the default branch); the pull
+  request then holds what it applied until it is merged or closed.
+- `kilolock unlock` releases this pull request's holds.
 - `kilolock help` shows this list.
 
 Kilolock also comments on its own: the predicted reservations when the pull request opens or changes,
@@ -110,7 +114,8 @@ class PreviewOutcome:
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """One project's apply after a merge (or a push to the default branch). ``status`` is ``committed``,
-    ``no_changes``, ``failed``, ``skipped`` (apply on merge is off) or ``pending`` (not finished yet)."""
+    ``no_changes``, ``failed``, ``skipped`` (apply on merge is off), ``pending`` (not finished yet) or
+    ``applied_before_merge`` (a comment apply of the same files; not applied again)."""
 
     project: str
     state: str
@@ -192,6 +197,7 @@ class CommentView:
     applies: tuple[ApplyResult, ...] = ()
     overlaps: Mapping[str, tuple[Overlap, ...]] = field(default_factory=dict)
     merged_sha: str | None = None
+    holds: tuple[str, ...] = ()  # the pull-request holds part, rendered by runner.holdtext
 
 
 def render_comment(view: CommentView) -> str:
@@ -226,6 +232,7 @@ def _comment(view: CommentView, shown: int) -> str:
     for name, result in applies.items():
         if name not in {p.name for p in fp.projects}:
             lines += [f"### Project {_code(name)}", ""] + _apply_lines(result, shown)
+    lines += list(view.holds)
     lines.append(f"<sub>Comment `kilolock help` for commands · footprint of {_short(fp.head_sha)}</sub>")
     return "\n".join(lines) + "\n"
 
@@ -317,6 +324,9 @@ def _apply_lines(result: ApplyResult, shown: int) -> list[str]:
         return lines
     if result.status == "no_changes":
         return [f"**Applied** {sha}: no changes; the trunk is unchanged.", ""]
+    if result.status == "applied_before_merge":
+        return [f"**Not applied again** ({sha}): applied before merge at serial {result.serial} (run "
+                f"{_code(result.run_id or '')}); the merge commit's project files equal the applied head's.", ""]
     if result.status == "skipped":
         return [f"**Not applied** ({sha}): {_inline(result.error or 'apply on merge is off for this project')}", ""]
     run = f" (run {_code(result.run_id)})" if result.run_id else ""
@@ -385,10 +395,12 @@ def plan_check(outcome: PreviewOutcome) -> CheckOutput:
 def apply_check(results: Sequence[ApplyResult]) -> CheckOutput:
     failed = [r for r in results if r.failed]
     done = [r for r in results if r.status == "committed"]
+    before = [r for r in results if r.status == "applied_before_merge"]
     if failed:
         title = f"apply failed for {', '.join(r.project for r in failed)}; the trunk is unchanged"
-    elif done:
-        title = "applied: " + ", ".join(f"{r.project} at serial {r.serial}" for r in done)
+    elif done or before:
+        title = "applied: " + ", ".join([f"{r.project} at serial {r.serial}" for r in done] +
+                                        [f"{r.project} before merge at serial {r.serial}" for r in before])
     elif all(r.status == "skipped" for r in results):
         title = "not applied: apply on merge is off"
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -21,9 +23,12 @@ class EngineError(Exception):
 
 
 class EngineClient:
-    def __init__(self, config: ClientConfig, *, timeout: float = 60.0) -> None:
+    def __init__(self, config: ClientConfig, *, timeout: float = 60.0,
+                 sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.timeout = timeout
+        self._sleep = sleep
+        self._monotonic = monotonic
         self._session = requests.Session()
         if config.token:
             if config.username:
@@ -80,6 +85,10 @@ class EngineClient:
     # --- runs and reservations ------------------------------------------------------------------
 
     def _post(self, path: str, body: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        return self._post_status(path, body, timeout=timeout)[0]
+
+    def _post_status(self, path: str, body: dict[str, Any], *, timeout: float | None = None,
+                     ) -> tuple[dict[str, Any], int]:
         try:
             response = self._session.post(self._url(path), json=body, timeout=timeout or self.timeout)
         except requests.ConnectionError as exc:
@@ -87,7 +96,29 @@ class EngineClient:
                 f"cannot reach Kilolock at {self.config.base_url}: is the server running (kl serve)?",
                 status=0, code="unreachable",
             ) from exc
-        return self._decode(response)
+        return self._decode(response), response.status_code
+
+    def _acquire(self, path: str, body: dict[str, Any], wait_seconds: float | None) -> dict[str, Any]:
+        """POST a reservation request; while the server answers 202 (queued), wait as it says and
+        ask again with the ticket, until granted, refused, or ``wait_seconds`` is used up (then one
+        last ask without a wait gets the final answer). Stopping early (Ctrl-C, a cancelled job)
+        simply stops asking: the ticket lapses on the server and is never granted."""
+        deadline = self._monotonic() + (wait_seconds or 0)
+        request = dict(body)
+        while True:
+            answer, status = self._post_status(path, request)
+            if status != 202:
+                return answer
+            request["ticket"] = answer["ticket"]
+            remaining = deadline - self._monotonic()
+            if remaining <= 0:
+                request["wait_seconds"] = 0
+                continue
+            pause = float(answer.get("poll_after_seconds") or 1.0)
+            # Pooled connections idle for the pause may be closed by the server's keep-alive timeout just
+            # as the next poll goes out on them; asking on a fresh connection never races that.
+            self._session.close()
+            self._sleep(max(min(pause, remaining), 0.05))
 
     @staticmethod
     def _decode(response: requests.Response) -> dict[str, Any]:
@@ -122,12 +153,16 @@ class EngineClient:
                            ("base_serial", base_serial), ("info", info)):
             if value is not None:
                 body[key] = value
-        timeout = self.timeout + (wait_seconds or 0)
-        return self._post(self._state_path(state) + "/runs", body, timeout=timeout)
+        return self._acquire(self._state_path(state) + "/runs", body, wait_seconds)
 
     def run_action(self, run_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
-        """renew, release, running, close, abort or reservations on one run."""
-        return self._post(f"/runs/{quote(run_id)}/{action}", body)
+        """renew, release, running, close, abort or reservations on one run (``reservations``
+        waits like ``open_run`` when the body has ``wait_seconds``)."""
+        path = f"/runs/{quote(run_id)}/{action}"
+        if action == "reservations":
+            wait = body.get("wait_seconds")
+            return self._acquire(path, body, float(wait) if isinstance(wait, int | float) else None)
+        return self._post(path, body)
 
     def commit(self, run_id: str, *, holder: str, state: dict[str, Any], slice_addresses: list[str],
                prune_outputs: bool = True) -> dict[str, Any]:
@@ -149,3 +184,12 @@ class EngineClient:
     def edges(self, state: str, globs: list[str]) -> list[tuple[str, str]]:
         body = self._post(self._state_path(state) + "/edges", {"globs": globs})
         return [(e["address"], e["depends_on"]) for e in body["edges"]]
+
+    def drift(self, state: str) -> dict[str, Any]:
+        """The state's latest drift report (its outstanding drift and when it was checked)."""
+        result: dict[str, Any] = self._get(self._state_path(state) + "/drift").json()
+        return result
+
+    def record_drift(self, state: str, report: dict[str, Any]) -> dict[str, Any]:
+        """Store a drift check's findings (addresses and attribute names only)."""
+        return self._post(self._state_path(state) + "/drift", report)

@@ -11,46 +11,61 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import pickle
 import shutil
 import tempfile
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from analyzer.configuration import is_described
+from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.footprint import Footprint, compute_footprint
-from analyzer.gitdiff import ChangeScope
-from analyzer.globs import intersects, matches, parse_glob
-from analyzer.hcl import ParseCache, content_digest
+from analyzer.globs import matches, parse_glob
+from analyzer.hcl import HclError, ParseCache, content_digest
 from analyzer.plan import PlanFormatError, analyze_plan
-from analyzer.prescan import scan
+from analyzer.scoping import (
+    ScopeRefused,
+    Selection,
+    cut_blocks,
+    declaring_files,
+    deleted_globs,
+    dependents_to_add,
+    described_in,
+    file_readers,
+    local_module_sources,
+    output_globs,
+    selection_from_changes,
+)
 from analyzer.state import ParsedState, assemble_state, parse_state
 from runner import workspace
 from runner.apply import ApplyOptions, ApplyOutcome, Builder, Prepared, apply_spec, check_spec
 from runner.engine_client import EngineClient, EngineError
-from runner.plan import KlExit, TerraformContext, pin_variables, plan_in_workspace, sensitive_variables
+from runner.git import work_tree_root
+from runner.plan import (
+    KlExit,
+    TerraformContext,
+    auto_var_files,
+    pin_variables,
+    plan_in_workspace,
+    sensitive_variables,
+)
 from runner.spec import PlanSpec
 
-LOCALS_FILE = "kilolock_locals.tf"
-
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """What to plan: configuration-relative .tf files, and files deleted since a git ref (their text
-    at the ref), whose declared addresses must be planned for destruction."""
-
-    files: tuple[str, ...]
-    deleted: Mapping[str, str] = field(default_factory=dict)
+__all__ = ["Selection", "apply_files", "changed_selection", "module_sources", "plan_files", "read_configuration"]
 
 
 def read_configuration(config_dir: Path) -> dict[str, str]:
     """The root module's .tf and .tf.json files, by name (modules are copied whole, not read here)."""
+    return _read_tf(config_dir)
+
+
+def _read_tf(directory: Path) -> dict[str, str]:
     found: dict[str, str] = {}
-    for path in sorted(config_dir.iterdir()):
+    for path in sorted(directory.iterdir()):
         if path.is_file() and path.name.endswith((".tf", ".tf.json")) and path.name != workspace.OVERRIDE_NAME:
             found[path.name] = path.read_text(encoding="utf-8", errors="surrogateescape")
     return found
@@ -114,83 +129,6 @@ def save_cache(data_dir: Path, cache: ParseCache, *, loaded: Signature | None = 
     tmp.replace(_cache_path(data_dir))
 
 
-def deleted_globs(deleted: Mapping[str, str]) -> tuple[str, ...]:
-    """What the deleted files declared (their destruction is part of the write footprint)."""
-    globs: set[str] = set()
-    for text in deleted.values():
-        for header in scan(text).headers:
-            if header.type == "resource" and len(header.labels) == 2:
-                globs.add(f"{header.labels[0]}.{header.labels[1]}.*")
-            elif header.type == "data" and len(header.labels) == 2:
-                globs.add(f"data.{header.labels[0]}.{header.labels[1]}.*")
-            elif header.type == "module" and header.labels:
-                globs.add(f"module.{header.labels[0]}.*")
-    return tuple(sorted(globs))
-
-
-def described_in(fp: Footprint, extra: Iterable[str] = ()) -> tuple[str, ...]:
-    """Configuration-level addresses whose trunk rows the slice carries: the workspace's resource and
-    module blocks (``module.NAME.*``), plus every written address — a ``moved`` source or a deleted
-    declaration must be in the slice for Terraform to move or destroy it."""
-    names: set[str] = set()
-    for block in fp.blocks:
-        if block.type in ("resource", "data", "ephemeral"):
-            names.add(block.name)
-        elif block.type == "module":
-            names.add(block.name + ".*")
-    for glob in (*fp.write_globs, *extra):
-        if glob.startswith("module."):
-            names.add("module." + glob.split(".")[1].split("[")[0] + ".*")
-        else:
-            names.add(_keyless(glob[:-2] if glob.endswith(".*") else glob))
-    return tuple(sorted(names))
-
-
-def _keyless(address: str) -> str:
-    return address.split("[", 1)[0]
-
-
-def declaring_files(files: Mapping[str, str]) -> dict[str, str]:
-    """Root-level resource/data address or ``module.NAME`` → the file declaring it (prescan only)."""
-    found: dict[str, str] = {}
-    for name, text in files.items():
-        if not name.endswith(".tf"):
-            continue
-        for header in scan(text).headers:
-            if header.type == "resource" and len(header.labels) == 2:
-                found[f"{header.labels[0]}.{header.labels[1]}"] = name
-            elif header.type == "data" and len(header.labels) == 2:
-                found[f"data.{header.labels[0]}.{header.labels[1]}"] = name
-            elif header.type == "module" and header.labels:
-                found[f"module.{header.labels[0]}"] = name
-    return found
-
-
-def _declared_by(address: str, declarations: Mapping[str, str]) -> str | None:
-    if address.startswith("module."):
-        return declarations.get("module." + address.split(".")[1].split("[")[0])
-    return declarations.get(_keyless(address))
-
-
-def dependents_to_add(edges: Iterable[tuple[str, str]], write_globs: Sequence[str],
-                      declarations: Mapping[str, str], selected: Iterable[str]) -> dict[str, str]:
-    """Files declaring trunk resources that depend on something this change writes: a full apply
-    would re-plan them, so the file-scoped one must too. file → why."""
-    globs = [parse_glob(g) for g in write_globs]
-    chosen = set(selected)
-    added: dict[str, str] = {}
-    for address, depends_on in edges:
-        if any(matches(g, address) for g in globs):
-            continue
-        target = parse_glob(depends_on + ".*")
-        if not any(matches(g, depends_on) or intersects(g, target) for g in globs):
-            continue
-        file = _declared_by(address, declarations)
-        if file and file not in chosen and file not in added:
-            added[file] = f"{address} depends on {depends_on}, which this change writes"
-    return added
-
-
 def _diagnostics_text(fp: Footprint) -> str:
     return "\n".join(f"  {d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics
                      if d.action == "fail")
@@ -201,47 +139,96 @@ def footprint(files: Mapping[str, str], selection: Selection, cache: ParseCache,
     missing = [f for f in selection.files if f not in files]
     if missing:
         raise KlExit(3, f"-f {missing[0]}: no such .tf file in the configuration directory")
-    fp = compute_footprint(files, selection.files, trunk_edges=edges, cache=cache)
+    fp = compute_footprint(files, selection.files, trunk_edges=edges, cache=cache, seeds=selection.variables)
     if fp.fails_closed:
         raise KlExit(3, "the file-scoped footprint cannot be proven safe, so nothing was planned:\n"
                         + _diagnostics_text(fp))
     return fp
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where the configuration and its local modules sit: ``root`` is the lowest directory holding the
+    configuration directory and every local module the workspace needs (nested calls followed), and
+    ``modules`` those module directories. The workspace reproduces this tree under one private directory,
+    so every ``../`` source resolves inside it."""
+
+    root: Path
+    config: Path
+    modules: tuple[Path, ...]
+
+    def at(self, dest: Path, path: Path) -> Path:
+        return dest / path.relative_to(self.root)
+
+
+def module_layout(config_dir: Path, fp: Footprint, cache: ParseCache, boundary: Path | None) -> Layout:
+    """The layout of ``fp``'s local modules; refuses (exit 3) a module outside ``boundary`` (the git work tree
+    holding the configuration, when there is one) or a layout whose root would be the filesystem root."""
+    config = config_dir.resolve()
+    found: dict[Path, None] = {}
+    queue = [(config, source, "the configuration") for source in fp.module_dirs]
+    while queue:
+        base, source, caller = queue.pop()
+        directory = (base / source).resolve()
+        if directory in found or directory == config:
+            continue
+        if boundary is not None and not directory.is_relative_to(boundary):
+            raise KlExit(3, f"module source {source!r} in {caller} resolves to {directory}, outside {boundary} "
+                            "(the repository holding the configuration): a workspace never reaches outside it; "
+                            "move the module inside, or run kl plan without -f (a full plan)")
+        if not directory.is_dir():
+            raise KlExit(3, f"module source {source!r} in {caller} is not a directory ({directory}): fix the "
+                            "source, or run kl plan without -f (a full plan)")
+        found[directory] = None
+        try:
+            nested = local_module_sources(_read_tf(directory), cache)
+        except HclError as exc:
+            raise KlExit(3, f"{exc}: fix that file of module {source!r}, or run kl plan without -f") from exc
+        queue.extend((directory, nested_source, str(directory)) for nested_source in nested.values())
+    root = config
+    for directory in found:
+        while not directory.is_relative_to(root):
+            root = root.parent
+    if root == Path(root.anchor):
+        raise KlExit(3, f"the configuration and its local modules only meet at {root}: a workspace would "
+                        "reproduce the whole filesystem; run kl plan without -f (a full plan)")
+    return Layout(root, config, tuple(sorted(found)))
+
+
 def build_minimal(config_dir: Path, files: Mapping[str, str], fp: Footprint, dest: Path,
-                  state: bytes | None) -> workspace.Workspace:
-    """Cut the footprint's blocks out of their files (formatting kept), copy the module directories
-    the workspace calls, and add the local-backend override and the slice."""
-    dest.mkdir(parents=True)
-    by_file: dict[str, list[str]] = defaultdict(list)
-    local_texts: list[str] = []
-    for block in sorted(fp.blocks, key=lambda b: (b.file, b.span.start_pos)):
-        text = files[block.file]
-        cut = text[block.span.start_pos:block.span.end_pos]
-        for omit in sorted(block.omit, key=lambda s: s.start_pos, reverse=True):
-            start, end = omit.start_pos - block.span.start_pos, omit.end_pos - block.span.start_pos
-            cut = cut[:start] + cut[end:]
-        if block.type == "local":
-            local_texts.append(cut)
-        else:
-            by_file[block.file].append(cut)
-    for name, parts in by_file.items():
-        (dest / name).write_text("\n\n".join(parts) + "\n", encoding="utf-8", errors="surrogateescape")
-    if local_texts:
-        (dest / LOCALS_FILE).write_text("locals {\n" + "\n".join("  " + t for t in local_texts) + "\n}\n")
-    for module_dir in fp.module_dirs:
-        source = (config_dir / module_dir).resolve()
-        if source.is_dir():
-            shutil.copytree(source, dest / module_dir, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns(".terraform", "*.tfstate*"))
-    for extra in carried_files(config_dir, fp):
-        target = dest / extra.relative_to(config_dir)
+                  state: bytes | None, layout: Layout) -> workspace.Workspace:
+    """Cut the footprint's blocks out of their files (formatting kept) into the configuration's place in the
+    layout under ``dest``, copy the local module directories to theirs, carry the variable-definitions files
+    Terraform loads by itself, and add the local-backend override and the slice."""
+    ws = layout.at(dest, layout.config)
+    ws.mkdir(parents=True)
+    for name, text in cut_blocks(files, fp).items():
+        (ws / name).write_text(text, encoding="utf-8", errors="surrogateescape")
+    for module in layout.modules:
+        skip = {layout.config}
+        shutil.copytree(module, layout.at(dest, module), dirs_exist_ok=True, symlinks=True,
+                        ignore=_module_ignore(skip))
+    for extra in (*carried_files(config_dir, fp), *auto_var_files(config_dir)):
+        target = ws / extra.relative_to(config_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(extra, target)
-    (dest / workspace.OVERRIDE_NAME).write_text(workspace.OVERRIDE)
+    workspace.carry_lock_file(config_dir, ws)
+    (ws / workspace.OVERRIDE_NAME).write_text(workspace.OVERRIDE)
     if state is not None:
-        (dest / "terraform.tfstate").write_bytes(state)
-    return workspace.Workspace(dest)
+        (ws / "terraform.tfstate").write_bytes(state)
+    return workspace.Workspace(ws)
+
+
+def _module_ignore(skip: set[Path]):  # type: ignore[no-untyped-def]
+    patterns = shutil.ignore_patterns(".terraform", ".git", "*.tfstate*", "*.igplan", "kl-plan.json")
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        dropped = set(patterns(directory, names))
+        # The configuration directory inside a module's tree (an example calling ``../..``) is the workspace's
+        # own place: never merged with the original files.
+        return dropped | {n for n in names if (Path(directory) / n).resolve() in skip}
+
+    return ignore
 
 
 def carried_files(config_dir: Path, fp: Footprint) -> list[Path]:
@@ -270,19 +257,21 @@ def fetch_slice(client: EngineClient, state: str, globs: Sequence[str],
     return kept, sorted({r.address for r in rows}), parsed
 
 
-def _hash_tree(config_dir: Path, fp: Footprint) -> dict[str, str]:
+def _hash_tree(config_dir: Path, fp: Footprint, layout: Layout) -> dict[str, str]:
     hashes: dict[str, str] = {}
     for block in fp.blocks:
         hashes[block.file] = workspace.file_hash(config_dir / block.file)
     for name in fp.selected_files:
         hashes[name] = workspace.file_hash(config_dir / name)
-    for path in carried_files(config_dir, fp):
+    for path in (*carried_files(config_dir, fp), *auto_var_files(config_dir)):
         hashes[str(path.relative_to(config_dir))] = workspace.file_hash(path)
-    for module_dir in fp.module_dirs:
-        root = config_dir / module_dir
-        for path in sorted(root.rglob("*")) if root.is_dir() else []:
-            if path.is_file() and ".terraform" not in path.parts:
-                hashes[str(path.relative_to(config_dir))] = workspace.file_hash(path)
+    if (config_dir / workspace.LOCK_FILE).is_file():
+        hashes[workspace.LOCK_FILE] = workspace.file_hash(config_dir / workspace.LOCK_FILE)
+    config = config_dir.resolve()
+    for root in layout.modules:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and ".terraform" not in path.parts and not path.is_relative_to(config):
+                hashes[os.path.relpath(path, config)] = workspace.file_hash(path)
     return hashes
 
 
@@ -326,13 +315,14 @@ def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str],
             fp = footprint(files, selection, cache, edges)
             break
         widened += [f"widened to {file}: {why}" for file, why in sorted(more.items())]
-        selection = Selection(tuple(sorted(set(selection.files) | set(more))), selection.deleted)
-    return ScopedFootprint(fp, selection, tuple(sorted(set(fp.write_globs) | set(gone))),
+        selection = Selection(tuple(sorted(set(selection.files) | set(more))), selection.deleted, selection.variables)
+    writes = set(fp.write_globs) | set(gone) | set(output_globs(fp.outputs))
+    return ScopedFootprint(fp, selection, tuple(sorted(writes)),
                            tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))), gone, tuple(widened))
 
 
 def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, selection: Selection,
-               var_args: Sequence[tuple[str, str]], data_dir: Path) -> PlanSpec:
+               var_args: Sequence[tuple[str, str]], data_dir: Path, refresh: bool = False) -> PlanSpec:
     """kl plan -f: the footprint, the minimal workspace, a plan over it, and the artifact."""
     files = read_configuration(config_dir)
     with gc_paused():
@@ -343,23 +333,26 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
     prune_cache(cache, files)
     save_cache(data_dir, cache, loaded=loaded)
     write_globs = scoped.write_globs
-    slice_globs = tuple(sorted(set(write_globs) | set(fp.read_globs) | set(fp.validation_globs)))
+    slice_globs = tuple(sorted({g for g in write_globs if not g.startswith("output.")}
+                               | set(fp.read_globs) | set(fp.validation_globs)))
     described = described_in(fp, gone)
     slice_raw, slice_addresses, snapshot = fetch_slice(client, state, slice_globs, frozenset(described))
-    flags = [f"-var={raw}" if kind == "var" else f"-var-file={Path(raw).resolve()}" for kind, raw in var_args]
+    flags = _var_flags(var_args, fp)
+    layout = module_layout(config_dir, fp, cache, work_tree_root(config_dir))
     with tempfile.TemporaryDirectory(prefix="kl-plan-f-") as tmp:
-        ws = build_minimal(config_dir, files, fp, Path(tmp) / "ws", slice_raw)
-        plan = plan_in_workspace(ctx, ws, flags, ())
+        ws = build_minimal(config_dir, files, fp, Path(tmp) / "ws", slice_raw, layout)
+        plan = plan_in_workspace(ctx, ws, flags, (), refresh=refresh)
     try:
         analysis = analyze_plan(plan)
     except PlanFormatError as exc:
         raise KlExit(1, f"cannot read Terraform's plan: {exc}") from exc
-    globs = [parse_glob(g) for g in write_globs]
+    globs = [parse_glob(g) for g in write_globs if not g.startswith("output.")]
     outside = sorted(a for a in analysis.write_set if not any(matches(g, a) for g in globs))
     if outside:
         raise KlExit(3, "the workspace plans changes outside the file-scoped footprint (" + ", ".join(outside[:10])
                         + "): run kl plan without -f (a full plan)")
     warnings = widened + [f"{d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics]
+    warnings += drift_warnings(drift_in_plan(plan)) if refresh else []
     write_set = tuple(sorted(analysis.write_set))
     return PlanSpec(
         state=state, address=client.config.base_url, lineage=snapshot.lineage if snapshot else None,
@@ -369,24 +362,43 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
         write_globs=write_globs, read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))),
         actions={c.address: c.summary for c in analysis.changes if c.address in analysis.write_set},
         described_resources=described, orphans=(), warnings=tuple(warnings),
-        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan)),
+        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan), config_dir),
         # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a
         # file-scoped commit never prunes outputs, so those are not changes of this plan.
         output_changes={n: "-".join(a) for n, a in analysis.output_changes.items()
                         if tuple(a) not in (("no-op",), ("delete",))},
-        mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp),
+        mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, layout),
+        seed_variables=selection.variables,
         deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},
         deleted_globs=gone, validation_globs=tuple(fp.validation_globs), slice_globs=slice_globs,
-        diagnostics=tuple(asdict(d) for d in fp.diagnostics),
+        diagnostics=tuple(asdict(d) for d in fp.diagnostics), refresh=refresh,
     )
 
 
 def check_files(spec: PlanSpec, config_dir: Path) -> None:
-    """Refuse (exit 2) when any file the workspace was cut from changed since kl plan -f."""
+    """Refuse (exit 2) when any file the workspace was cut from changed since kl plan -f, or a
+    variable-definitions file Terraform loads by itself appeared."""
     for name, digest in spec.files.items():
         path = config_dir / name
         if not path.is_file() or workspace.file_hash(path) != digest:
             raise KlExit(2, f"{name} changed since kl plan -f: re-run kl plan -f")
+    for path in auto_var_files(config_dir):
+        if path.name not in spec.files:
+            raise KlExit(2, f"{path.name} appeared since kl plan -f (Terraform loads it by itself): re-run kl plan -f")
+
+
+def _var_flags(var_args: Sequence[tuple[str, str]], fp: Footprint) -> list[str]:
+    """-var and -var-file flags as given; a -var for a variable the workspace does not declare is left out
+    (nothing in the workspace reads it, and Terraform rejects -var for an undeclared variable)."""
+    declared = {b.name[len("var."):] for b in fp.blocks if b.type == "variable"}
+    flags: list[str] = []
+    for kind, raw in var_args:
+        if kind == "var":
+            if raw.partition("=")[0].strip() in declared:
+                flags.append(f"-var={raw}")
+        else:
+            flags.append(f"-var-file={Path(raw).resolve()}")
+    return flags
 
 
 def files_builder(client: EngineClient, spec: PlanSpec, config_dir: Path, data_dir: Path,
@@ -395,11 +407,12 @@ def files_builder(client: EngineClient, spec: PlanSpec, config_dir: Path, data_d
     def build(dest: Path) -> Prepared:
         files = read_configuration(config_dir)
         cache = load_cache(data_dir)
-        selection = Selection(spec.selected_files, deleted)
+        selection = Selection(spec.selected_files, deleted, spec.seed_variables)
         fp = footprint(files, selection, cache)
+        layout = module_layout(config_dir, fp, cache, work_tree_root(config_dir))
         slice_raw, slice_addresses, _ = fetch_slice(client, spec.state, spec.slice_globs,
                                                     frozenset(spec.described_resources))
-        return Prepared(build_minimal(config_dir, files, fp, dest, slice_raw), slice_raw, slice_addresses)
+        return Prepared(build_minimal(config_dir, files, fp, dest, slice_raw, layout), slice_raw, slice_addresses)
 
     return build
 
@@ -414,31 +427,6 @@ def apply_files(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, opt
                                                                               options.data_dir, deleted), checked=True)
 
 
-def selection_from_changes(scope: ChangeScope, config_dir: Path, files: Mapping[str, str]) -> Selection:
-    """--changed-from: the changed files as repeated -f; widenings add files or fail closed."""
-    if scope.failures:
-        raise KlExit(3, "cannot scope the change safely:\n" + "\n".join(f"  {f}" for f in scope.failures)
-                        + "\nrun kl plan without -f (a full plan)")
-    selected = set(scope.files)
-    for widening in scope.widen:
-        if widening.effect == "full":
-            raise KlExit(3, f"{widening.path}: {widening.reason}\nrun kl plan without -f (a full plan)")
-        if widening.effect.startswith("files:"):
-            selected.update(f for f in widening.effect[len("files:"):].split(",") if f)
-        elif widening.effect.startswith("module:"):
-            name = widening.effect[len("module:"):]
-            callers = [f for f, text in files.items()
-                       if any(h.type == "module" and h.labels[:1] == (name,) for h in scan(text).headers)]
-            if not callers:
-                raise KlExit(3, f"{widening.path} belongs to module {name!r}, which no root file calls: "
-                                "run kl plan without -f (a full plan)")
-            selected.update(callers)
-    deleted = {d.path: d.text_at_ref for d in scope.deleted}
-    if not selected and not deleted:
-        raise KlExit(0, "no Terraform files changed: nothing to plan")
-    return Selection(tuple(sorted(selected)), deleted)
-
-
 def changed_selection(config_dir: Path, ref: str, *, against: str | None = None) -> Selection:
     """--changed-from REF: the selection for what changed since ``ref`` in the git repository holding
     ``config_dir`` — up to the working tree, or up to the commit ``against`` (the pull-request bot, on a
@@ -446,31 +434,50 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
     texts, so a block removed from it is planned for destruction. Raises runner.git.GitError, KlExit."""
     import posixpath
 
+    from analyzer.gitdiff import WidenKind
     from runner.git import GitError, changed_from, text_at
 
     texts = read_configuration(config_dir)
-    scope = changed_from(config_dir, config_dir, ref, against=against,
-                         module_sources=module_sources(texts, ParseCache()))
-    chosen = selection_from_changes(scope, config_dir, texts)
+    cache = ParseCache()
+    try:
+        sources = {name: posixpath.normpath(src) for name, src in local_module_sources(texts, cache).items()}
+    except HclError as exc:
+        raise KlExit(3, f"{exc}: fix that file, or run kl plan without -f (a full plan)") from exc
+    readers = file_readers(texts)
+    scope = changed_from(config_dir, config_dir, ref, against=against, module_sources=sources,
+                         file_readers=readers or {})
+    var_texts: dict[str, tuple[str | None, str | None]] = {}
+    for widening in scope.widen:
+        if widening.kind is WidenKind.VARIABLES:
+            try:
+                old: str | None = text_at(config_dir, ref, widening.path)
+            except GitError:
+                old = None  # new since the ref
+            now = config_dir / widening.names[0]
+            if against is not None:
+                try:
+                    new: str | None = text_at(config_dir, against, widening.path)
+                except GitError:
+                    new = None
+            else:
+                new = now.read_text(encoding="utf-8", errors="surrogateescape") if now.is_file() else None
+            var_texts[widening.path] = (old, new)
+    try:
+        chosen = selection_from_changes(scope, texts, cache, var_texts)
+    except ScopeRefused as exc:
+        raise KlExit(exc.exit_code, str(exc)) from exc
     deleted = dict(chosen.deleted)
     for name in chosen.files:
         try:
             deleted[f"{name}@{ref}"] = text_at(config_dir, ref, posixpath.join(scope.config_dir, name))
         except GitError:
             continue  # new since the ref: nothing declared before
-    return Selection(chosen.files, deleted)
+    return Selection(chosen.files, deleted, chosen.variables)
 
 
 def module_sources(files: Mapping[str, str], cache: ParseCache) -> dict[str, str]:
-    """Module call name → local source directory, for mapping changed module files to calls."""
-    from analyzer.hcl import analyze_file
+    """Module call name → local source directory (normalised, config-relative), for mapping changed module
+    files to calls. Raises HclError when a file holding a module call does not parse."""
+    import posixpath
 
-    found: dict[str, str] = {}
-    for name, text in files.items():
-        if not any(h.type == "module" for h in scan(text).headers):
-            continue
-        for block in analyze_file(name, text, cache=cache).blocks:
-            if block.type == "module" and block.module_source and block.module_source.startswith(("./", "../")):
-                found[block.labels[0]] = str(Path(block.module_source).as_posix()).lstrip("./") \
-                    if block.module_source.startswith("./") else block.module_source
-    return found
+    return {name: posixpath.normpath(source) for name, source in local_module_sources(files, cache).items()}

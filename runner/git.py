@@ -30,6 +30,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from git import Blob, Commit, Diff, Repo
+from git.diff import Diffable
 from git.exc import CommandError, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from analyzer.gitdiff import Change, ChangeScope, DiffEntry, scope_changes
@@ -81,6 +82,18 @@ def changed_entries(repo_dir: Path, ref: str, *, against: str | None = None) -> 
     """
     with _open(repo_dir) as repo:
         return _changed_entries(repo, ref, against)
+
+
+def work_tree_root(path: Path) -> Path | None:
+    """The top of the git work tree holding ``path`` (resolved), or None when it is in none."""
+    try:
+        repo = Repo(path, search_parent_directories=True)
+    except (InvalidGitRepositoryError, NoSuchPathError):
+        return None
+    try:
+        return Path(repo.working_tree_dir).resolve() if repo.working_tree_dir else None
+    finally:
+        repo.close()
 
 
 def text_at(repo_dir: Path, ref: str, path: str) -> str:
@@ -215,18 +228,19 @@ def _changed_entries(repo: Repo, ref: str, against: str | None) -> list[DiffEntr
 
 
 def _diff_working_tree(repo: Repo, base: Commit) -> list[Diff]:
+    """REF against the working tree, by content: a private index is filled from REF's tree (entries with no
+    stat data) and every working-tree file is hashed into it, so git's stat cache is never trusted (an edit
+    in the same second as the last commit, with the same size, is seen)."""
     if repo.bare or repo.working_tree_dir is None:
         raise GitError(f"{repo.git_dir} is a bare repository with no working tree: compare two refs with against=")
     with tempfile.TemporaryDirectory(prefix="kl-git-index-") as tmp:
         index = Path(tmp) / "index"
-        real_index = Path(repo.git_dir) / "index"
-        if real_index.exists():
-            shutil.copyfile(real_index, index)
         with repo.git.custom_environment(GIT_INDEX_FILE=str(index)):
-            # Intent-to-add makes untracked, non-ignored files visible to `git diff REF` (and to its
-            # rename detection) without hashing their content or touching the real index.
-            repo.git.add("--intent-to-add", "--all", "--", ".")
-            return list(base.diff(None))
+            repo.git.read_tree(base.hexsha)
+            # Every tracked and untracked, non-ignored file is hashed by content (the private index has no
+            # stat data to trust); the real index is never touched.
+            repo.git.add("--all", "--", ".")
+            return list(base.diff(Diffable.INDEX))
 
 
 def _entry(diff: Diff) -> DiffEntry:

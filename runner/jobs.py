@@ -47,7 +47,7 @@ from app.github import GitHub, GitHubError, PullInfo
 from app.store import Database
 from app.store import bot as store
 from app.store.bot import BotJob, PrFootprint
-from runner import botflow, botview, comments, git
+from runner import bot_holds, botflow, botview, comments, git
 from runner.botconfig import BotConfig, BotConfigError, load
 from runner.comments import (
     MARKER,
@@ -238,8 +238,9 @@ def pull_request_closed(repo: str, number: int) -> str:
         if _deliver_or_claim(ctx, "pull_request_closed", repo, number=number, sha="") is None:
             return "delivered"
         notify = botview.overlapping(ctx.db, repo, number, botview.states_of(ctx.db, repo, number))
+        released = bot_holds.released_on_close(ctx, repo, number)
         store.drop_footprints(ctx.db, repo, number)
-        return _finish(ctx, "succeeded", {"notify": sorted(notify)})
+        return _finish(ctx, "succeeded", {"notify": sorted(notify | set(released["released_notify"])), **released})
 
 
 def _footprint_outcome(ctx: _Context, gh: GitHub, repo: str, pr: PullInfo) -> FootprintOutcome:
@@ -273,14 +274,20 @@ def merge_apply(repo: str, number: int, merge_sha: str, project: str = "", base:
         store.drop_footprints(ctx.db, repo, number)
         gh = ctx.github(repo)
         pr = gh.pull_request(number)
-        with botflow.checkout(ctx.bench, repo, merge_sha, gh.clone_token(), also=(pr.base_sha, pr.head_sha)) as root:
+        applied = bot_holds.holds_heads(ctx.db, repo, number)
+        with botflow.checkout(ctx.bench, repo, merge_sha, gh.clone_token(),
+                              also=(pr.base_sha, pr.head_sha, *applied)) as root:
             config, errors = _config(root)
             if config is None:
+                bot_holds.release_all(ctx.db, repo, number, f"#{number} was merged")
                 return _finish(ctx, "failed", {"config_errors": list(errors), "notify": sorted(notify)})
             base = botflow.merge_diff_base(root, merge_sha, pr.base_sha, pr.head_sha)
             touched = botflow.changed_for(config, root, base, merge_sha)
+            # The pull request's holds end here; what it applied before merge is not applied twice.
+            touched, before = bot_holds.settle_merge(ctx, root, config, repo, number, merge_sha, touched)
         children, skipped = _fan_out(ctx, config, repo, number, merge_sha, base, touched, config.apply_on_merge,
                                      "apply on merge is off in .kilolock.yml")
+        skipped += before
         return _finish(ctx, "succeeded", {"base": base, "children": children, "skipped": skipped,
                                           "notify": sorted(notify)})
 
@@ -449,7 +456,7 @@ def comment_command(repo: str, number: int, comment_id: int, login: str, body: s
             return _finish(ctx, "skipped", {"skipped": "a comment by the bot itself"})
         if not gh.has_write_access(login):
             reply = (f"@{login} only people with write access to {repo} can run Kilolock commands; ask a "
-                     "maintainer to comment `kilolock plan` if the preview needs refreshing.")
+                     f"maintainer to comment `kilolock {command}` if it is needed.")
         elif command == "plan":
             pr = gh.pull_request(number)
             if pr.state != "open":
@@ -461,11 +468,32 @@ def comment_command(repo: str, number: int, comment_id: int, login: str, body: s
                               timeout=ctx.settings.job_timeout)
                 reply = (f"@{login} re-running the plan preview for {pr.head_sha[:7]}; the Kilolock comment on "
                          "this pull request will show it.")
+        elif command == "apply":
+            return _finish(ctx, "succeeded", bot_holds.comment_apply(ctx, gh, repo, number, login, words[2:]))
+        elif command == "unlock":
+            return _finish(ctx, "succeeded", bot_holds.comment_unlock(ctx, repo, number, login))
         elif command == "help":
             reply = comments.HELP
         else:
             reply = f"@{login} sorry, `kilolock {command}` is not a command I know.\n\n{comments.HELP}"
         return _finish(ctx, "succeeded", {"reply": reply, "command": command})
+
+
+def pull_request_review(repo: str, number: int, head_sha: str) -> str:
+    """A review was submitted or dismissed: the head's ``kilolock/apply`` check says whether a comment
+    apply may run now (``runner.bot_holds.review_readiness``)."""
+    with _job("pull_request_review", repo, number, head_sha) as ctx:
+        if _deliver_or_claim(ctx, "pull_request_review", repo, number=number, sha=head_sha) is None:
+            return "delivered"
+        return _finish(ctx, *bot_holds.review_readiness(ctx, ctx.github(repo), repo, number, head_sha))
+
+
+def reconcile_holds(repo: str) -> str:
+    """Run the merge or close job of every pull request that holds but is no longer open (its delivery
+    was missed): see ``runner.bot_holds.reconcile``."""
+    with _job("reconcile_holds", repo) as ctx:
+        ended = bot_holds.reconcile(ctx, ctx.github(repo), repo)
+        return "reconciled " + (", ".join(f"#{n}" for n in ended) or "nothing")
 
 
 def rerun_check(repo: str, external_id: str, head_sha: str) -> str:
@@ -540,6 +568,8 @@ def _deliver(ctx: _Context, row: BotJob) -> None:
         for other in result.get("notify", ()):
             if other != number:
                 _refresh(ctx, gh, repo, int(other))
+        bot_holds.mark_stale(gh, ctx.db, repo, number or 0, row.sha)
+        bot_holds.maybe_reconcile(ctx, repo)
         if outcome.projects and any(not p.error for p in outcome.projects):
             queue.enqueue(ctx.redis, "plan_preview", (repo, number or 0, row.sha),
                           job_id=job_id("plan_preview", repo, number or 0, row.sha), timeout=ctx.settings.job_timeout)
@@ -547,10 +577,23 @@ def _deliver(ctx: _Context, row: BotJob) -> None:
         _complete(gh, row.sha, PLAN_CHECK, comments.plan_check(preview_from_json(result["preview"])), row.id)
         _refresh(ctx, gh, repo, number or 0)
     elif row.kind == "pull_request_closed":
+        if result.get("released") or result.get("applied_before"):
+            _refresh(ctx, gh, repo, number or 0)
         for other in result.get("notify", ()):
             _refresh(ctx, gh, repo, int(other))
     elif row.kind == "comment":
+        others = [int(n) for n in result.get("notify", ())]
+        if "pr_apply" in result:
+            others += bot_holds.deliver_apply(gh, number or 0, result, row.id)
         gh.reply(number or 0, str(result["reply"]))
+        if result.get("command") in ("apply", "unlock"):
+            for other in [number or 0, *sorted(set(others) - {number})]:
+                _refresh(ctx, gh, repo, other)
+        bot_holds.maybe_reconcile(ctx, repo)
+    elif row.kind == "pull_request_review":
+        ready = result["ready_check"]
+        gh.set_check(ready["sha"], APPLY_CHECK, status="queued", title=ready["title"], summary=ready["summary"],
+                     external_id=row.id)
     elif row.kind == "push":
         if "footprint" in result:
             _complete(gh, row.sha, FOOTPRINT_CHECK, comments.footprint_check(
@@ -634,4 +677,5 @@ def _source(root: Any) -> str:
 
 
 __all__: Sequence[str] = ("comment_command", "configure", "merge_apply", "pull_request_closed",
-                          "pull_request_footprint", "pull_request_preview", "push_to_default_branch", "rerun_check")
+                          "pull_request_footprint", "pull_request_preview", "pull_request_review",
+                          "push_to_default_branch", "reconcile_holds", "rerun_check")

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.configuration import described_resources, orphans
+from analyzer.drift import drift_in_plan, drift_warnings
+from analyzer.globs import Glob, canonical
 from analyzer.plan import PlanFormatError, analyze_plan
 from analyzer.state import ParsedState, parse_state
 from runner import workspace
@@ -90,7 +92,8 @@ def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str
 
 
 def init(ctx: TerraformContext, ws: workspace.Workspace) -> None:
-    with workspace.plugin_cache_lock(ctx.plugin_cache, exclusive=workspace.may_install_providers(ws, ctx.plugin_cache)):
+    cache = workspace.plugin_cache(ctx.env, ctx.plugin_cache)
+    with workspace.plugin_cache_lock(cache, exclusive=workspace.may_install_providers(ws, cache)):
         terraform(ctx, ws, ["init", "-input=false", "-no-color"], quiet=True)
 
 
@@ -106,12 +109,30 @@ def var_flags(variables: Sequence[PinnedVar], supplied: Mapping[str, str]) -> li
     return flags
 
 
+AUTO_VAR_NAMES = ("terraform.tfvars", "terraform.tfvars.json")
+
+
+def auto_var_files(config_dir: Path) -> list[Path]:
+    """The variable-definitions files Terraform loads by itself, in its order: ``terraform.tfvars``,
+    ``terraform.tfvars.json``, then ``*.auto.tfvars`` and ``*.auto.tfvars.json`` in lexical order of their names."""
+    if not config_dir.is_dir():
+        return []
+    present = {p.name: p for p in config_dir.iterdir() if p.is_file()}
+    fixed = [present[n] for n in AUTO_VAR_NAMES if n in present]
+    auto = [present[n] for n in sorted(present) if n.endswith((".auto.tfvars", ".auto.tfvars.json"))]
+    return fixed + auto
+
+
 def pin_variables(
-    var_args: Sequence[tuple[str, str]], env: Mapping[str, str], sensitive: frozenset[str]
+    var_args: Sequence[tuple[str, str]], env: Mapping[str, str], sensitive: frozenset[str],
+    config_dir: Path | None = None,
 ) -> tuple[PinnedVar, ...]:
-    """Record every input the plan used: -var values (hash only when sensitive), -var-file paths
-    with content hashes, and TF_VAR_ variables (hash only)."""
+    """Record every input the plan used: the variable-definitions files Terraform loads by itself (content
+    hashes), -var values (hash only when sensitive), -var-file paths with content hashes, and TF_VAR_
+    variables (hash only). Terraform's precedence among them is its own: kl passes them on unchanged."""
     pinned: list[PinnedVar] = []
+    for path in auto_var_files(config_dir) if config_dir is not None else ():
+        pinned.append(PinnedVar("auto-var-file", str(path.resolve()), workspace.file_hash(path)))
     for kind, raw in var_args:
         if kind == "var":
             name, _, value = raw.partition("=")
@@ -133,12 +154,13 @@ def sensitive_variables(plan: Mapping[str, Any]) -> frozenset[str]:
 
 
 def plan_in_workspace(
-    ctx: TerraformContext, ws: workspace.Workspace, flags: Sequence[str], targets: Sequence[str]
+    ctx: TerraformContext, ws: workspace.Workspace, flags: Sequence[str], targets: Sequence[str],
+    *, refresh: bool = False,
 ) -> dict[str, Any]:
-    """init, plan -out, show -json; returns the plan JSON. Plans never refresh: Kilolock plans
-    against the trunk as recorded (see docs/parallel-apply.md)."""
+    """init, plan -out, show -json; returns the plan JSON. Plans do not refresh unless asked (kl plan
+    --refresh): Kilolock plans against the trunk as recorded (see docs/parallel-apply.md, docs/drift.md)."""
     init(ctx, ws)
-    terraform(ctx, ws, ["plan", "-input=false", "-lock=false", "-refresh=false", "-no-color",
+    terraform(ctx, ws, ["plan", "-input=false", "-lock=false", *([] if refresh else ["-refresh=false"]), "-no-color",
                         f"-out={PLAN_FILE}", *flags, *(f"-target={t}" for t in targets)], quiet=True)
     shown = terraform(ctx, ws, ["show", "-json", PLAN_FILE], quiet=True)
     try:
@@ -159,14 +181,14 @@ def state_edges(snapshot: Snapshot) -> tuple[list[tuple[str, str]], list[str]]:
 
 def make_plan(
     client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path,
-    var_args: Sequence[tuple[str, str]], targets: Sequence[str],
+    var_args: Sequence[tuple[str, str]], targets: Sequence[str], refresh: bool = False,
 ) -> PlanSpec:
     """Plan ``config_dir`` against the trunk and describe the result as a PlanSpec."""
     snapshot = fetch_snapshot(client, state)
     with tempfile.TemporaryDirectory(prefix="kl-plan-") as tmp:
         ws = workspace.build(config_dir, Path(tmp) / "ws", snapshot.raw)
         flags = [f"-var={raw}" if kind == "var" else f"-var-file={Path(raw).resolve()}" for kind, raw in var_args]
-        plan = plan_in_workspace(ctx, ws, flags, targets)
+        plan = plan_in_workspace(ctx, ws, flags, targets, refresh=refresh)
     described = described_resources(plan)
     edges, addresses = state_edges(snapshot)
     try:
@@ -174,25 +196,41 @@ def make_plan(
     except PlanFormatError as exc:
         raise KlExit(1, f"cannot read Terraform's plan: {exc}") from exc
     left_alone = orphans(plan.get("resource_changes", []), described)
-    warnings = list(analysis.warnings)
+    warnings = list(analysis.warnings) + (drift_warnings(drift_in_plan(plan)) if refresh else [])
     if left_alone:
         warnings.append(
             f"{len(left_alone)} trunk instance(s) have no resource block in this configuration and are left "
             f"alone (another change may own them): {', '.join(sorted(left_alone)[:10])}"
         )
     write_set = tuple(sorted(analysis.write_set - left_alone))
+    output_changes = {name: "-".join(actions) for name, actions in analysis.output_changes.items()
+                      if tuple(actions) != ("no-op",)}
     return PlanSpec(
         state=state, address=client.config.base_url, lineage=snapshot.lineage, base_serial=snapshot.serial,
         terraform_version=analysis.terraform_version, config_dir=str(config_dir.resolve()),
         config_hash=workspace.config_hash(config_dir), created_at=datetime.now(UTC).isoformat(),
         write_set=write_set, read_set=tuple(sorted(analysis.read_set - left_alone)),
-        write_globs=tuple(sorted(set(analysis.write_globs) - left_alone)), read_globs=tuple(analysis.read_globs),
+        write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes))),
+        read_globs=tuple(analysis.read_globs),
         actions={c.address: c.summary for c in analysis.changes if c.address in write_set},
         described_resources=tuple(sorted(described)), orphans=tuple(sorted(left_alone)), warnings=tuple(warnings),
-        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan)), targets=tuple(targets),
-        output_changes={name: "-".join(actions) for name, actions in analysis.output_changes.items()
-                        if tuple(actions) != ("no-op",)},
+        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan), config_dir), targets=tuple(targets),
+        output_changes=output_changes,
+        refresh=refresh,
     )
+
+
+def output_write_globs(output_changes: Mapping[str, str]) -> set[str]:
+    """Write reservations for the root outputs a plan adds, changes or removes: the server refuses a
+    commit that changes an output no write glob covers. A name that is not an identifier (Terraform
+    never prints one) widens to ``output.*``."""
+    found: set[str] = set()
+    for name in output_changes:
+        try:
+            found.add(canonical(Glob.root_output(name)))
+        except ValueError:
+            found.add(canonical(Glob.all_outputs()))
+    return found
 
 
 def summary(spec: PlanSpec) -> str:

@@ -58,6 +58,8 @@ class PlanSpec:
     validation_globs: tuple[str, ...] = ()
     slice_globs: tuple[str, ...] = ()
     diagnostics: tuple[dict[str, Any], ...] = ()
+    refresh: bool = False                                 # kl plan --refresh: the slice was refreshed
+    seed_variables: tuple[str, ...] = ()                   # var.NAME whose values changed (--changed-from)
 
     @property
     def reservations(self) -> list[tuple[str, str]]:
@@ -84,7 +86,7 @@ class PlanSpec:
             doc["variables"] = tuple(PinnedVar(**v) for v in doc.get("variables", ()))
             for key in ("write_set", "read_set", "write_globs", "read_globs", "described_resources", "orphans",
                         "warnings", "targets", "selected_files", "deleted_globs", "validation_globs", "slice_globs",
-                        "diagnostics"):
+                        "diagnostics", "seed_variables"):
                 doc[key] = tuple(doc.get(key, ()))
             return cls(**doc)
         except TypeError as exc:

@@ -116,9 +116,54 @@ def may_install_providers(ws: Workspace, cache_dir: Path) -> bool:
     return False
 
 
+LOCK_FILE = ".terraform.lock.hcl"
+_CLI_CACHE_DIR = re.compile(r'^\s*plugin_cache_dir\s*=\s*"([^"]+)"', re.M)
+
+
+def cli_config_file(env: Mapping[str, str]) -> Path | None:
+    """The Terraform CLI configuration the user's own ``terraform`` would read (TF_CLI_CONFIG_FILE, else
+    ~/.terraformrc), or None."""
+    configured = env.get("TF_CLI_CONFIG_FILE")
+    if configured:
+        return Path(configured).expanduser().absolute()
+    home = env.get("HOME")
+    rc = Path(home) / ".terraformrc" if home else None
+    return rc if rc is not None and rc.is_file() else None
+
+
+def plugin_cache(env: Mapping[str, str], default: Path) -> Path:
+    """The provider plugin cache workspaces share: the user's own (TF_PLUGIN_CACHE_DIR, else the CLI
+    configuration's ``plugin_cache_dir``), else ``default`` (under KL_DATA_DIR)."""
+    if env.get("TF_PLUGIN_CACHE_DIR"):
+        return Path(env["TF_PLUGIN_CACHE_DIR"]).expanduser().absolute()
+    rc = cli_config_file(env)
+    try:
+        text = rc.read_text(errors="replace") if rc is not None else ""
+    except OSError:
+        text = ""
+    found = _CLI_CACHE_DIR.search(text)
+    if found:
+        return Path(found.group(1).replace("$HOME", env.get("HOME", "~"))).expanduser().absolute()
+    return default
+
+
+def carry_lock_file(config_dir: Path, dest: Path) -> None:
+    """Copy the configuration's dependency lock file, so the workspace installs the providers it pins."""
+    lock = config_dir / LOCK_FILE
+    if lock.is_file():
+        shutil.copy2(lock, dest / LOCK_FILE)
+
+
 def terraform_env(base: Mapping[str, str], cache_dir: Path) -> dict[str, str]:
+    """The environment of Terraform in a private workspace: the user's own, with the CLI configuration's
+    path made absolute (Terraform runs inside the workspace), the shared plugin cache, and no TF_DATA_DIR
+    (every workspace keeps its own .terraform, or parallel runs would overwrite each other's)."""
     env = dict(base)
-    env["TF_PLUGIN_CACHE_DIR"] = str(cache_dir)
+    env["TF_PLUGIN_CACHE_DIR"] = str(plugin_cache(base, cache_dir))
+    rc = cli_config_file(base)
+    if base.get("TF_CLI_CONFIG_FILE") and rc is not None:
+        env["TF_CLI_CONFIG_FILE"] = str(rc)
+    env.pop("TF_DATA_DIR", None)
     env["TF_IN_AUTOMATION"] = "1"
     env["TF_INPUT"] = "0"
     # The workspace's own backend is local; never let TF_HTTP_* settings leak into it.

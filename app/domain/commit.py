@@ -1,13 +1,20 @@
 """Row-level commit rules: what a sliced apply changed, whether it stayed inside its write
-reservations, whether its plan went stale, and how outputs merge into the trunk."""
+reservations, whether its plan went stale, and how outputs merge into the trunk.
+
+Every rule reads parsed addresses (``analyzer.addresses``) and globs (``analyzer.globs``): a data
+source is one whose parsed mode is ``data``, never an address that happens to contain ``.data.``.
+Root outputs are reserved like instances, with ``output.NAME`` / ``output.*`` (and ``*``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from analyzer.globs import Glob, matches, parse_glob
+from analyzer.addresses import AddressError, parse_instance_address
+from analyzer.globs import Glob, matches_output, parse_glob
 from analyzer.state import InstanceRow, OutputRow
+from app.domain.globindex import GlobIndex
+from app.errors import BadRequestError
 
 Key = tuple[str, str]  # (address, deposed)
 
@@ -59,30 +66,102 @@ def commit_delta(
     return CommitDelta(upserts=tuple(upserts), deletes=deletes, created=created, updated=updated)
 
 
+class GlobCoverage:
+    """Which instance addresses and root outputs a set of globs covers, through one ``GlobIndex``
+    (a lookup per address, never a loop over every glob)."""
+
+    def __init__(self, globs: Iterable[Glob]) -> None:
+        self._index: GlobIndex[None] = GlobIndex((g, None) for g in globs)
+        self._globs = tuple(g for g, _ in self._index.meeting(parse_glob("*")))
+
+    def covers(self, address: str) -> bool:
+        """Whether a glob covers the instance ``address``; raises AddressError for text that is not one."""
+        try:
+            exact = Glob.exact(parse_instance_address(address))
+        except ValueError as exc:
+            if isinstance(exc, AddressError):
+                raise
+            # A root resource of type "output" has no exact glob; only '*' covers it.
+            return any(g.is_everything for g in self._globs)
+        return self._index.any_meeting(exact)
+
+    def covers_output(self, name: str) -> bool:
+        return any(matches_output(g, name) for g, _ in self._index.meeting(Glob.all_outputs()))
+
+
+def is_data_source(address: str) -> bool:
+    """Whether ``address`` is a data source instance, by its parsed mode (``module.data.x.y`` and
+    ``x.y["bucket.data.eu"]`` are managed resources)."""
+    return parse_instance_address(address).mode == "data"
+
+
 def unreserved_read(write_globs: Sequence[Glob]) -> Callable[[str], bool]:
     """A predicate for data-source addresses no write reservation covers. Terraform re-reads data
     sources on every run and stores what it read: that is a read, not a write, so a commit keeps
-    the trunk's copy of them instead of being refused."""
+    the trunk's copy of them instead of being refused. Managed resources are never skipped: one
+    outside the write reservations makes the commit fail (``outside``)."""
+    coverage = GlobCoverage(write_globs)
+
     def skip(address: str) -> bool:
-        is_data = address.startswith("data.") or ".data." in address
-        return is_data and not any(matches(g, address) for g in write_globs)
+        return is_data_source(address) and not coverage.covers(address)
 
     return skip
 
 
 def outside(addresses: Iterable[str], globs: Sequence[Glob]) -> list[str]:
     """The addresses no glob covers (a commit writing any of them is refused)."""
-    return sorted(a for a in set(addresses) if not any(matches(g, a) for g in globs))
+    coverage = GlobCoverage(globs)
+    return sorted(a for a in set(addresses) if not coverage.covers(a))
 
 
 def stale(changed_since_base: Iterable[tuple[str, int]], globs: Sequence[Glob]) -> list[tuple[str, int]]:
     """Rows of reserved addresses that changed after the base serial: (address, serial)."""
-    return sorted({(a, s) for a, s in changed_since_base if any(matches(g, a) for g in globs)})
+    coverage = GlobCoverage(globs)
+    return sorted({(a, s) for a, s in changed_since_base if coverage.covers(a)})
 
 
 def parse_globs(texts: Iterable[str]) -> list[Glob]:
     return [parse_glob(t) for t in texts]
 
+
+def check_addresses(addresses: Iterable[str], what: str) -> list[str]:
+    """Validate client-sent instance addresses; raise BadRequestError naming the first bad one."""
+    checked: list[str] = []
+    for address in addresses:
+        try:
+            parse_instance_address(address)
+        except AddressError as exc:
+            raise BadRequestError(f"{what}: {address[:200]!r} is not an instance address ({exc})") from exc
+        checked.append(address)
+    return checked
+
+
+def changed_outputs(base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True) -> list[str]:
+    """Names of the root outputs the apply added, changed or (when ``prune``) removed relative to
+    its base: exactly the outputs ``merge_outputs`` takes from it, so exactly what it must reserve."""
+    before = {o.name: o for o in base}
+    after = {o.name: o for o in result}
+    changed = {n for n, o in after.items() if n not in before or not _same(before[n], o)}
+    if prune:
+        changed |= before.keys() - after.keys()
+    return sorted(changed)
+
+
+def outputs_outside(names: Iterable[str], write_globs: Sequence[Glob]) -> list[str]:
+    """The output names no write glob covers (``output.NAME``, ``output.*`` or ``*``)."""
+    coverage = GlobCoverage(write_globs)
+    return sorted(n for n in set(names) if not coverage.covers_output(n))
+
+
+def stale_outputs(base: Iterable[OutputRow], head: Iterable[OutputRow], globs: Sequence[Glob]) -> list[str]:
+    """Names of reserved root outputs whose trunk value now differs from the one at the base serial
+    (added, changed or removed since): the run planned against a value that is gone."""
+    before = {o.name: o for o in base}
+    now = {o.name: o for o in head}
+    moved = [n for n in before.keys() | now.keys()
+             if n not in before or n not in now or not _same(before[n], now[n])]
+    coverage = GlobCoverage(globs)
+    return sorted(n for n in moved if coverage.covers_output(n))
 
 def _same(a: OutputRow, b: OutputRow) -> bool:
     return (a.value_json, a.type_json, a.sensitive) == (b.value_json, b.type_json, b.sensitive)

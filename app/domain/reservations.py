@@ -2,7 +2,8 @@
 and the human conflict message. Pure: time is always a parameter.
 
 The conflict matrix itself (read/read never conflicts, any intersection with a write does) is
-``analyzer.globs.conflicts``; this module applies it to rows.
+``analyzer.globs.conflicts``; this module applies it to rows through a ``GlobIndex`` per mode (a
+requested write meets held reads and writes, a requested read only held writes), never pairwise.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 
-from analyzer.globs import Glob, GlobError, canonical, conflicts, parse_glob
+from analyzer.globs import Glob, GlobError, canonical, parse_glob
+from app.domain.globindex import GlobIndex
 from app.domain.locking import rfc3339
 from app.errors import BadRequestError
 
@@ -22,6 +24,13 @@ DEFAULT_LEASE = timedelta(minutes=15)
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=12)
 EVERYTHING = "*"
+OUTPUTS_ROOT = "output"
+# Default caps (KL_MAX_GLOBS_PER_REQUEST / KL_MAX_GLOBS_PER_RUN): every glob costs a walk of the held
+# index under the state's row lock, so their number is what bounds a request's time there.
+DEFAULT_MAX_GLOBS_PER_REQUEST = 1000
+DEFAULT_MAX_GLOBS_PER_RUN = 5000
+# How many conflicts an answer and its audit event list; the rest are counted.
+SHOWN_CONFLICTS = 20
 
 
 class Mode(StrEnum):
@@ -76,11 +85,20 @@ class Conflict:
     held: Held
 
 
-def parse_wanted(items: Iterable[tuple[str, str]]) -> tuple[Wanted, ...]:
-    """Validate (glob, mode) pairs from a request; raise BadRequestError naming the bad one.
-    Duplicates collapse, and a read on a glob also written by the same request is dropped."""
+def parse_wanted(
+    items: Iterable[tuple[str, str]], *, limit: int = DEFAULT_MAX_GLOBS_PER_REQUEST,
+) -> tuple[Wanted, ...]:
+    """Validate (glob, mode) pairs from a request; raise BadRequestError naming the bad one, or
+    when there are more than ``limit`` of them (counted before duplicates collapse, so the parse
+    itself is bounded). Duplicates collapse, and a read on a glob also written by the same request
+    is dropped."""
     found: dict[tuple[str, Mode], Wanted] = {}
-    for glob_text, mode_text in items:
+    for count, (glob_text, mode_text) in enumerate(items, start=1):
+        if count > limit:
+            raise BadRequestError(
+                f"a request may name at most {limit} reservation globs: reserve a module or resource "
+                "prefix ('module.NAME.*', 'TYPE.NAME.*') instead of many instances"
+            )
         try:
             mode = Mode(mode_text)
         except ValueError as exc:
@@ -96,17 +114,21 @@ def parse_wanted(items: Iterable[tuple[str, str]]) -> tuple[Wanted, ...]:
     )
 
 
+@lru_cache(maxsize=65536)
 def glob_root(glob_text: str) -> str:
-    """The first step of a canonical glob: ``module.NAME``, ``TYPE.NAME``, ``data.TYPE.NAME`` or
-    ``*``. Globs whose roots differ (and neither is ``*``) can never intersect."""
-    if glob_text == EVERYTHING:
+    """The first step of a glob, from its parsed form: ``module.NAME``, ``TYPE.NAME``,
+    ``data.TYPE.NAME``, ``output`` (every output glob) or ``*``. Globs whose roots differ (and neither
+    is ``*``) can never intersect, which is what the store's root index relies on."""
+    glob = _parsed(glob_text)
+    if glob.is_everything:
         return EVERYTHING
-    parts = glob_text.split(".")
-    if parts[0] == "module":
-        return "module." + parts[1].split("[", 1)[0]
-    if parts[0] == "data":
-        return "data." + parts[1] + "." + parts[2].split("[", 1)[0]
-    return parts[0] + "." + parts[1].split("[", 1)[0]
+    if glob.is_output:
+        return OUTPUTS_ROOT
+    if glob.module:
+        return "module." + glob.module[0].name
+    assert glob.resource is not None  # exact and resource globs at the root
+    mode, type_, name = glob.resource
+    return f"data.{type_}.{name}" if mode == "data" else f"{type_}.{name}"
 
 
 @lru_cache(maxsize=65536)
@@ -115,29 +137,48 @@ def _parsed(text: str) -> Glob:
     return parse_glob(text)
 
 
-def find_conflicts(wanted: Sequence[Wanted], held: Iterable[Held], now: datetime | None) -> list[Conflict]:
-    """Every (request, holding) pair that conflicts. Expired holdings never block; with
-    ``now=None`` expiry is ignored (to find the expired holdings a request meets)."""
-    found: list[Conflict] = []
+def find_conflicts(
+    wanted: Sequence[Wanted], held: Iterable[Held], now: datetime | None, *, limit: int | None = None,
+) -> list[Conflict]:
+    """Every (request, holding) pair that conflicts, in request order, or the first ``limit`` of
+    them. Expired holdings never block; with ``now=None`` expiry is ignored (to find the expired
+    holdings a request meets).
+
+    The holdings are indexed once (``GlobIndex``), so each requested glob walks only the branches
+    it can meet: the cost follows the conflicts found, not requested × held."""
+    writes: GlobIndex[Held] = GlobIndex()
+    reads: GlobIndex[Held] = GlobIndex()
     for h in held:
         if now is not None and h.is_expired(now):
             continue
-        theirs = _parsed(h.glob)
-        for w in wanted:
-            if conflicts(w.mode.value, w.glob, h.mode.value, theirs):
+        (writes if h.mode is Mode.WRITE else reads).add(_parsed(h.glob), h)
+    found: list[Conflict] = []
+    for w in wanted:
+        indexes = (writes, reads) if w.mode is Mode.WRITE else (writes,)
+        for index in indexes:
+            for _, h in index.meeting(w.glob):
                 found.append(Conflict(wanted=w, held=h))
+                if limit is not None and len(found) >= limit:
+                    return found
     return found
 
 
 def blocks(wanted: Sequence[Wanted], earlier: Iterable[Sequence[Wanted]]) -> bool:
     """Whether an earlier waiter's request conflicts with ours: then it goes first (FIFO among
     requests that compete for the same addresses; unrelated requests do not wait on each other)."""
+    writes: GlobIndex[None] = GlobIndex()
+    reads: GlobIndex[None] = GlobIndex()
     for other in earlier:
-        for a in wanted:
-            for b in other:
-                if conflicts(a.mode.value, a.glob, b.mode.value, b.glob):
-                    return True
-    return False
+        for b in other:
+            (writes if b.mode is Mode.WRITE else reads).add(b.glob, None)
+    return any(
+        index.any_meeting(a.glob) for a in wanted for index in ((writes, reads) if a.mode is Mode.WRITE else (writes,))
+    )
+
+
+def shown_conflicts(found: Sequence[Conflict], limit: int = SHOWN_CONFLICTS) -> tuple[list[Conflict], int]:
+    """The first ``limit`` conflicts an answer or audit event lists, and how many it leaves out."""
+    return list(found[:limit]), max(len(found) - limit, 0)
 
 
 def lease_for(seconds: float | None) -> timedelta:

@@ -19,6 +19,7 @@ from app.errors import BadRequestError
 
 # The event/action pairs the bot acts on; everything else is acknowledged and ignored.
 PR_UPDATED = frozenset({"opened", "reopened", "synchronize"})
+REVIEW_CHANGED = frozenset({"submitted", "dismissed"})
 COMMAND_WORD = "kilolock"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -157,6 +158,16 @@ def _issue_comment(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
     return _one(d, "comment", (d.repo, number, comment_id, login, body), (number, comment_id))
 
 
+def _pull_request_review(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
+    if d.action not in REVIEW_CHANGED:
+        return Routed(d.event, d.action, d.repo, reason=f"pull_request_review action {d.action!r} is not handled")
+    pr = _object(payload, "pull_request")
+    number = _int(pr, "number", "pull_request")
+    head_sha = _str(_object(pr, "head", "pull_request"), "sha", "pull_request.head")
+    # Every review is news for the apply requirements, so the delivery is part of the id.
+    return _one(d, "pull_request_review", (d.repo, number, head_sha), (number, head_sha, d.delivery_id))
+
+
 def _ping(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
     return Routed(d.event, d.action, d.repo, reason="ping: the webhook is set up")
 
@@ -173,6 +184,7 @@ _HANDLERS: dict[str, Callable[[_Delivery, Mapping[str, Any]], Routed]] = {
     "check_run": _check_run,
     "push": _push,
     "issue_comment": _issue_comment,
+    "pull_request_review": _pull_request_review,
 }
 
 

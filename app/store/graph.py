@@ -12,7 +12,7 @@ from analyzer.globs import Glob, GlobError, canonical, intersects, matches, pars
 from analyzer.state import InstanceRow, assemble_state
 from app.domain.principal import Principal
 from app.errors import BadRequestError, NotFoundError, StateNotFoundError
-from app.store import resources, states
+from app.store import assembly, resources, states
 from app.store.db import Database
 from app.store.resources import Edge, ResourceRow
 
@@ -93,6 +93,9 @@ def assemble(db: Database, principal: Principal, name: str, *, serial: int | Non
             raise NotFoundError(f"state {name!r} has no version at or below serial {at}")
         if version.encrypted:
             raise BadRequestError(f"serial {version.serial} of {name!r} is encrypted; it has no rows to assemble")
+        cached = assembly.apply_version_bytes(conn, version.id)  # a commit's version: assembled once, then kept
+        if cached is not None:
+            return cached
         instances = resources.instances_at(conn, state_id=row.id, serial=version.serial)
         outputs = resources.outputs_of(conn, version_id=version.id)
     return assemble_state(

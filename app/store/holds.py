@@ -8,11 +8,12 @@ from datetime import datetime
 
 import psycopg
 
+from analyzer.globs import Glob
 from app.domain import commit as rules
 from app.domain.principal import Principal
 from app.domain.reservations import Held, Mode, RunStatus
 from app.errors import StalePlanError
-from app.store import events
+from app.store import events, resources
 
 _CANDIDATES = """
 SELECT r.glob, r.mode, r.holder, r.run_id, r.acquired_at, r.expires_at
@@ -36,8 +37,12 @@ RETURNING actor
 _DROP_RUN_RESERVATIONS = "DELETE FROM resource_reservations WHERE run_id = %s"
 
 
+_MODES = {m.value: m for m in Mode}
+
+
 def _held(rows: Iterable[tuple[str, str, str, str, datetime, datetime]]) -> list[Held]:
-    return [Held(glob=g, mode=Mode(m), holder=h, run_id=r, acquired_at=a, expires_at=e) for g, m, h, r, a, e in rows]
+    modes = _MODES  # a dict lookup, not an enum call per row: a busy state has thousands of rows
+    return [Held(glob=g, mode=modes[m], holder=h, run_id=r, acquired_at=a, expires_at=e) for g, m, h, r, a, e in rows]
 
 
 def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Held]:
@@ -88,13 +93,37 @@ def changed_since(conn: psycopg.Connection, state_id: int, base_serial: int) -> 
     return found
 
 
+_HEAD_VERSION = "SELECT head_version_id, coalesce(current_serial, 0) FROM states WHERE id = %s"
+_VERSION_AT = """
+SELECT id FROM state_versions WHERE state_id = %s AND serial <= %s ORDER BY serial DESC LIMIT 1
+"""
+
+
+def _output_moves(conn: psycopg.Connection, state_id: int, base_serial: int, globs: list[Glob]) -> list[str]:
+    """Reserved root outputs whose head value differs from their value at ``base_serial``."""
+    head_version_id, head_serial = conn.execute(_HEAD_VERSION, (state_id,)).fetchone() or (None, 0)
+    if head_version_id is None or head_serial <= base_serial or not any(
+            g.is_output or g.is_everything for g in globs):
+        return []
+    version = conn.execute(_VERSION_AT, (state_id, base_serial)).fetchone()
+    base = resources.outputs_of(conn, version_id=version[0]) if version else []
+    head = resources.outputs_of(conn, version_id=head_version_id)
+    return rules.stale_outputs(base, head, globs)
+
+
 def check_stale(conn: psycopg.Connection, state_id: int, base_serial: int, globs: Iterable[str]) -> None:
-    """Raise StalePlanError when any address under ``globs`` changed after ``base_serial``."""
-    found = rules.stale(changed_since(conn, state_id, base_serial), rules.parse_globs(globs))
-    if found:
-        shown = ", ".join(f"{a} (serial {s})" for a, s in found[:10])
-        more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+    """Raise StalePlanError when any address or root output under ``globs`` changed after
+    ``base_serial`` (the last writer never silently wins over a reservation's base)."""
+    parsed = rules.parse_globs(globs)
+    found = rules.stale(changed_since(conn, state_id, base_serial), parsed)
+    outputs = _output_moves(conn, state_id, base_serial, parsed)
+    if found or outputs:
+        items = [f"{a} (serial {s})" for a, s in found] + [f"output.{n}" for n in outputs]
+        shown = ", ".join(items[:10])
+        more = f" and {len(items) - 10} more" if len(items) > 10 else ""
         raise StalePlanError(
             f"stale plan: reserved addresses changed after base serial {base_serial}: {shown}{more}; "
-            "re-run kl plan", stale=[{"address": a, "serial": s} for a, s in found],
+            "re-run kl plan",
+            stale=[{"address": a, "serial": s} for a, s in found[:200]]
+            + [{"address": f"output.{n}", "serial": None} for n in outputs[:200]],
         )

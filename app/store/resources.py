@@ -49,6 +49,18 @@ COPY resources (id, tenant_id, state_id, address, resource_address, module, mode
                 deposed, status, provider, instance, attributes_hash, dependencies, create_serial)
 FROM STDIN
 """
+# The rows a commit opens, in one statement that can share a pipeline with the rest of the commit (COPY cannot).
+_INSERT_ROWS = """
+INSERT INTO resources (tenant_id, state_id, address, resource_address, module, mode, type, name, index_key,
+                       deposed, status, provider, instance, attributes_hash, dependencies, create_serial)
+SELECT %s, %s, u.address, u.resource_address, u.module, u.mode, u.type, u.name, u.index_key::jsonb, u.deposed,
+       u.status, u.provider, u.instance::jsonb, u.attributes_hash,
+       ARRAY(SELECT jsonb_array_elements_text(u.dependencies::jsonb)), %s
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+            %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
+     AS u(address, resource_address, module, mode, type, name, index_key, deposed, status, provider, instance,
+          attributes_hash, dependencies)
+"""
 _COPY_OUTPUTS = """
 COPY outputs (state_version_id, state_id, tenant_id, name, value, type, sensitive) FROM STDIN
 """
@@ -231,6 +243,28 @@ def insert_rows(
                     r.provider, r.instance_json, r.attributes_hash, list(r.dependencies), serial,
                 )
             )
+
+
+def insert_rows_at(
+    conn: psycopg.Connection, *, tenant_id: int, state_id: int, serial: int, rows: Sequence[InstanceRow]
+) -> None:
+    """Open ``rows`` at ``serial`` with one INSERT (pipeline-friendly; ``insert_rows`` COPYs instead)."""
+    columns: list[list[str | None]] = [[] for _ in range(13)]
+    for r in rows:
+        for column, value in zip(columns, (
+            r.address, r.resource_address, r.module, r.mode, r.type, r.name,
+            None if r.index_key is None else json.dumps(r.index_key), r.deposed, r.status, r.provider,
+            r.instance_json, r.attributes_hash, json.dumps(list(r.dependencies)),
+        ), strict=True):
+            column.append(value)
+    conn.execute(_INSERT_ROWS, (tenant_id, state_id, serial, *columns))
+
+
+def output_columns(outputs: Iterable[OutputRow]) -> tuple[list[str], list[str], list[str], list[bool]]:
+    """Outputs as the four arrays an ``unnest`` insert takes: names, value JSON, type JSON, sensitive."""
+    listed = list(outputs)
+    return ([o.name for o in listed], [o.value_json for o in listed], [o.type_json for o in listed],
+            [o.sensitive for o in listed])
 
 
 def close_all(conn: psycopg.Connection, *, state_id: int, serial: int) -> int:

@@ -21,7 +21,7 @@ from app.domain.principal import Principal
 from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
-from app.store import events, holds, rawwrite, resources
+from app.store import assembly, events, holds, rawwrite, resources
 from app.store.db import Database
 
 _ENSURE = """
@@ -36,7 +36,7 @@ WHERE s.tenant_id = %s AND s.scope = %s AND s.name = %s
 FOR UPDATE OF s
 """
 _HEAD_RAW = """
-SELECT v.raw_state FROM states s JOIN state_versions v ON v.id = s.head_version_id
+SELECT v.id, v.raw_state FROM states s JOIN state_versions v ON v.id = s.head_version_id
 WHERE s.tenant_id = %s AND s.scope = %s AND s.name = %s
 """
 _SUMMARY = """
@@ -130,11 +130,22 @@ def find_state(conn: psycopg.Connection, principal: Principal, name: str) -> Sta
 
 
 def read_head(db: Database, principal: Principal, name: str) -> bytes | None:
-    """The stored bytes of the head version, or None when the state has never been written."""
+    """The bytes of the head version, or None when the state has never been written.
+
+    A head written by a row-level commit has no bytes until its first read, which assembles and caches
+    them (``app.store.assembly``); the head read here is the committed one, so a GET never sees an older
+    serial than a commit that finished before it started, and always a whole serial.
+    """
     with db.transaction() as conn:
         # Binary results: a 25 MB state as hex text costs twice the bytes and a decode pass.
         row = conn.execute(_HEAD_RAW, (principal.tenant_id, principal.scope, name), binary=True).fetchone()
-    return None if row is None else bytes(row[0])
+    if row is None:
+        return None
+    version_id, raw = row
+    if raw is not None:
+        return bytes(raw)
+    found = assembly.materialise(db, version_id)
+    return None if found is None else found.raw
 
 
 def list_states(db: Database, principal: Principal) -> list[StateSummary]:

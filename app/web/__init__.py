@@ -22,7 +22,7 @@ from app.config import AuthMode, Settings
 from app.errors import ConfigError
 from app.store import Database
 from app.store.migrate import migrate
-from app.web import backend, control, engine, errors, inputs, metrics, openapi, runs, ui, webhook
+from app.web import backend, control, drift, engine, errors, inputs, metrics, openapi, pruning, runs, ui, webhook
 from app.web.context import Services, services
 from app.web.logs import configure_logging
 
@@ -97,10 +97,13 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
         app.register_blueprint(backend.bp)
         app.register_blueprint(engine.bp)
         app.register_blueprint(runs.bp)
+        app.register_blueprint(drift.bp)
         webhook.init_app(app, settings)  # always registered: with no secret it refuses every delivery
     if lanes in ("all", "control"):
         app.register_blueprint(control.bp)
     openapi.init_app(app)
+
+    pruning.start(settings, app.extensions["kilolock"].db)  # retention on a timer, when configured
 
     @app.get("/healthz")
     def healthz() -> tuple[Response, int]:

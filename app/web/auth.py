@@ -87,7 +87,7 @@ def principal_for(creds: Credentials | None, request: Request, settings: Setting
     if creds.scheme == "basic" and not hmac.compare_digest(creds.username.encode(), token.workspace_id.encode()):
         refuse(db, settings, request, [*keys, token_key], creds.username, "username is not the token's workspace id",
                hint="set username to the token's workspace id (ws_...)")
-    return Principal(tenant_id=token.tenant_id, actor=token.name, scope=token.scope, token_name=token.name)
+    return Principal.for_token(tenant_id=token.tenant_id, name=token.name, scope=token.scope, token_id=token.id)
 
 
 def remote_address(request: Request, settings: Settings) -> str:

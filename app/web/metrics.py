@@ -6,8 +6,10 @@ request hook counts every request by lane, route template and status; the ``engi
 into reservation, lock, run and commit metrics. Gauges (live reservations, live runs…) are read
 from Postgres at scrape time through ``app.store.gauges``.
 
-Labels never carry a tenant, state name, address, holder or token: the endpoint may be scraped by
-anyone allowed to reach it (``KL_METRICS_TOKEN`` guards it), so it must not leak whose states exist.
+Labels never carry a tenant, address, holder or token, and only the two drift series carry a state
+name (``kilolock_drifted_instances`` and ``kilolock_drift_checks_total``, for states that were checked,
+bounded by ``app.store.drift.METRIC_STATES``): the endpoint may be scraped by anyone allowed to reach it
+(``KL_METRICS_TOKEN`` guards it).
 Webhook delivery and job metrics are defined here for the GitHub bot and its workers.
 """
 
@@ -29,7 +31,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 from app.errors import (
@@ -41,6 +43,7 @@ from app.errors import (
     UnauthorizedError,
 )
 from app.store import Database, gauges
+from app.store import drift as drift_store
 from app.store.runs import WAITER_STALE
 from app.web.context import services
 
@@ -72,8 +75,9 @@ RESERVATION_CONFLICTS = Counter("kilolock_reservation_conflicts",
                                 "Reservation requests refused because they conflicted (after any wait).",
                                 ["operation"], registry=REGISTRY)
 RESERVATION_WAIT = Histogram("kilolock_reservation_wait_seconds",
-                             "Time spent in reservation requests that asked to wait, by outcome.", ["outcome"],
-                             buckets=_SECONDS, registry=REGISTRY)
+                             "Time spent answering reservation requests that asked to wait (each poll of a "
+                             "queue ticket is one short request; the outcome is the final poll's), by outcome.",
+                             ["outcome"], buckets=_SECONDS, registry=REGISTRY)
 RESERVATION_EXPIRIES = Counter("kilolock_reservation_expiries",
                                "Run requests refused with lease_expired: the holder's lease had run out.",
                                ["operation"], registry=REGISTRY)
@@ -98,7 +102,8 @@ WEBHOOK_DELIVERIES = Counter("kilolock_webhook_deliveries",
 JOB_DURATION = Histogram("kilolock_job_duration_seconds", "Background job run time by job and outcome.",
                          ["job", "outcome"], buckets=_RUN_SECONDS, registry=REGISTRY)
 
-_LANES = {"backend": "backend", "engine": "engine", "runs": "engine", "control": "control", "ui": "ui"}
+_LANES = {"backend": "backend", "engine": "engine", "runs": "engine", "drift": "engine", "control": "control",
+          "ui": "ui"}
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "LOCK", "UNLOCK"})
 _ACQUIRING = frozenset({"open", "more"})
 _CLOSING = frozenset({"close", "abort", "commit"})
@@ -178,6 +183,23 @@ class _StoreGauges:
                                 value=snap.oldest_state_lock_seconds)
         yield GaugeMetricFamily("kilolock_reservation_waiters", "Reservation requests waiting in the queue.",
                                 value=snap.waiters)
+        yield from _drift_metrics(self.db)
+
+
+def _drift_metrics(db: Database) -> Iterator[Metric]:
+    """Per-state drift: read from the stored reports, so every worker process answers the same."""
+    found = drift_store.read_metrics(db)
+    drifted = GaugeMetricFamily("kilolock_drifted_instances",
+                                "Managed instances drifted at the state's latest drift check or refresh.",
+                                labels=["state"])
+    for state, count in found.drifted:
+        drifted.add_metric([state], count)
+    yield drifted
+    checks = CounterMetricFamily("kilolock_drift_checks", "Drift checks and refreshes recorded, by outcome "
+                                 "(clean, drifted, refreshed).", labels=["state", "outcome"])
+    for state, outcome, count in found.checks:
+        checks.add_metric([state, outcome], count)
+    yield checks
 
 
 def record_run_finished(status: str, created_at: datetime, finished_at: datetime | None) -> None:
@@ -199,6 +221,8 @@ def _when(value: object) -> datetime | None:
 
 def _asked_to_wait() -> bool:
     doc = request.get_json(silent=True, force=True)
+    if isinstance(doc, dict) and doc.get("ticket"):
+        return True  # a poll of a queue ticket: the request waited before
     wait = doc.get("wait_seconds") if isinstance(doc, dict) else None
     return isinstance(wait, int | float) and not isinstance(wait, bool) and wait > 0
 
@@ -237,6 +261,8 @@ def _engine_refused(operation: str, error: KlError, elapsed: float, waits: bool)
 
 
 def _engine_done(operation: str, result: Any, elapsed: float, waits: bool) -> None:
+    if isinstance(result, tuple) and len(result) > 1 and result[1] == 202:
+        return  # queued with a ticket: no outcome yet, the client asks again
     if operation in _ACQUIRING:
         RESERVATION_ACQUISITIONS.labels(operation).inc()
         if operation == "open":

@@ -74,6 +74,18 @@ OPERATIONS: tuple[Operation, ...] = (
     _engine_state("/assembled", "get", "The v4 state re-assembled from rows at a serial", Param("serial", _INT)),
     _engine_state("/events", "get", "The state's audit trail, newest first",
                   Param("limit", {"type": "integer", "minimum": 1, "maximum": 1000})),
+    _engine_state("/drift", "get", "The latest drift report: outstanding drifted instances, last check"),
+    _engine_state("/drift/history", "get", "Drift reports, newest first",
+                  Param("limit", {"type": "integer", "minimum": 1, "maximum": 500})),
+    _engine_state("/drift", "post", "Record a drift check or refresh (addresses and attribute names only)", body={
+        "source": {"type": "string", "enum": ["drift", "refresh"]}, "globs": _GLOBS,
+        "checked": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}, "serial": _INT, "run_id": _STR,
+        "actor": _STR, "refreshed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+        "drifted": {"type": "array", "maxItems": 10000, "items": {
+            "type": "object", "required": ["address"], "properties": {
+                "address": _STR, "attributes": {"type": "array", "items": _STR, "maxItems": 200},
+                "gone": {"type": "boolean"}}}},
+    }, required=("globs",), success=201),
     _engine_state("/slice", "post", "The head's instances under the globs, as a v4 state",
                   body={"globs": _GLOBS}, required=("globs",)),
     _engine_state("/edges", "post", "Dependency edges at the head touching the globs",

@@ -1,7 +1,9 @@
 """The engine lane's apply runs and reservations: open a run holding reservations (optionally
 waiting), acquire more, renew, release, mark running, close, abort, and the listings.
 
-The server enforces every rule; conflicts answer 409 with each overlapping reservation.
+The server enforces every rule; conflicts answer 409 with the first overlapping reservations and
+their total. A request that asks to wait never holds a worker: it is answered 202 with a queue
+ticket at once and asks again with it (docs/reservations.md, "Waiting").
 """
 
 from __future__ import annotations
@@ -51,17 +53,36 @@ def _wanted(doc: dict[str, Any]) -> tuple[Wanted, ...]:
     items = doc.get("reservations", [])
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise BadRequestError('reservations must be a list of {"glob": ..., "mode": "read"|"write"}')
-    return parse_wanted((str(i.get("glob", "")), str(i.get("mode", ""))) for i in items)
+    limit = services().settings.max_globs_per_request
+    if len(items) > limit:
+        raise BadRequestError(f"a request may name at most {limit} reservation globs, not {len(items)}: "
+                              "reserve a module or resource prefix ('module.NAME.*', 'TYPE.NAME.*') instead")
+    return parse_wanted(((str(i.get("glob", "")), str(i.get("mode", ""))) for i in items), limit=limit)
 
 
-def _wait(doc: dict[str, Any]) -> timedelta | None:
+def _wait(doc: dict[str, Any]) -> runs.WaitPolicy:
+    settings = services().settings
     value = doc.get("wait_seconds")
+    ticket = doc.get("ticket")
+    if ticket is not None and not isinstance(ticket, str):
+        raise BadRequestError("ticket must be the string a 202 answer gave")
+    window = timedelta(seconds=settings.wait_ticket_seconds)
     if value is None:
-        return None
-    if not isinstance(value, int | float) or value < 0:
+        return runs.WaitPolicy(ticket=ticket or None, window=window)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < 10**9:
         raise BadRequestError("wait_seconds must be a number of seconds, zero or more")
-    cap = services().settings.max_wait_seconds
-    return timedelta(seconds=min(float(value), cap))
+    wait = timedelta(seconds=min(float(value), settings.max_wait_seconds))
+    return runs.WaitPolicy(wait=wait or None, ticket=ticket or None, window=window)
+
+
+def _ticket_response(ticket: runs.Ticket) -> tuple[Response, int]:
+    response = jsonify({
+        "ok": True, "waiting": True, "ticket": ticket.id, "poll_after_seconds": ticket.poll_after,
+        "ticket_expires_in": ticket.expires_in, "wait_until": ticket.wait_until,
+        "conflicts": ticket.conflicts, "conflicts_total": ticket.conflicts_total,
+    })
+    response.headers["Retry-After"] = str(max(int(ticket.poll_after), 1))
+    return response, 202
 
 
 def _number(doc: dict[str, Any], key: str) -> float | None:
@@ -100,8 +121,10 @@ def open_run(name: str) -> tuple[Response, int]:
         raise BadRequestError("info must be a JSON object")
     run = runs.open_run(
         services().db, principal(), state_name(name), actor=_text(doc, "actor"), wanted=_wanted(doc),
-        lease=lease_for(_number(doc, "lease_seconds")), wait=_wait(doc), base_serial=base_serial, info=info,
+        lease=lease_for(_number(doc, "lease_seconds")), policy=_wait(doc), base_serial=base_serial, info=info,
     )
+    if isinstance(run, runs.Ticket):
+        return _ticket_response(run)
     return _run_response(run, 201)
 
 
@@ -133,7 +156,10 @@ def get_run(run_id: str) -> tuple[Response, int]:
 def acquire_more(run_id: str) -> tuple[Response, int]:
     doc = _body()
     run = runs.acquire_more(services().db, principal(), run_id, holder=_text(doc, "holder"),
-                            wanted=_wanted(doc), wait=_wait(doc))
+                            wanted=_wanted(doc), policy=_wait(doc),
+                            max_globs=services().settings.max_globs_per_run)
+    if isinstance(run, runs.Ticket):
+        return _ticket_response(run)
     return _run_response(run)
 
 

@@ -41,6 +41,7 @@ from app.domain.attributes import AttributeChange, attribute_diff, sensitive_pat
 from app.domain.principal import Principal, default_principal
 from app.errors import BadRequestError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
 from app.store import dashboard, runs
+from app.store import drift as drift_store
 from app.web import errors, metrics, timeline
 from app.web.auth import Credentials, principal_for
 from app.web.context import principal, services, state_name
@@ -130,7 +131,7 @@ def _session_principal() -> Principal | None:
     token = dashboard.session_token(services().db, token_id) if isinstance(token_id, int) else None
     if token is None:
         return None
-    return Principal(tenant_id=token.tenant_id, actor=token.name, scope=token.scope, token_name=token.name)
+    return Principal.for_token(tenant_id=token.tenant_id, name=token.name, scope=token.scope, token_id=token.id)
 
 
 def _wants_html() -> bool:
@@ -278,7 +279,8 @@ def logout() -> Redirect:
 @bp.get("/")
 def states() -> str:
     found = dashboard.state_overviews(services().db, principal(), now=g.now)
-    return render_template("ui/states.html", states=found, nav="states")
+    drifted = drift_store.drifted_by_state(services().db, principal())
+    return render_template("ui/states.html", states=found, drifted=drifted, nav="states")
 
 
 @bp.get("/states/<path:name>")
@@ -288,7 +290,9 @@ def state(name: str) -> str:
     head = dashboard.state_head(services().db, principal(), name)
     page = dashboard.head_resources(services().db, principal(), name, contains=query or None, limit=MAX_ROWS)
     outputs = dashboard.head_outputs(services().db, principal(), name)
-    return render_template("ui/state.html", head=head, page=page, outputs=outputs, query=query, nav="states")
+    drift = next(iter(drift_store.reports(services().db, principal(), name, limit=1)), None)
+    return render_template("ui/state.html", head=head, page=page, outputs=outputs, query=query, drift=drift,
+                           nav="states")
 
 
 def _lifecycle_views(found: list[dashboard.Lifecycle]) -> list[dict[str, Any]]:

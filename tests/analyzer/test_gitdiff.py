@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from analyzer.gitdiff import FULL, ChangeScope, DeletedFile, DiffEntry, Widening, scope_changes
+from analyzer.gitdiff import FULL, ChangeScope, DeletedFile, DiffEntry, Widening, WidenKind, scope_changes
 
 OLD_TEXT = 'resource "terraform_data" "gone" {}\n'
 
@@ -96,11 +96,17 @@ def test_an_override_file_needs_a_full_plan(name):
 
 @pytest.mark.parametrize("name", ["terraform.tfvars", "prod.auto.tfvars", "terraform.tfvars.json",
                                   "x.auto.tfvars.json"])
-def test_a_variables_file_needs_a_full_plan_and_says_what_to_run(name):
+def test_an_auto_loaded_variables_file_widens_to_the_variables_it_changes(name):
     result = scope(DiffEntry("modified", f"infra/{name}", None), config_dir="infra")
-    assert effects(result) == [(f"infra/{name}", FULL)]
-    assert result.needs_full_plan
-    assert "variables can feed any block" in result.widen[0].reason
+    assert effects(result) == [(f"infra/{name}", f"variables:{name}")]
+    assert result.widen[0].kind is WidenKind.VARIABLES and result.widen[0].names == (name,)
+    assert not result.needs_full_plan
+
+
+def test_a_variables_file_only_var_file_reads_needs_a_full_plan():
+    result = scope(DiffEntry("modified", "infra/prod.tfvars", None), config_dir="infra")
+    assert effects(result) == [("infra/prod.tfvars", FULL)] and result.needs_full_plan
+    assert "-var-file" in result.widen[0].reason
     assert "kl plan infra (without -f)" in result.widen[0].reason
 
 
@@ -117,7 +123,7 @@ def test_a_file_in_a_local_module_widens_to_the_whole_module_call():
     result = scope(DiffEntry("modified", "modules/web/main.tf", None), modules={"web": "modules/web"})
     assert result.widen == (Widening("modules/web/main.tf",
                                      "inside modules/web, the source of module 'web': plans module.web.*",
-                                     "module:web"),)
+                                     WidenKind.MODULE, ("web",)),)
     assert result.files == () and not result.needs_full_plan
 
 

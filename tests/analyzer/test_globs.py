@@ -23,7 +23,17 @@ from analyzer.addresses import (
     parse_instance_address,
     resource_address,
 )
-from analyzer.globs import Glob, GlobError, GlobKind, canonical, conflicts, intersects, matches, parse_glob
+from analyzer.globs import (
+    Glob,
+    GlobError,
+    GlobKind,
+    canonical,
+    conflicts,
+    intersects,
+    matches,
+    matches_output,
+    parse_glob,
+)
 
 PLANS = Path(__file__).resolve().parent.parent / "fixtures" / "plans"
 
@@ -52,6 +62,10 @@ Resource = tuple[str, str, str]
         ("aws_instance.web.*", GlobKind.RESOURCE),
         ("module.x.aws_instance.web.*", GlobKind.RESOURCE),
         ("data.aws_ami.x.*", GlobKind.RESOURCE),
+        ("output.o1", GlobKind.OUTPUT),
+        ("output.db_password", GlobKind.OUTPUT),
+        ("output.*", GlobKind.OUTPUTS),
+        ("module.x.output.y", GlobKind.EXACT),  # a resource of type "output" inside a module
     ],
 )
 def test_parse_glob_accepts_each_form_and_canonical_gives_the_text_back(text: str, kind: GlobKind) -> None:
@@ -112,6 +126,15 @@ def test_parse_glob_keeps_a_doubled_dollar_as_a_literal_dollar_brace_and_refuses
         (" aws_vpc.main", "expected a module step or a resource type"),
         ("aws_vpc.main ", "expected the end of the address"),
         ('module.m["a].*', "never closed"),
+        ("output.", "an output glob is 'output.NAME' with NAME an identifier, or 'output.*'"),
+        ("output.o1[0]", "write 'output.o1' for the whole output"),
+        ('output.o1["a"]', "write 'output.o1' for the whole output"),
+        ("output.o1.value", "write 'output.o1' for the whole output"),
+        ("output.o1.*", "write 'output.o1' for the whole output"),
+        ("output.o*", "no instance keys, attributes or partial-name wildcards"),
+        ("output.*.*", "an output glob is 'output.NAME'"),
+        ("output.9x", "an output glob is 'output.NAME'"),
+        ("output.a b", "an output glob is 'output.NAME'"),
     ],
 )
 def test_parse_glob_rejects_malformed_globs_saying_what_is_wrong_and_what_is_accepted(
@@ -137,6 +160,50 @@ def test_glob_constructor_refuses_shapes_that_have_no_text_form() -> None:
         Glob.resource_prefix((), "managed", "module", "x")
     with pytest.raises(TypeError, match="instance key"):
         Glob.exact(InstanceAddress((), "managed", "a", "b", True))
+    with pytest.raises(ValueError, match="is an output"):
+        Glob.exact(InstanceAddress((), "managed", "output", "x", None))
+    with pytest.raises(ValueError, match="output name"):
+        Glob.root_output("not an identifier")
+    with pytest.raises(ValueError, match="output glob"):
+        Glob(GlobKind.OUTPUT)
+    with pytest.raises(ValueError, match="outputs glob"):
+        Glob(GlobKind.OUTPUTS, output="x")
+    with pytest.raises(ValueError, match="exact glob"):
+        Glob(GlobKind.EXACT, resource=("managed", "a", "b"), output="x")
+    assert Glob.exact(InstanceAddress((ModuleStep("m"),), "managed", "output", "x", None)).kind is GlobKind.EXACT
+
+
+def test_output_globs_are_outputs_and_name_no_address() -> None:
+    assert parse_glob("output.o1") == Glob.root_output("o1")
+    assert parse_glob("output.*") == Glob.all_outputs()
+    assert parse_glob("output.o1").is_output and parse_glob("output.*").is_output
+    assert not parse_glob("*").is_output and not parse_glob("aws_vpc.main").is_output
+    with pytest.raises(ValueError, match="not an exact address"):
+        _ = parse_glob("output.o1").address
+
+
+@pytest.mark.parametrize(
+    ("glob", "name", "expected"),
+    [
+        ("*", "o1", True),
+        ("output.*", "o1", True),
+        ("output.o1", "o1", True),
+        ("output.o1", "o10", False),
+        ("output.o10", "o1", False),
+        ("output.o1", "O1", False),
+        ("module.output.*", "o1", False),
+        ("output.a", "output.a", False),
+        ("aws_vpc.main", "main", False),
+    ],
+)
+def test_matches_output_covers_root_outputs_by_name(glob: str, name: str, expected: bool) -> None:
+    assert matches_output(parse_glob(glob), name) is expected
+
+
+@pytest.mark.parametrize("address", ["output.o1", "aws_vpc.main", "module.output.output.o1", "data.output.o1"])
+def test_output_globs_match_no_instance_address(address: str) -> None:
+    for glob in ("output.o1", "output.*"):
+        assert not matches(parse_glob(glob), address)
 
 
 def test_exact_glob_gives_back_its_address_and_other_kinds_refuse() -> None:
@@ -282,6 +349,21 @@ def test_matches_raises_address_error_for_text_that_is_not_an_instance_address()
         ("module.x.module.z.aws_instance.web.*", "module.x.module.z.*", True),
         ("module.x.module.z.aws_instance.web.*", "module.x.*", True),
         ("aws_instance.web.*", "module.web.*", False),
+        # root outputs: their own space, covered by '*'
+        ("*", "output.o1", True),
+        ("*", "output.*", True),
+        ("output.*", "output.*", True),
+        ("output.*", "output.o1", True),
+        ("output.o1", "output.o1", True),
+        ("output.o1", "output.o2", False),
+        ("output.o1", "output.o10", False),
+        ("output.o1", "module.output.*", False),
+        ("output.*", "module.output.*", False),
+        ("output.*", "output.x", True),
+        ("output.o1", "aws_vpc.main", False),
+        ("output.*", "aws_instance.web.*", False),
+        ("output.*", "module.m.output.o1", False),
+        ("output.*", "data.output.o1", False),
     ],
 )
 def test_intersects_is_true_exactly_when_some_address_matches_both(a: str, b: str, expected: bool) -> None:
@@ -304,6 +386,25 @@ def test_conflicts_follows_the_matrix_when_globs_intersect(mode_a: str, mode_b: 
 @pytest.mark.parametrize(("mode_a", "mode_b"), [("read", "write"), ("write", "read"), ("write", "write")])
 def test_conflicts_is_false_for_disjoint_globs_whatever_the_modes(mode_a: str, mode_b: str) -> None:
     assert not conflicts(mode_a, parse_glob("module.web.*"), mode_b, parse_glob("module.webapp.*"))
+
+
+@pytest.mark.parametrize(
+    ("mode_a", "a", "mode_b", "b", "expected"),
+    [
+        ("read", "output.o1", "read", "output.o1", False),
+        ("read", "output.o1", "write", "output.*", True),
+        ("write", "output.o1", "write", "output.o1", True),
+        ("write", "output.o1", "write", "output.o2", False),
+        ("write", "*", "read", "output.o1", True),
+        ("write", "output.*", "write", "module.web.*", False),
+        ("write", "output.*", "write", "terraform_data.a", False),
+    ],
+)
+def test_output_globs_follow_the_same_conflict_matrix(
+    mode_a: str, a: str, mode_b: str, b: str, expected: bool
+) -> None:
+    assert conflicts(mode_a, parse_glob(a), mode_b, parse_glob(b)) is expected
+    assert conflicts(mode_b, parse_glob(b), mode_a, parse_glob(a)) is expected
 
 
 @pytest.mark.parametrize(("mode_a", "mode_b"), [("lock", "read"), ("write", "READ"), ("", "write")])
@@ -409,11 +510,51 @@ def test_intersects_agrees_with_brute_force_for_every_pair_of_globs_in_a_fixed_u
     assert len(globs) > 300  # the check is not vacuous: exact, module and resource globs at every depth
 
 
+# Outputs join the universe as names: a glob's mask is the instances it matches plus the outputs it
+# covers. An output glob is derived from a universe name (or is ``output.*``), so every intersecting pair
+# again has a witness: the shared name, any universe name for ``output.*``, any member for ``*``.
+
+OUTPUT_NAMES = ("o1", "o10", "output", "module")
+
+
+def coverage_mask(glob: Glob, universe: tuple[InstanceAddress, ...], outputs: tuple[str, ...]) -> int:
+    outputs_mask = sum(1 << i for i, name in enumerate(outputs) if matches_output(glob, name))
+    return match_mask(glob, universe) | (outputs_mask << len(universe))
+
+
+@st.composite
+def universe_outputs_and_globs(
+    draw: st.DrawFn,
+) -> tuple[tuple[InstanceAddress, ...], tuple[str, ...], list[Glob]]:
+    universe, globs = draw(universe_and_globs())
+    outputs = tuple(draw(st.lists(st.sampled_from(OUTPUT_NAMES), min_size=1, max_size=3, unique=True)))
+    output_globs = [Glob.all_outputs(), *(Glob.root_output(name) for name in outputs)]
+    extra = draw(st.lists(st.sampled_from(output_globs), min_size=1, max_size=4))
+    return universe, outputs, [*globs, *extra]
+
+
+@settings(max_examples=200, deadline=None)
+@given(universe_outputs_and_globs())
+def test_intersects_agrees_with_brute_force_over_instances_and_outputs(
+    case: tuple[tuple[InstanceAddress, ...], tuple[str, ...], list[Glob]],
+) -> None:
+    universe, outputs, globs = case
+    masks = [coverage_mask(glob, universe, outputs) for glob in globs]
+    for mask in masks:
+        assert mask
+    for (a, mask_a), (b, mask_b) in itertools.product(zip(globs, masks, strict=True), repeat=2):
+        assert intersects(a, b) == bool(mask_a & mask_b), (canonical(a), canonical(b))
+        for mode_a, mode_b in itertools.product(("read", "write"), repeat=2):
+            expected = bool(mask_a & mask_b) and "write" in (mode_a, mode_b)
+            assert conflicts(mode_a, a, mode_b, b) is expected
+
+
 # --- round trip ----------------------------------------------------------------------------------------
 
 identifiers = st.from_regex(r"[a-z_][a-z0-9_-]{0,6}", fullmatch=True).filter(
-    lambda s: s not in ("module", "data")
+    lambda s: s not in ("module", "data", "output")
 )
+output_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,8}", fullmatch=True)
 keys = st.one_of(st.none(), st.integers(-5, 10**6), st.text(max_size=8))
 module_steps = st.builds(ModuleStep, identifiers, keys)
 module_paths = st.lists(module_steps, max_size=3).map(tuple)
@@ -431,6 +572,8 @@ all_globs = st.one_of(
     ),
     st.lists(module_steps, min_size=1, max_size=3).map(lambda steps: Glob.module_prefix(tuple(steps))),
     st.builds(Glob.resource_prefix, module_paths, modes, identifiers, identifiers),
+    st.just(Glob.all_outputs()),
+    st.builds(Glob.root_output, output_names),
 )
 
 

@@ -170,8 +170,10 @@ def test_a_commit_with_no_changes_closes_the_run_without_a_new_version(client, c
 
 def test_outputs_the_apply_did_not_change_keep_the_trunks_value(client):
     client.post(STATE, data=trunk())
-    a = open_run(client, "alice", ("terraform_data.item[0]", "write")).get_json()["run"]["id"]
-    b = open_run(client, "bob", ("terraform_data.item[2]", "write")).get_json()["run"]["id"]
+    a = open_run(client, "alice", ("terraform_data.item[0]", "write"),
+                 ("output.count", "write")).get_json()["run"]["id"]
+    b = open_run(client, "bob", ("terraform_data.item[2]", "write"),
+                 ("output.greeting", "write")).get_json()["run"]["id"]
     doc_b = result_state(**{"2": "C"})
     doc_b["outputs"] = {"greeting": {"value": "hello from bob", "type": "string"}}
     assert commit(client, b, "bob", doc_b).get_json()["commit"]["outputs_changed"] == ["greeting"]

@@ -172,14 +172,27 @@ def test_an_acquire_with_a_wait_gets_the_addresses_once_they_are_released(client
     timer = threading.Timer(1.0, lambda: requests.post(
         f"{live_server.url}/v1/engine/runs/{first}/release", json={"holder": "alice"}, timeout=10))
     timer.start()
-    started = time.monotonic()
-    waited = requests.post(url, json={"actor": "bob", "wait_seconds": 20,
-                                      "reservations": [{"glob": "module.web.x.y", "mode": "write"}]}, timeout=30)
-    assert waited.status_code == 201, waited.text
-    assert 0.8 < time.monotonic() - started < 15
+    body = {"actor": "bob", "wait_seconds": 20, "reservations": [{"glob": "module.web.x.y", "mode": "write"}]}
+    queued = requests.post(url, json=body, timeout=30)
+    assert queued.status_code == 202, queued.text
+    ticket = queued.json()
+    assert ticket["waiting"] and ticket["ticket"].startswith("wt_") and ticket["conflicts_total"] == 1
+    assert queued.headers["Retry-After"] == "1" and ticket["ticket_expires_in"] == 10
+    answers = []
+    for _ in range(200):
+        answer = requests.post(url, json={**body, "ticket": ticket["ticket"]}, timeout=30)
+        answers.append(answer.status_code)
+        if answer.status_code != 202:
+            break
+        time.sleep(0.1)
+    assert answers[-1] == 201, answers
+    # Once the ticket's deadline passes (here: wait_seconds 0 on the last ask) the answer is final.
     quick = requests.post(url, json={"actor": "carol", "wait_seconds": 0.5,
                                      "reservations": [{"glob": "module.web.*", "mode": "read"}]}, timeout=30)
-    assert quick.status_code == 409
+    assert quick.status_code == 202
+    final = requests.post(url, json={"actor": "carol", "wait_seconds": 0, "ticket": quick.json()["ticket"],
+                                     "reservations": [{"glob": "module.web.*", "mode": "read"}]}, timeout=30)
+    assert final.status_code == 409 and final.json()["code"] == "reservation_conflict"
 
 
 def test_an_earlier_large_waiter_is_not_starved_by_later_small_requests(db):
@@ -189,23 +202,23 @@ def test_an_earlier_large_waiter_is_not_starved_by_later_small_requests(db):
     lease = timedelta(minutes=5)
     reader = runs.open_run(db, who, "shared", actor="reader", wanted=parse_wanted([("module.web.a.b", "read")]),
                            lease=lease)
-    outcome: dict[str, object] = {}
-
-    def big() -> None:
-        outcome["big"] = runs.open_run(db, who, "shared", actor="big", lease=lease, wait=timedelta(seconds=20),
-                                       wanted=parse_wanted([("module.web.*", "write")]))
-
-    waiter = threading.Thread(target=big)
-    waiter.start()
-    time.sleep(0.6)  # the big request is queued now
+    assert isinstance(reader, runs.Run)
+    big = parse_wanted([("module.web.*", "write")])
+    ticket = runs.open_run(db, who, "shared", actor="big", lease=lease, wait=timedelta(seconds=20), wanted=big)
+    assert isinstance(ticket, runs.Ticket)  # the big request is queued now
+    small = parse_wanted([("module.web.c.d", "write")])
+    queued_small = runs.open_run(db, who, "shared", actor="small", lease=lease, wait=timedelta(seconds=5),
+                                 wanted=small)
+    assert isinstance(queued_small, runs.Ticket) and queued_small.conflicts == []
     with pytest.raises(ReservationConflictError, match="earlier waiting requests"):
-        runs.open_run(db, who, "shared", actor="small", lease=lease, wait=timedelta(seconds=0.5),
-                      wanted=parse_wanted([("module.web.c.d", "write")]))
+        runs.open_run(db, who, "shared", actor="small", lease=lease, wanted=small,
+                      policy=runs.WaitPolicy(ticket=queued_small.id))
     # Unrelated addresses never wait on the queue.
     runs.open_run(db, who, "shared", actor="other", lease=lease, wanted=parse_wanted([("module.db.*", "write")]))
     runs.release(db, who, reader.id, holder="reader")
-    waiter.join(timeout=20)
-    assert isinstance(outcome.get("big"), runs.Run)
+    granted = runs.open_run(db, who, "shared", actor="big", lease=lease, wanted=big,
+                            policy=runs.WaitPolicy(wait=timedelta(seconds=20), ticket=ticket.id))
+    assert isinstance(granted, runs.Run)
 
 
 # --- coexistence with Terraform's lock ---------------------------------------------------------

@@ -190,6 +190,15 @@ class World:
         doc["issue"]["number"] = number
         return self.post("issue_comment", self._repository(doc))
 
+    def deliver_review(self, number: int, login: str, state: str) -> requests.Response:
+        """Submit a review in the simulation and deliver its ``pull_request_review`` event."""
+        review = self.sim.review(number, login, state.upper())
+        doc = webhooks.review_payload(state=state.lower(), login=login, review_id=review["id"])
+        doc["pull_request"].update(number=number)
+        doc["pull_request"]["head"]["sha"] = self.sim.prs[number]["head_sha"]
+        doc["review"]["commit_id"] = self.sim.prs[number]["head_sha"]
+        return self.post("pull_request_review", self._repository(doc))
+
     def deliver_rerun(self, external_id: str, head_sha: str) -> requests.Response:
         doc = webhooks.check_run_payload(external_id=external_id, app_id=int(APP_ID))
         doc["check_run"]["head_sha"] = head_sha

@@ -100,7 +100,7 @@ def redis_conn(redis_url: str) -> Iterator[redis.Redis]:
 
 # --- the bot's app: a real Flask app with a webhook secret and the test Redis -------------------
 
-_TRUNCATE_BOT = "TRUNCATE webhook_deliveries, pull_request_footprints, bot_jobs"
+_TRUNCATE_BOT = "TRUNCATE webhook_deliveries, pull_request_footprints, bot_jobs, pull_request_holds"
 
 
 @pytest.fixture

@@ -77,13 +77,27 @@ class GitHubSim:
 
     def open_pr(self, number: int, *, head_sha: str, head_ref: str, base_sha: str, author: str = "alice") -> None:
         self.prs[number] = {"number": number, "head_sha": head_sha, "head_ref": head_ref, "base_sha": base_sha,
-                            "state": "open", "merged": False, "author": author, "merge_commit_sha": None}
+                            "state": "open", "merged": False, "author": author, "merge_commit_sha": None,
+                            "mergeable": True, "mergeable_state": "clean", "reviews": []}
 
     def push_pr(self, number: int, head_sha: str) -> None:
         self.prs[number]["head_sha"] = head_sha
 
     def merge_pr(self, number: int, merge_sha: str) -> None:
         self.prs[number].update(state="closed", merged=True, merge_commit_sha=merge_sha)
+
+    def close_pr(self, number: int) -> None:
+        """Closed without merging: GitHub still fills merge_commit_sha (a test merge), merged stays false."""
+        self.prs[number].update(state="closed", merged=False, merge_commit_sha="f" * 40)
+
+    def review(self, number: int, login: str, state: str, *, commit_id: str | None = None) -> dict[str, Any]:
+        """Submit a review (``APPROVED``, ``CHANGES_REQUESTED``, ``COMMENTED``) on the PR's head (or ``commit_id``)."""
+        pr = self.prs[number]
+        review = {"id": next(self._ids), "user": {"login": login, "id": 5, "type": "User"}, "state": state,
+                  "commit_id": commit_id or pr["head_sha"], "submitted_at": "2026-12-01T10:00:00Z",
+                  "body": "", "html_url": f"https://github.com/{self.repo}/pull/{number}"}
+        pr["reviews"].append(review)
+        return review
 
     def fail(self, method: str, path_regex: str, status: int, *, times: int = 1,
              headers: dict[str, str] | None = None, after: bool = False) -> None:
@@ -147,6 +161,9 @@ class GitHubSim:
         if method == "GET" and path == r:
             return 200, {"full_name": self.repo, "name": self.repo.split("/")[1], "default_branch": self.default_branch,
                          "url": f"{self.base_url}{r}"}
+        if (m := re.fullmatch(rf"{r}/pulls/(\d+)/reviews", path)) and method == "GET":
+            pr = self.prs.get(int(m.group(1)))
+            return (200, list(pr["reviews"])) if pr else (404, {"message": "Not Found"})
         if m := re.fullmatch(rf"{r}/pulls/(\d+)", path):
             pr = self.prs.get(int(m.group(1)))
             return (200, self._pr_json(pr)) if pr else (404, {"message": "Not Found"})
@@ -205,6 +222,7 @@ class GitHubSim:
         return {
             "id": pr["number"] * 100, "number": pr["number"], "state": pr["state"], "merged": pr["merged"],
             "merge_commit_sha": pr["merge_commit_sha"], "url": url, "title": f"PR {pr['number']}",
+            "mergeable": pr.get("mergeable", True), "mergeable_state": pr.get("mergeable_state", "clean"),
             "user": {"login": pr["author"], "id": 1, "type": "User"},
             "head": {"sha": pr["head_sha"], "ref": pr["head_ref"], "label": f"x:{pr['head_ref']}"},
             "base": {"sha": pr["base_sha"], "ref": self.default_branch, "label": f"x:{self.default_branch}"},

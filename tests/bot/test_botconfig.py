@@ -82,7 +82,8 @@ def test_every_problem_is_listed_at_once_with_what_to_change(repo: Path):
         load(repo)
 
     assert caught.value.problems == (
-        "unknown key 'aply_on_merge' (known: apply_on_merge, apply_on_push, merge_wait, projects, version)",
+        "unknown key 'aply_on_merge' (known: apply_on_comment, apply_on_merge, apply_on_push, apply_requirements, "
+        "merge_wait, projects, version)",
         "version must be 1, got 2",
         "merge_wait must be a duration between 0 and 6h such as 600, 90s, 10m or 1h, got 'forever'",
         "projects[0]: dir 'nowhere' does not exist in this commit",
@@ -141,3 +142,38 @@ def test_changed_paths_map_to_the_projects_they_trigger():
     assert projects_for(config, ["modules/net/main.tf", "README.md", "infra/prod/db.tf"]) == {
         "prod": ("modules/net/main.tf", "infra/prod/db.tf")}
     assert projects_for(config, ["docs/x.md"]) == {}
+
+
+def test_comment_applies_are_off_by_default_and_require_approval_and_mergeability(repo: Path):
+    (repo / ".kilolock.yml").write_text("projects:\n  - dir: infra/prod\n")
+
+    config = load(repo)
+
+    assert config.apply_requirements == ("approved", "mergeable")
+    assert [p.apply_on_comment for p in config.projects] == [False]
+
+
+def test_apply_on_comment_is_set_at_the_top_and_per_project_and_requirements_may_be_empty(repo: Path):
+    (repo / ".kilolock.yml").write_text(
+        "apply_on_comment: true\napply_requirements: []\nprojects:\n  - dir: infra/prod\n"
+        "  - dir: infra/staging\n    apply_on_comment: false\n")
+
+    config = load(repo)
+
+    assert config.apply_requirements == ()
+    assert [(p.name, p.apply_on_comment) for p in config.projects] == [("infra/prod", True), ("infra/staging", False)]
+
+
+def test_unknown_requirements_and_non_boolean_apply_on_comment_are_listed(repo: Path):
+    (repo / ".kilolock.yml").write_text(
+        "apply_on_comment: yes please\napply_requirements: [approved, green]\nprojects:\n  - dir: infra/prod\n"
+        "    apply_on_comment: 1\n")
+
+    with pytest.raises(BotConfigError) as caught:
+        load(repo)
+
+    assert caught.value.problems == (
+        "apply_on_comment must be true or false, got 'yes please'",
+        "apply_requirements: unknown requirement(s) 'green' (known: approved, mergeable, undiverged)",
+        "projects[0]: apply_on_comment must be true or false, got 1",
+    )

@@ -1,8 +1,9 @@
 """Webhook test helpers: GitHub's published payloads, signing, and payloads built from them.
 
 The files under tests/fixtures/webhooks/ are GitHub's examples byte for byte (see SOURCES.md there).
-GitHub publishes no merged ``closed`` example and none for ``check_run`` or ``issue_comment`` in that
-folder, so ``merged_payload``, ``check_run_payload`` and ``issue_comment_payload`` build them here,
+GitHub publishes no merged ``closed`` example and none for ``check_run``, ``issue_comment`` or
+``pull_request_review`` in that folder, so ``merged_payload``, ``check_run_payload``,
+``issue_comment_payload`` and ``review_payload`` build them here,
 following the shapes in GitHub's webhook documentation, and are never saved as if GitHub sent them.
 """
 
@@ -94,6 +95,25 @@ def issue_comment_payload(body: str, *, on_pull_request: bool = True, user_type:
         "action": action,
         "issue": issue,
         "comment": {"id": comment_id, "body": body, "user": user, "created_at": "2019-05-15T15:20:40Z"},
+        "repository": base["repository"],
+        "sender": user,
+        "installation": base["installation"],
+    }
+
+
+def review_payload(*, state: str = "approved", login: str = "bob", action: str = "submitted",
+                   review_id: int = 80) -> dict[str, Any]:
+    """A ``pull_request_review`` event on the fixture's PR: ``review`` (state in lower case, as the event
+    sends it, with ``commit_id``) next to the ``pull_request`` object of ``pull_request/opened``."""
+    base = payload("pull_request/opened")
+    pr = base["pull_request"]
+    user = {**base["sender"], "login": login, "type": "User"}
+    return {
+        "action": action,
+        "review": {"id": review_id, "user": user, "body": None, "state": state, "commit_id": pr["head"]["sha"],
+                   "submitted_at": "2019-05-15T15:20:38Z", "html_url": pr["html_url"],
+                   "pull_request_url": pr["url"], "author_association": "COLLABORATOR"},
+        "pull_request": pr,
         "repository": base["repository"],
         "sender": user,
         "installation": base["installation"],

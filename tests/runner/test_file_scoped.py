@@ -160,8 +160,8 @@ def test_a_rename_with_a_moved_block_moves_instead_of_recreating(repo):
 def test_editing_a_file_others_depend_on_widens_to_their_files(repo):
     repo.edit("network.tf", "net-v1", "net-v2")
     planned = plan_apply(repo, "-f", "network.tf")
-    assert "web.tf" in planned["selected_files"]
-    assert any("widened to web.tf" in w for w in planned["warnings"])
+    assert any(w.startswith("web.tf:1: consumer: terraform_data.web refers to terraform_data.net")
+               for w in planned["warnings"]), planned["warnings"]
     assert set(planned["write_set"]) == {"terraform_data.net", "terraform_data.web[0]", "terraform_data.web[1]"}
     untrap(repo)
     repo.converged()
@@ -189,8 +189,18 @@ def test_changed_from_follows_renames(repo):
     repo.converged()
 
 
-def test_a_tfvars_change_fails_closed_naming_the_full_plan(repo):
+def test_a_tfvars_change_plans_the_consumers_of_the_changed_variables(repo):
     repo.write("prod.auto.tfvars", 'env = "staging"\n')
+    planned = plan_apply(repo, "--changed-from", "HEAD")
+    assert planned["seed_variables"] == ["var.env"]
+    assert {"terraform_data.net", "terraform_data.db", "terraform_data.web[0]"} <= set(planned["write_set"])
+    assert "terraform_data.db_backup" not in planned["write_set"]
+    untrap(repo)
+    repo.converged()
+
+
+def test_an_unreadable_tfvars_change_fails_closed(repo):
+    repo.write("prod.auto.tfvars", 'env = = "staging"\n')
     refused = repo.kl("plan", "--changed-from", "HEAD")
     assert refused.returncode == 3 and "prod.auto.tfvars" in refused.stderr
     assert "kl plan without -f" in refused.stderr
@@ -266,5 +276,145 @@ def test_a_block_reading_files_carries_the_configurations_other_files(repo):
     planned = plan_apply(repo, "-f", "greet.tf")
     assert "greeting.txt" in planned["files"]
     assert any("file_function" in w for w in planned["warnings"])
+    untrap(repo)
+    repo.converged()
+
+
+# --- the configuration graph, variable values, outputs, modules --------------------------------------------
+
+
+def test_a_locals_file_change_plans_the_for_each_consumers_in_other_files(repo):
+    repo.write("sizes.tf", 'locals {\n  sizes = { a = "s", b = "m" }\n}\n')
+    repo.write("fleet.tf", 'resource "terraform_data" "node" {\n  for_each = local.sizes\n  input = each.value\n}\n')
+    plan_apply(repo, "-f", "fleet.tf")
+    repo.write("sizes.tf", 'locals {\n  sizes = { b = "l", c = "s" }\n}\n')
+    planned = plan_apply(repo, "-f", "sizes.tf")
+    assert set(planned["write_set"]) == {'terraform_data.node["a"]', 'terraform_data.node["b"]',
+                                         'terraform_data.node["c"]'}
+    untrap(repo)
+    repo.converged()
+
+
+def test_selecting_only_the_variables_file_plans_every_consumer(repo):
+    repo.edit("variables.tf", 'default = "prod"', 'default = "qa"')
+    planned = plan_apply(repo, "-f", "variables.tf")
+    assert {"terraform_data.net", "terraform_data.db", "terraform_data.web[1]"} <= set(planned["write_set"])
+    assert "db" in planned["output_changes"]
+    untrap(repo)
+    repo.converged()
+
+
+def test_tfvars_values_are_used_and_pinned(repo):
+    repo.write("replicas.tf", 'variable "replicas" {\n  type    = number\n  default = 1\n}\n')
+    repo.write("terraform.tfvars", "replicas = 3\n")
+    repo.write("fleet.tf", 'resource "terraform_data" "r" {\n  count = var.replicas\n  input = count.index\n}\n')
+    planned = plan_apply(repo, "-f", "fleet.tf")
+    assert len(planned["write_set"]) == 3, planned["write_set"]
+    assert any(v["kind"] == "auto-var-file" and v["name"].endswith("terraform.tfvars") for v in planned["variables"])
+    repo.edit("fleet.tf", "input = count.index", 'input = "x${count.index}"')
+    assert repo.kl("plan", "-f", "fleet.tf").returncode == 0
+    repo.write("terraform.tfvars", "replicas = 1\n")
+    refused = repo.kl("apply", "kl-plan.igplan")
+    assert refused.returncode == 2 and "terraform.tfvars changed" in refused.stderr, refused.stderr
+    repo.write("terraform.tfvars", "replicas = 3\n")
+    repo.write("late.auto.tfvars", "replicas = 1\n")
+    refused = repo.kl("apply", "kl-plan.igplan")
+    assert refused.returncode == 2 and "late.auto.tfvars appeared" in refused.stderr, refused.stderr
+    (repo.dir / "late.auto.tfvars").unlink()
+    assert repo.kl("apply", "kl-plan.igplan").returncode == 0
+    untrap(repo)
+    repo.converged()
+
+
+def test_root_outputs_reading_what_the_change_writes_are_committed(repo):
+    repo.write("outputs.tf", 'output "net" {\n  value = terraform_data.net.output\n}\n')
+    plan_apply(repo, "-f", "network.tf")
+    repo.edit("network.tf", "net-v1", "net-v9")
+    planned = plan_apply(repo, "-f", "network.tf")
+    assert "net" in planned["output_changes"] and "output.net" in planned["write_globs"]
+    outputs = requests.get(repo.url, timeout=10).json()["outputs"]
+    assert outputs["net"]["value"] == "prod-app-net-v9" and "db" in outputs
+    untrap(repo)
+    repo.converged()
+
+
+def test_a_tf_json_consumer_fails_closed(repo):
+    repo.write("peers.tf.json", json.dumps({"resource": {"terraform_data": {"peer": {
+        "input": "${terraform_data.net.output}"}}}}))
+    repo.edit("network.tf", "net-v1", "net-v2")
+    refused = repo.kl("plan", "-f", "network.tf")
+    assert refused.returncode == 3 and "peers.tf.json:1: tf_json" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("label", ['resource "terraform_data" "1web"', 'module "super#module"', 'module ""',
+                                   'data "x" "my state"'])
+def test_a_label_terraform_rejects_is_a_diagnostic_not_a_traceback(repo, label):
+    repo.write("bad.tf", label + ' {\n  source = "./x"\n}\n')
+    refused = repo.kl("plan", "-f", "db.tf")
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "bad.tf:1: invalid_label" in refused.stderr and "fix `bad.tf:1`" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_a_syntax_error_names_the_file_and_line_to_fix(repo):
+    repo.write("broken.tf", 'resource "terraform_data" "b" {\n  input = "x"\n  oops = = 1\n}\n')
+    refused = repo.kl("plan", "-f", "broken.tf")
+    assert refused.returncode == 3 and "fix `broken.tf:3`" in refused.stderr, refused.stderr
+
+
+def test_sibling_and_parent_relative_modules_resolve_inside_the_workspace(repo):
+    (repo.dir.parent / "cache").mkdir()
+    (repo.dir.parent / "cache" / "main.tf").write_text(
+        'variable "n" {}\nmodule "inner" {\n  source = "../shared"\n  n = var.n\n}\n')
+    (repo.dir.parent / "shared").mkdir()
+    (repo.dir.parent / "shared" / "main.tf").write_text('variable "n" {}\nresource "terraform_data" "s" {\n'
+                                                       '  input = var.n\n}\n')
+    # a stale file where the old builder used to copy a "../" source: never planned
+    repo.write("cache.tf", 'module "cache" {\n  source = "../cache"\n  n = "v1"\n}\n')
+    # The boundary is the repository holding the configuration: here one holding it and both modules.
+    import shutil
+
+    shutil.rmtree(repo.dir / ".git")
+    repo.run("git", "init", "-q", str(repo.dir.parent))
+    planned = plan_apply(repo, "-f", "cache.tf")
+    assert planned["write_set"] == ["module.cache.module.inner.terraform_data.s"]
+    assert any(k.startswith("../shared/") for k in planned["files"])
+    untrap(repo)
+    repo.tf("init", "-input=false")
+    repo.converged()
+
+
+def test_a_module_outside_the_repository_is_refused(repo):
+    repo.write("far.tf", 'module "far" {\n  source = "../../../../../../../../.."\n}\n')
+    refused = repo.kl("plan", "-f", "far.tf")
+    assert refused.returncode == 3 and "outside" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_re_read_data_source_is_read_reserved_and_the_apply_commits(repo, tmp_path):
+    other = tmp_path / "other.tfstate"
+    other.write_text(json.dumps({"version": 4, "terraform_version": "1.11.0", "serial": 1, "lineage": "x",
+                                 "outputs": {"v": {"value": "one", "type": "string"}}, "resources": []}))
+    repo.write("remote.tf", 'data "terraform_remote_state" "o" {\n  backend = "local"\n'
+               f'  config = {{ path = "{other}" }}\n}}\n\n'
+               'resource "terraform_data" "uses" {\n  input = data.terraform_remote_state.o.outputs.v\n}\n')
+    planned = plan_apply(repo, "-f", "remote.tf")
+    assert "data.terraform_remote_state.o.*" in planned["read_globs"]
+    assert not any(g.startswith("data.") for g in planned["write_globs"])
+    repo.edit("remote.tf", "uses", "uses2")
+    assert repo.kl("plan", "-f", "remote.tf").returncode == 0
+    other.write_text(other.read_text().replace('"one"', '"two"').replace('"serial": 1', '"serial": 2'))
+    applied = repo.kl("apply", "kl-plan.igplan", "--actor", "alice")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+
+def test_changed_from_selects_the_literal_file_readers_of_a_changed_file(repo):
+    repo.write("greeting.txt", "hello\n")
+    repo.write("greet.tf", 'resource "terraform_data" "greet" {\n  input = file("${path.module}/greeting.txt")\n}\n')
+    plan_apply(repo, "-f", "greet.tf")
+    repo.git("add", "-A")
+    repo.git("commit", "-qm", "greeting")
+    repo.write("greeting.txt", "hello again\n")
+    planned = plan_apply(repo, "--changed-from", "HEAD")
+    assert planned["selected_files"] == ["greet.tf"] and planned["write_set"] == ["terraform_data.greet"]
     untrap(repo)
     repo.converged()

@@ -142,6 +142,9 @@ def test_two_disjoint_applies_run_at_the_same_time_and_both_commit(world):
     alice.write(web="v2", web_cmd="sleep 4")
     bob.write(db="v2", db_cmd="sleep 4")
     assert alice.kl("plan").returncode == 0 and bob.kl("plan").returncode == 0
+    # web feeds the root output "web": alice's run reserves it for writing, bob's (db only) does not.
+    assert "output.web" in json.loads((alice.dir / "kl-plan.json").read_text())["write_globs"]
+    assert "output.web" not in json.loads((bob.dir / "kl-plan.json").read_text())["write_globs"]
     first = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
     second = bob.kl_popen("apply", "kl-plan.json", "--actor", "bob")
     out_a, _ = first.communicate(timeout=120)
@@ -303,3 +306,24 @@ def test_applies_planned_on_the_same_trunk_both_land_one_after_another(world):
     merged = checkout(world, "merged")
     merged.write(web="v2", db="v2")
     merged.converged()
+
+
+def test_vanilla_terraform_applies_on_top_of_kl_commits_and_its_post_is_accepted(world):
+    """A commit stores no bytes: Terraform's next GET gets the head assembled from the rows, and the POST
+    of its own apply on top of it (same lineage, next serial) is accepted."""
+    alice = checkout(world, "alice")
+    alice.write(db="v2")
+    assert alice.kl("plan").returncode == 0
+    applied = alice.kl("apply", "kl-plan.json", "--actor", "alice")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    committed = head(world)
+    carol = checkout(world, "carol")
+    carol.write(db="v2", net="v2")
+    carol.tf("init", "-input=false")
+    carol.tf("apply", "-auto-approve", "-input=false")
+    after = head(world)
+    assert after["serial"] > committed["serial"] and after["lineage"] == committed["lineage"]
+    assert inputs(world)["net"] == "net-v2" and inputs(world)["db"] == "db-v2"
+    versions = requests.get(world["server"].url + "/v1/engine/states/shared/events", timeout=10).json()
+    assert any(e["kind"] == "state_write" and e["serial"] == after["serial"] for e in versions["events"])
+    carol.converged()

@@ -1,0 +1,274 @@
+"""The pure side of file-scoped plans around the footprint: what deleted files declared, which files declare
+what, which files the trunk's dependents widen a selection to, how a ``--changed-from`` scope becomes a
+selection, where local module sources lie, and how the footprint's blocks are cut out of their files.
+
+``runner.filescoped`` reads the files, talks to the server and runs Terraform; everything here is a function
+of texts and values. Must not do I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from analyzer.footprint import Footprint
+from analyzer.footprint_rules import FILE_FUNCTIONS, is_local_source
+from analyzer.gitdiff import ChangeScope, WidenKind
+from analyzer.globs import intersects, matches, parse_glob
+from analyzer.hcl import ParseCache, analyze_file, tfvars_values
+from analyzer.prescan import scan
+
+__all__ = [
+    "LOCALS_FILE",
+    "ScopeRefused",
+    "Selection",
+    "changed_variables",
+    "cut_blocks",
+    "declaring_files",
+    "deleted_globs",
+    "dependents_to_add",
+    "file_readers",
+    "described_in",
+    "local_module_sources",
+    "output_globs",
+    "selection_from_changes",
+]
+
+LOCALS_FILE = "kilolock_locals.tf"
+
+
+class ScopeRefused(Exception):
+    """A change that cannot be scoped to files: ``exit_code`` 3 (a full plan is needed) or 0 (nothing to do)."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What to plan: configuration-relative .tf files, files deleted since a git ref (their text at the ref)
+    whose declared addresses must be planned for destruction, and variables whose values changed (``var.NAME``:
+    their consumers are planned as if a selected file defined them)."""
+
+    files: tuple[str, ...]
+    deleted: Mapping[str, str] = field(default_factory=dict)
+    variables: tuple[str, ...] = ()
+
+
+def deleted_globs(deleted: Mapping[str, str]) -> tuple[str, ...]:
+    """What the deleted files declared (their destruction is part of the write footprint). Data sources are
+    left out: Terraform drops them from the state without a planned change, a read on every path."""
+    globs: set[str] = set()
+    for text in deleted.values():
+        for header in scan(text).headers:
+            if header.type == "resource" and len(header.labels) == 2:
+                globs.add(f"{header.labels[0]}.{header.labels[1]}.*")
+            elif header.type == "module" and header.labels:
+                globs.add(f"module.{header.labels[0]}.*")
+    return tuple(sorted(globs))
+
+
+def output_globs(names: Iterable[str]) -> tuple[str, ...]:
+    """The write reservations of the root outputs a plan changes: ``output.NAME`` — the one place they are made."""
+    found: list[str] = []
+    for name in sorted(set(names)):
+        text = f"output.{name}"
+        try:
+            parse_glob(text)
+        except ValueError:
+            continue  # a server whose glob grammar has no outputs needs no reservation for them
+        found.append(text)
+    return tuple(found)
+
+
+def described_in(fp: Footprint, extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """Configuration-level addresses whose trunk rows the slice carries: the workspace's resource and
+    module blocks (``module.NAME.*``), plus every written address — a ``moved`` source or a deleted
+    declaration must be in the slice for Terraform to move or destroy it."""
+    names: set[str] = set()
+    for block in fp.blocks:
+        if block.type in ("resource", "data", "ephemeral"):
+            names.add(block.name)
+        elif block.type == "module":
+            names.add(block.name + ".*")
+    for glob in (*fp.write_globs, *fp.read_globs, *extra):
+        if glob.startswith("output."):
+            continue
+        if glob.startswith("module."):
+            names.add("module." + glob.split(".")[1].split("[")[0] + ".*")
+        else:
+            names.add(_keyless(glob[:-2] if glob.endswith(".*") else glob))
+    return tuple(sorted(names))
+
+
+def _keyless(address: str) -> str:
+    return address.split("[", 1)[0]
+
+
+def declaring_files(files: Mapping[str, str]) -> dict[str, str]:
+    """Root-level resource/data address or ``module.NAME`` → the file declaring it (prescan only)."""
+    found: dict[str, str] = {}
+    for name, text in files.items():
+        if not name.endswith(".tf"):
+            continue
+        for header in scan(text).headers:
+            if header.type == "resource" and len(header.labels) == 2:
+                found[f"{header.labels[0]}.{header.labels[1]}"] = name
+            elif header.type == "data" and len(header.labels) == 2:
+                found[f"data.{header.labels[0]}.{header.labels[1]}"] = name
+            elif header.type == "module" and header.labels:
+                found[f"module.{header.labels[0]}"] = name
+    return found
+
+
+def _declared_by(address: str, declarations: Mapping[str, str]) -> str | None:
+    if address.startswith("module."):
+        return declarations.get("module." + address.split(".")[1].split("[")[0])
+    return declarations.get(_keyless(address))
+
+
+def dependents_to_add(edges: Iterable[tuple[str, str]], write_globs: Sequence[str],
+                      declarations: Mapping[str, str], selected: Iterable[str]) -> dict[str, str]:
+    """Files declaring trunk resources that depend on something this change writes: a full apply
+    would re-plan them, so the file-scoped one must too. file → why."""
+    globs = [parse_glob(g) for g in write_globs if not g.startswith("output.")]
+    chosen = set(selected)
+    added: dict[str, str] = {}
+    for address, depends_on in edges:
+        if any(matches(g, address) for g in globs):
+            continue
+        target = parse_glob(depends_on + ".*")
+        if not any(matches(g, depends_on) or intersects(g, target) for g in globs):
+            continue
+        file = _declared_by(address, declarations)
+        if file and file not in chosen and file not in added:
+            added[file] = f"{address} depends on {depends_on}, which this change writes"
+    return added
+
+
+def cut_blocks(files: Mapping[str, str], fp: Footprint) -> dict[str, str]:
+    """The workspace's files: each footprint block cut out of its file (formatting kept, ``omit`` spans left
+    out), grouped by file; single local values gathered into one ``locals`` block in ``LOCALS_FILE``."""
+    by_file: dict[str, list[str]] = defaultdict(list)
+    local_texts: list[str] = []
+    for block in sorted(fp.blocks, key=lambda b: (b.file, b.span.start_pos)):
+        text = files[block.file]
+        cut = text[block.span.start_pos:block.span.end_pos]
+        for omit in sorted(block.omit, key=lambda s: s.start_pos, reverse=True):
+            start, end = omit.start_pos - block.span.start_pos, omit.end_pos - block.span.start_pos
+            cut = cut[:start] + cut[end:]
+        if block.type == "local":
+            local_texts.append(cut)
+        else:
+            by_file[block.file].append(cut)
+    out = {name: "\n\n".join(parts) + "\n" for name, parts in by_file.items()}
+    if local_texts:
+        out[LOCALS_FILE] = "locals {\n" + "\n".join("  " + t for t in local_texts) + "\n}\n"
+    return out
+
+
+def local_module_sources(files: Mapping[str, str], cache: ParseCache) -> dict[str, str]:
+    """Module call name → its local source as written (``./x``, ``../y``), for the calls in one module's files.
+
+    Raises HclError when a file holding a module call does not parse."""
+    found: dict[str, str] = {}
+    for name, text in sorted(files.items()):
+        if not name.endswith(".tf") or not any(h.type == "module" for h in scan(text).headers):
+            if name.endswith(".tf.json") and '"module"' in text:
+                found.update(_json_module_sources(text))
+            continue
+        for block in analyze_file(name, text, cache=cache).blocks:
+            if block.type == "module" and block.labels and block.module_source \
+                    and is_local_source(block.module_source):
+                found[block.labels[0]] = block.module_source
+    return found
+
+
+def _json_module_sources(text: str) -> dict[str, str]:
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return {}
+    modules = document.get("module") if isinstance(document, dict) else None
+    out: dict[str, str] = {}
+    for entry in modules if isinstance(modules, list) else [modules]:
+        for name, body in (entry.items() if isinstance(entry, dict) else ()):
+            source = body.get("source") if isinstance(body, dict) else None
+            if isinstance(source, str) and is_local_source(source):
+                out[name] = source
+    return out
+
+
+_FILE_CALL = re.compile(r"(?<![\w.-])(" + "|".join(sorted(FILE_FUNCTIONS)) + r")\s*\(")
+_LITERAL_PATH = re.compile(r'\s*"((?:\$\{\s*path\.module\s*\}/)?(?:[^"\\$%\n]|\\.)*)"\s*[,)]')
+
+
+def file_readers(files: Mapping[str, str]) -> dict[str, tuple[str, ...]] | None:
+    """Config-relative path → the root files whose ``file()``/``templatefile()``/… calls read it, when every
+    such call in the root files names a literal path (optionally ``${path.module}/``-relative); None when some
+    call's path is computed, so a changed non-.tf file cannot be placed (the caller refuses it)."""
+    readers: dict[str, set[str]] = {}
+    for name, text in files.items():
+        for call in _FILE_CALL.finditer(text):
+            literal = _LITERAL_PATH.match(text, call.end())
+            if literal is None:
+                return None
+            path = re.sub(r"^\$\{\s*path\.module\s*\}/", "", literal.group(1))
+            if "${" in path or "%{" in path:
+                return None
+            readers.setdefault(posixpath.normpath(path), set()).add(name)
+    return {path: tuple(sorted(names)) for path, names in sorted(readers.items())}
+
+
+def changed_variables(old: str | None, new: str | None, name: str) -> tuple[str, ...] | None:
+    """The variables whose values a change of one variable-definitions file changed (``var.NAME``), or None
+    when either side cannot be read (the caller fails closed)."""
+    before = tfvars_values(name, old) if old is not None else {}
+    after = tfvars_values(name, new) if new is not None else {}
+    if before is None or after is None:
+        return None
+    return tuple(sorted(f"var.{k}" for k in set(before) | set(after) if before.get(k) != after.get(k)))
+
+
+def selection_from_changes(scope: ChangeScope, files: Mapping[str, str], cache: ParseCache,
+                           var_texts: Mapping[str, tuple[str | None, str | None]] = {}) -> Selection:
+    """--changed-from: the changed files as repeated -f; widenings add files, module callers or variables,
+    or refuse. ``var_texts`` maps a changed variable-definitions file to its (text at REF, text now).
+    Raises ScopeRefused."""
+    if scope.failures:
+        raise ScopeRefused(3, "cannot scope the change safely:\n" + "\n".join(f"  {f}" for f in scope.failures)
+                              + "\nrun kl plan without -f (a full plan)")
+    selected = set(scope.files)
+    variables: set[str] = set()
+    for widening in scope.widen:
+        if widening.kind is WidenKind.FULL:
+            raise ScopeRefused(3, f"{widening.path}: {widening.reason}\nrun kl plan without -f (a full plan)")
+        if widening.kind is WidenKind.FILES:
+            selected.update(widening.names)
+        elif widening.kind is WidenKind.MODULE:
+            for name in widening.names:
+                callers = [f for f, text in files.items() if f.endswith(".tf")
+                           and any(h.type == "module" and h.labels[:1] == (name,) for h in scan(text).headers)]
+                if not callers:
+                    raise ScopeRefused(3, f"{widening.path} belongs to module {name!r}, which no root .tf file "
+                                          "calls: run kl plan without -f (a full plan)")
+                selected.update(callers)
+        elif widening.kind is WidenKind.VARIABLES:
+            old, new = var_texts.get(widening.path, (None, None))
+            changed = changed_variables(old, new, posixpath.basename(widening.path))
+            if changed is None:
+                raise ScopeRefused(3, f"{widening.path}: the variable values it sets cannot be read, so which "
+                                      "variables changed is not known; fix the file or run kl plan without -f "
+                                      "(a full plan)")
+            variables.update(changed)
+    deleted = {d.path: d.text_at_ref for d in scope.deleted}
+    if not selected and not deleted and not variables:
+        raise ScopeRefused(0, "no Terraform files changed: nothing to plan")
+    return Selection(tuple(sorted(selected)), deleted, tuple(sorted(variables)))
+
+

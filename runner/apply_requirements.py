@@ -1,0 +1,82 @@
+"""The apply requirements of comment applies (``approved``, ``mergeable``, ``undiverged``): which of them a
+pull request fails right now, each with the reason and what to do.
+
+Pure: the pull request, its reviews and whether its head contains the base branch's tip come in; frozen
+results go out. Must not: talk to GitHub or git (``runner.bot_holds`` fetches), or read the requirements
+from anywhere but the caller (the default branch's ``.kilolock.yml``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from app.github import PullInfo, Review
+
+# Reviews that change a reviewer's verdict; COMMENTED and PENDING leave the earlier verdict standing,
+# as they do on GitHub.
+_VERDICTS = frozenset({"APPROVED", "CHANGES_REQUESTED", "DISMISSED"})
+_BLOCKING_MERGE_STATES = frozenset({"dirty", "blocked"})
+
+
+@dataclass(frozen=True, slots=True)
+class Unmet:
+    """A requirement the pull request fails: its name and why, saying what to do next."""
+
+    name: str
+    reason: str
+
+
+def latest_verdicts(reviews: Iterable[Review]) -> dict[str, Review]:
+    """Reviewer → their latest review that carries a verdict (reviews arrive oldest first)."""
+    found: dict[str, Review] = {}
+    for review in reviews:
+        if review.state.upper() in _VERDICTS and review.login:
+            found[review.login] = review
+    return found
+
+
+def approval_problem(reviews: Iterable[Review], *, author: str, head_sha: str) -> str | None:
+    """None when someone other than the author approved the current head and nobody's latest verdict is
+    CHANGES_REQUESTED; otherwise what is missing."""
+    verdicts = latest_verdicts(reviews)
+    wanting = sorted(login for login, r in verdicts.items() if r.state.upper() == "CHANGES_REQUESTED")
+    if wanting:
+        return "changes are requested by " + ", ".join(f"@{w}" for w in wanting) + \
+            ": address them and ask for a new review"
+    approvers = [r for login, r in verdicts.items() if r.state.upper() == "APPROVED" and login != author]
+    if any(r.commit_id == head_sha for r in approvers):
+        return None
+    if approvers:
+        return (f"the approval is of an earlier commit, not of the head {head_sha[:7]}: ask for a review of the "
+                "current head")
+    return "no approving review by someone other than the author: ask a reviewer to approve"
+
+
+def mergeable_problem(pr: PullInfo) -> str | None:
+    if pr.mergeable is None:
+        return "GitHub has not finished checking whether it can be merged: comment again in a moment"
+    if not pr.mergeable or pr.mergeable_state in _BLOCKING_MERGE_STATES:
+        state = pr.mergeable_state
+        if state == "dirty" or not pr.mergeable:
+            return "it has merge conflicts with the base branch: resolve them and push"
+        return "branch protection blocks the merge (required checks or reviews are missing): satisfy them first"
+    return None
+
+
+def unmet(requirements: Sequence[str], pr: PullInfo, *, reviews: Sequence[Review],
+          contains_base_tip: bool) -> tuple[Unmet, ...]:
+    """The requirements among ``requirements`` that ``pr`` fails, in their order."""
+    found: list[Unmet] = []
+    for name in requirements:
+        problem: str | None = None
+        if name == "approved":
+            problem = approval_problem(reviews, author=pr.author, head_sha=pr.head_sha)
+        elif name == "mergeable":
+            problem = mergeable_problem(pr)
+        elif name == "undiverged" and not contains_base_tip:
+            problem = (f"the head does not contain the tip of {pr.base_ref}: merge or rebase {pr.base_ref} into the "
+                       "branch and push")
+        if problem is not None:
+            found.append(Unmet(name, problem))
+    return tuple(found)

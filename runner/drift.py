@@ -1,0 +1,325 @@
+"""``kl drift`` and ``kl refresh``: a refresh-only Terraform run over a slice of the trunk — the whole state,
+the instances under ``--target`` globs, or the file-scoped footprint of ``-f`` files.
+
+``kl drift`` holds **read** reservations on the slice, so it runs beside applies on disjoint addresses, and
+reports each drifted managed instance with the names of its changed top-level attributes (never values)
+and whether its object is gone; the report is stored on the server. ``kl refresh`` holds **write**
+reservations on the checked addresses and commits the refreshed rows like ``kl apply`` (gone objects are
+removed from the trunk). Terraform's own output is never shown: a refresh-only plan prints values.
+
+Exit codes: drift 0 nothing drifted, 2 drift found, 1 failure, 3 usage; refresh as kl apply.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
+from analyzer.globs import Glob, GlobError, GlobKind, matches, parse_glob
+from analyzer.state import ParsedState, assemble_state, parse_state
+from runner import workspace
+from runner.apply import CONFLICT_CODES, Heartbeat
+from runner.engine_client import EngineClient, EngineError
+from runner.plan import PLAN_FILE, KlExit, TerraformContext, init, terraform
+
+EXIT_CLEAN, EXIT_FAILED, EXIT_DRIFTED = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class DriftRequest:
+    """What to check: ``files`` (-f) or ``targets`` (--target globs), else the whole state."""
+
+    state: str
+    config_dir: Path
+    files: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
+    actor: str = "kl"
+    data_dir: Path = Path(".kilolock")
+    wait_seconds: float | None = None
+    lease_seconds: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The checked globs (reported, and written by a refresh), the other globs the workspace reads, and how
+    to build the workspace's configuration."""
+
+    checked: tuple[str, ...]
+    read: tuple[str, ...]
+    targets: tuple[str, ...]            # Terraform -target addresses (none: the whole workspace)
+    footprint: Any = None               # the file-scoped footprint (-f), else None
+    files: Any = None                   # the configuration's root files (-f)
+    described: frozenset[str] = frozenset()
+
+    @property
+    def slice_globs(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.checked) | set(self.read)))
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    raw: bytes | None
+    parsed: ParsedState | None
+    addresses: tuple[str, ...]
+
+    @property
+    def serial(self) -> int:
+        return self.parsed.serial if self.parsed else 0
+
+
+@dataclass(frozen=True, slots=True)
+class DriftResult:
+    state: str
+    serial: int
+    checked: int
+    globs: tuple[str, ...]
+    drifted: tuple[DriftedInstance, ...]
+    run_id: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "serial": self.serial, "checked": self.checked,
+                "drifted": [d.to_json() for d in self.drifted]}
+
+
+def _is_data_glob(glob: Glob) -> bool:
+    return glob.resource is not None and glob.resource[0] == "data"
+
+
+def target_addresses(globs: Sequence[str]) -> tuple[str, ...]:
+    """Terraform ``-target`` addresses covering the globs (``*`` needs none)."""
+    found: list[str] = []
+    for text in globs:
+        glob = parse_glob(text)
+        if glob.kind is GlobKind.EVERYTHING:
+            return ()
+        found.append(text[:-2] if text.endswith(".*") else text)
+    return tuple(sorted(set(found)))
+
+
+def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
+    """The globs a check covers. Raises KlExit(3) for a bad glob or a footprint that fails closed."""
+    if request.files and request.targets:
+        raise KlExit(3, "give either -f files or --target globs, not both")
+    if request.targets:
+        try:
+            globs = tuple(sorted({str(parse_glob(t)) for t in request.targets}))
+        except GlobError as exc:
+            raise KlExit(3, f"--target: {exc}") from exc
+        return Scope(checked=globs, read=(), targets=target_addresses(globs))
+    if not request.files:
+        return Scope(checked=("*",), read=(), targets=())
+    from runner.filescoped import Selection, derive_footprint, described_in, gc_paused, load_cache, read_configuration
+
+    files = read_configuration(request.config_dir)
+    with gc_paused():
+        scoped = derive_footprint(client, request.state, files, Selection(request.files), load_cache(request.data_dir))
+    managed = tuple(g for g in scoped.write_globs if not _is_data_glob(parse_glob(g)))
+    others = set(scoped.read_globs) | (set(scoped.write_globs) - set(managed))
+    return Scope(checked=managed, read=tuple(sorted(others - set(managed))), targets=(), footprint=scoped.footprint,
+                 files=files, described=frozenset(described_in(scoped.footprint, scoped.deleted_globs)))
+
+
+def fetch(client: EngineClient, state: str, scope: Scope) -> Slice:
+    """The trunk rows the workspace starts from (the whole state for ``*``)."""
+    try:
+        raw = client.assembled(state) if scope.checked == ("*",) else client.slice(state, list(scope.slice_globs))
+    except EngineError as exc:
+        if exc.code == "state_not_found":
+            raise KlExit(3, f"state {state!r} has no versions yet: there is nothing to check") from exc
+        raise
+    parsed = parse_state(raw)
+    if not isinstance(parsed, ParsedState):
+        raise KlExit(3, f"state {state!r} is encrypted (OpenTofu state encryption): kl cannot refresh it")
+    if scope.footprint is not None:
+        from analyzer.configuration import is_described
+
+        rows = [r for r in parsed.instances if is_described(r.address, scope.described)]
+        raw = assemble_state(serial=parsed.serial, lineage=parsed.lineage,
+                             terraform_version=parsed.terraform_version, instances=rows, outputs=parsed.outputs)
+        parsed = ParsedState(parsed.serial, parsed.lineage, parsed.terraform_version, tuple(rows), parsed.outputs)
+    return Slice(raw, parsed, tuple(sorted({r.address for r in parsed.instances})))
+
+
+def _covered(scope: Scope) -> Any:
+    globs = [parse_glob(g) for g in scope.checked]
+    return lambda address: any(matches(g, address) for g in globs)
+
+
+def _open(client: EngineClient, request: DriftRequest, scope: Scope, *, write: bool,
+          kind: str) -> tuple[str, Slice]:
+    """Fetch the slice and open a run holding the scope's reservations at the slice's serial (re-fetched
+    when a commit landed on the slice in between)."""
+    mode = "write" if write else "read"
+    reservations = [(g, mode) for g in scope.checked] + [(g, "read") for g in scope.read]
+    for _ in range(3):
+        chosen = fetch(client, request.state, scope)
+        try:
+            opened = client.open_run(request.state, actor=request.actor, reservations=reservations,
+                                     wait_seconds=request.wait_seconds, lease_seconds=request.lease_seconds,
+                                     base_serial=chosen.serial, info={"kind": kind})
+        except EngineError as exc:
+            if exc.code == "stale_plan":
+                continue
+            if exc.code in CONFLICT_CODES:
+                raise KlExit(2 if write else EXIT_FAILED, f"cannot reserve the slice for kl {kind}:\n{exc}") from exc
+            raise
+        return str(opened["run"]["id"]), chosen
+    raise KlExit(EXIT_FAILED, "the slice kept changing under commits of other runs: retry kl " + kind)
+
+
+def _workspace(request: DriftRequest, scope: Scope, chosen: Slice, dest: Path) -> workspace.Workspace:
+    if scope.footprint is not None:
+        from runner.filescoped import build_minimal
+
+        return build_minimal(request.config_dir, scope.files, scope.footprint, dest, chosen.raw)
+    return workspace.build(request.config_dir, dest, chosen.raw)
+
+
+def refresh_plan(ctx: TerraformContext, ws: workspace.Workspace, scope: Scope) -> dict[str, Any]:
+    """init, plan -refresh-only -out, show -json (quietly: Terraform prints drifted values)."""
+    init(ctx, ws)
+    terraform(ctx, ws, ["plan", "-refresh-only", "-input=false", "-lock=false", "-no-color", f"-out={PLAN_FILE}",
+                        *(f"-target={t}" for t in scope.targets)], quiet=True)
+    shown = terraform(ctx, ws, ["show", "-json", PLAN_FILE], quiet=True)
+    try:
+        doc = json.loads(shown)
+    except ValueError as exc:
+        raise KlExit(EXIT_FAILED, "terraform show -json did not print JSON") from exc
+    if not isinstance(doc, dict):
+        raise KlExit(EXIT_FAILED, "terraform show -json did not print a plan object")
+    return doc
+
+
+def _close(client: EngineClient, run_id: str, actor: str, status: str, summary: str) -> None:
+    try:
+        client.run_action(run_id, "close", {"holder": actor, "status": status, "error_summary": summary[-2000:]})
+    except EngineError:
+        pass  # the lease or an operator may have ended it already
+
+
+def _checked_count(chosen: Slice, scope: Scope) -> int:
+    covered = _covered(scope)
+    return sum(1 for a in managed_addresses(chosen.addresses) if covered(a))
+
+
+def _record(client: EngineClient, request: DriftRequest, result: DriftResult, *, source: str,
+            refreshed: int = 0) -> None:
+    client.record_drift(request.state, {
+        "source": source, "globs": list(result.globs), "checked": result.checked, "serial": result.serial,
+        "run_id": result.run_id, "actor": request.actor, "refreshed": refreshed,
+        "drifted": [] if source == "refresh" else [d.to_json() for d in result.drifted]})
+
+
+def _drifted(plan: dict[str, Any], scope: Scope) -> tuple[DriftedInstance, ...]:
+    try:
+        return drift_in_plan(plan, include=_covered(scope))
+    except DriftFormatError as exc:
+        raise KlExit(EXIT_FAILED, f"cannot read Terraform's refresh-only plan: {exc}") from exc
+
+
+def check_drift(client: EngineClient, ctx: TerraformContext, request: DriftRequest) -> DriftResult:
+    """kl drift: the refresh-only plan under read reservations, the report stored; the trunk is untouched."""
+    scope = resolve_scope(client, request)
+    run_id, chosen = _open(client, request, scope, write=False, kind="drift")
+    tmp = Path(tempfile.mkdtemp(prefix=f"kl-drift-{run_id}-"))
+    try:
+        plan = refresh_plan(ctx, _workspace(request, scope, chosen, tmp / "ws"), scope)
+    except BaseException as exc:
+        _close(client, run_id, request.actor, "failed", f"drift check failed: {exc}")
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _close(client, run_id, request.actor, "aborted", "drift check (read only): reservations released")
+    result = DriftResult(request.state, chosen.serial, _checked_count(chosen, scope), scope.checked,
+                         _drifted(plan, scope), run_id)
+    _record(client, request, result, source="drift")
+    return result
+
+
+def _refreshed_state(after: ParsedState, before: ParsedState, scope: Scope) -> bytes:
+    """What the refresh commits: the refreshed managed instances under the checked globs, every other row of
+    the slice as the trunk holds it (data sources are re-read by every run and are not drift), and the
+    trunk's outputs (they move with the next apply of the files that declare them)."""
+    covered = _covered(scope)
+    return keep_trunk_rows(after, before, lambda row: row.mode == "managed" and covered(row.address))
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshOutcome:
+    result: DriftResult
+    serial: int | None
+
+
+def refresh(client: EngineClient, ctx: TerraformContext, request: DriftRequest, *, dry_run: bool) -> RefreshOutcome:
+    """kl refresh: the refresh-only plan under write reservations on the checked addresses, applied, and the
+    refreshed rows committed; the drift report updated. ``dry_run`` reports and releases, committing nothing."""
+    scope = resolve_scope(client, request)
+    run_id, chosen = _open(client, request, scope, write=True, kind="refresh")
+    ctx.echo(f"reserved for run {run_id} ({request.actor}):")
+    for glob in scope.checked:
+        ctx.echo(f"  write {glob}")
+    for glob in scope.read:
+        ctx.echo(f"  read  {glob}")
+    tmp = Path(tempfile.mkdtemp(prefix=f"kl-refresh-{run_id}-"))
+    try:
+        with Heartbeat(client, run_id, request.actor, max(request.lease_seconds / 3, 1.0), ctx.echo) as heartbeat:
+            return _refresh_run(client, ctx, request, scope, chosen, run_id, tmp, heartbeat, dry_run)
+    except BaseException as exc:
+        _close(client, run_id, request.actor, "failed", f"refresh failed: {exc}")
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _refresh_run(client: EngineClient, ctx: TerraformContext, request: DriftRequest, scope: Scope, chosen: Slice,
+                 run_id: str, tmp: Path, heartbeat: Heartbeat, dry_run: bool) -> RefreshOutcome:
+    ws = _workspace(request, scope, chosen, tmp / "ws")
+    plan = refresh_plan(ctx, ws, scope)
+    drifted = _drifted(plan, scope)
+    result = DriftResult(request.state, chosen.serial, _checked_count(chosen, scope), scope.checked, drifted, run_id)
+    if dry_run:
+        _close(client, run_id, request.actor, "aborted", "dry run: reservations released")
+        return RefreshOutcome(result, None)
+    if drifted:
+        terraform(ctx, ws, ["apply", "-input=false", "-lock=false", "-auto-approve", "-no-color", PLAN_FILE],
+                  quiet=True)
+    after = parse_state(ws.read_state() or b"") if drifted else chosen.parsed
+    if not isinstance(after, ParsedState) or chosen.parsed is None:
+        raise KlExit(EXIT_FAILED, "terraform left no readable state behind; nothing was committed")
+    if heartbeat.lost:
+        raise KlExit(EXIT_FAILED, f"the reservations were lost during the refresh: {heartbeat.lost}; "
+                                  "nothing was committed")
+    body = json.loads(_refreshed_state(after, chosen.parsed, scope))
+    try:
+        answer = client.commit(run_id, holder=request.actor, state=body, slice_addresses=list(chosen.addresses),
+                               prune_outputs=False)
+    except EngineError as exc:
+        raise KlExit(2 if exc.code in CONFLICT_CODES else EXIT_FAILED, f"commit refused: {exc}") from exc
+    serial = answer["commit"]["serial"]
+    committed = DriftResult(result.state, serial if serial is not None else chosen.serial, result.checked,
+                            result.globs, drifted, run_id)
+    _record(client, request, committed, source="refresh", refreshed=len(drifted))
+    return RefreshOutcome(committed, serial)
+
+
+def describe(result: DriftResult) -> list[str]:
+    """The lines kl drift prints: addresses and attribute names, never values."""
+    lines = [f"kl drift: state {result.state!r} at serial {result.serial}: {result.checked} managed instance(s) "
+             f"checked under {', '.join(result.globs)}"]
+    for item in result.drifted:
+        if item.gone:
+            lines.append(f"  gone     {item.address} (deleted outside Terraform)")
+        else:
+            lines.append(f"  drifted  {item.address}: {', '.join(item.attributes)}")
+    if result.drifted:
+        lines.append(f"{len(result.drifted)} drifted instance(s): kl refresh (with the same -f/--target) commits "
+                     "what the objects are now; kl apply puts them back as configured")
+    else:
+        lines.append("no drift: the objects match the trunk")
+    return lines

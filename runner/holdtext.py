@@ -1,0 +1,153 @@
+"""What the bot says about applies before merge and pull-request holds: the replies to ``kilolock apply``
+and ``kilolock unlock``, the refusals (requirements, disabled, held by another pull request), the stale
+``kilolock/apply`` check after a push, and the hold lines of the pull request's comment.
+
+Pure: holds and results in, Markdown out. Must not: talk to GitHub, the database or the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from app.store.pr_holds import PrHold
+from runner.apply_requirements import Unmet
+from runner.comments import ApplyResult, counts
+
+FAILED_HINT = ("fix the change in this pull request and comment `kilolock apply` again; nothing was committed, so "
+               "the trunk is unchanged")
+BLOCKED_HINT = ("wait until the holding pull request is merged or closed (or releases its holds with `kilolock "
+                "unlock`), then comment `kilolock apply` again")
+UNTIL = "until it is merged or closed, or a `kilolock unlock` comment releases them"
+
+
+def _code(text: str) -> str:
+    fence = "``" if "`" in text else "`"
+    return f"{fence}{text}{fence}"
+
+
+def _serial(hold: PrHold) -> str:
+    if hold.applied_serial is None:
+        return "(no changes were needed)"
+    return f"at serial {hold.applied_serial} (run {_code(hold.applied_run_id or '')})"
+
+
+def _short(sha: str) -> str:
+    return f"`{sha[:7]}`"
+
+
+def config_invalid(login: str, branch: str, problems: Sequence[str]) -> str:
+    listed = "\n".join(f"- {p}" for p in problems)
+    return (f"@{login} nothing was applied: `.kilolock.yml` on {branch} is invalid, and comment applies read "
+            f"their settings from there:\n\n{listed}")
+
+
+def disabled(login: str, names: Sequence[str], branch: str) -> str:
+    shown = ", ".join(_code(n) for n in names)
+    return (f"@{login} comment applies are disabled for {shown}, so nothing was applied. To enable them, set "
+            f"`apply_on_comment: true` in `.kilolock.yml` on {branch} (at the top level, or per project); the "
+            "setting is read from the default branch only, so this pull request cannot change it. Without it, "
+            "the change is applied when the pull request is merged.")
+
+
+def requirements_refused(login: str, unmet: Sequence[Unmet], branch: str) -> str:
+    lines = [f"@{login} nothing was applied: {'this requirement is' if len(unmet) == 1 else 'these requirements are'}"
+             " not met (`apply_requirements` in `.kilolock.yml` on " + branch + "):", ""]
+    lines += [f"- **{u.name}**: {u.reason}" for u in unmet]
+    lines += ["", "Comment `kilolock apply` again once they hold."]
+    return "\n".join(lines)
+
+
+def blocked_by(blocking: Sequence[tuple[PrHold, Sequence[str]]]) -> str:
+    parts = [f"pull request #{h.number} ({h.holder}) holds write {', '.join(_code(g) for g in globs)} on state "
+             f"{_code(h.state_name)}, applied before merge {_serial(h)}"
+             for h, globs in blocking]
+    return ("held by another pull request: " + "; ".join(parts) + ". Its holds end when it is merged or closed "
+            "(or with `kilolock unlock` on it); comment `kilolock apply` again then.")
+
+
+def _result_line(result: ApplyResult) -> str:
+    name = _code(result.project)
+    if result.status == "committed":
+        return (f"- {name}: committed at serial {result.serial} (run {_code(result.run_id or '')}): "
+                f"{counts(result.actions)}")
+    if result.status == "no_changes":
+        return f"- {name}: no changes; the trunk is unchanged"
+    run = f" (run {_code(result.run_id)})" if result.run_id else ""
+    error = " ".join((result.error or "unknown error").split())[:1500]
+    return f"- {name}: **failed**{run}; nothing was committed: {error}\n  What to do: {result.hint or FAILED_HINT}"
+
+
+def apply_reply(login: str, head_sha: str, results: Sequence[ApplyResult], held: Sequence[PrHold]) -> str:
+    failed = any(r.failed for r in results)
+    lines = [f"@{login} {'apply before merge of' if not failed else 'apply before merge failed for'} "
+             f"{_short(head_sha)}:", ""]
+    lines += [_result_line(r) for r in results]
+    if held:
+        lines += ["", f"This pull request now holds, {UNTIL}:", ""]
+        lines += [f"- {_code(h.project)} (state {_code(h.state_name)}): write "
+                  f"{', '.join(_code(g) for g in h.write_globs)}" for h in held]
+    return "\n".join(lines)
+
+
+def unlocked(login: str, number: int, released: Sequence[PrHold]) -> str:
+    if not released:
+        return f"@{login} #{number} holds nothing: there was nothing to unlock."
+    lines = [f"@{login} released the holds of #{number}:", ""]
+    lines += [f"- {_code(h.project)} (state {_code(h.state_name)}): write {', '.join(_code(g) for g in h.write_globs)}"
+              for h in released]
+    lines += ["", "What was applied before merge stays on the trunk; other pull requests may now apply over it. "
+              "Comment `kilolock apply` to apply and hold again."]
+    return "\n".join(lines)
+
+
+def stale_check(held: Sequence[PrHold], head_sha: str) -> tuple[str, str]:
+    applied = ", ".join(f"{h.project} {_serial(h)} ({h.head_sha[:7]})" for h in held)
+    return ("not applied: new commits since kilolock apply",
+            f"The last comment apply was {applied}; {head_sha[:7]} has not been applied. Comment `kilolock apply` "
+            "to apply it. The pull request keeps its holds meanwhile.")
+
+
+def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
+                  others: Mapping[str, Sequence[tuple[PrHold, Sequence[str]]]],
+                  closed: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The holds part of PR ``number``'s comment: its own holds (and whether the head moved since), other
+    pull requests' holds its footprint meets, and the warning after a close without merge."""
+    lines: list[str] = []
+    if own:
+        lines += ["### Applied before merge", "",
+                  f"This pull request applied from a comment and holds these write globs {UNTIL}:", "",
+                  "| project | state | write globs | applied |", "| --- | --- | --- | --- |"]
+        for h in own:
+            globs = ", ".join(_code(g) for g in h.write_globs)
+            applied = f"{_short(h.head_sha)} {_serial(h)}"
+            lines.append(f"| {_code(h.project)} | {_code(h.state_name)} | {globs} | {applied} |")
+        lines.append("")
+        moved = sorted({h.head_sha for h in own if head_sha and h.head_sha != head_sha})
+        if moved:
+            lines += [f"The head moved to {_short(head_sha or '')} after the apply of "
+                      f"{', '.join(_short(s) for s in moved)}: comment `kilolock apply` to apply it.", ""]
+    for project, blocking in sorted(others.items()):
+        for hold, globs in blocking:
+            lines += [f"**Held by #{hold.number}** ({_code(project)}): it applied before merge {_serial(hold)} "
+                      f"and holds write {', '.join(_code(g) for g in globs)}, which this pull "
+                      "request also reserves; `kilolock apply` here is refused and the merge apply waits until #"
+                      f"{hold.number} is merged or closed.", ""]
+    if closed:
+        shown = ", ".join(f"{_code(str(c['project']))} at serial {c['serial']}" for c in closed)
+        lines += [f"**Closed without merging**: the change applied before merge ({shown}) is on the trunk but "
+                  "**not on the default branch**. Its holds are released, so the next apply of those files from the "
+                  "default branch will undo it: re-open and merge this pull request, or revert the trunk by "
+                  "applying the default branch's configuration.", ""]
+    return lines
+
+
+def readiness(names: Sequence[str], unmet: Sequence[Unmet]) -> tuple[str, str]:
+    """The head's ``kilolock/apply`` check after a review: ready for ``kilolock apply``, or what it waits for."""
+    shown = ", ".join(names)
+    if not unmet:
+        return (f"ready to apply before merge: comment kilolock apply ({shown})",
+                "Every apply requirement holds: a writer may comment `kilolock apply` to apply this head before "
+                "merge, or merge it to apply on merge.")
+    return ("waiting for: " + ", ".join(u.name for u in unmet),
+            "\n".join(f"- **{u.name}**: {u.reason}" for u in unmet))

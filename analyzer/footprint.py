@@ -1,4 +1,4 @@
-"""File-scoped footprints (ADR 0014): what a plan of selected .tf files writes, reads and must carry along.
+"""File-scoped footprints: what a plan of selected .tf files writes, reads and must carry along.
 
 Owns the closure from the selected files' blocks to every block a minimal Terraform workspace needs and the
 write/read/validation globs it implies. The widening and fail-closed rules are catalogued in

@@ -10,7 +10,7 @@ from ``merge-base...head``.
 Must not: run git, read files or the environment, or parse HCL. ``runner.git`` collects the entries and
 the texts at REF; the HCL analysis supplies the local module sources and the ``file()`` readers. When a
 change cannot be placed with certainty the scope widens or records a failure: it never narrows silently
-(ADR 0014, safety invariant 4).
+(see docs/file-scoped.md).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class _ScopeBuilder:
         self.texts_at_ref = texts_at_ref
         self.module_dirs = {name: posixpath.normpath(src) for name, src in module_sources.items()}
         self.readers = {posixpath.normpath(path): tuple(tfs) for path, tfs in file_readers.items()}
-        self.full_plan = f"run a full plan instead: kl plan {config_dir or '.'} (without -f)"
+        self.full_plan = f"run a full plan instead: kl plan{' -C ' + config_dir if config_dir else ''} without -f"
         self.files: dict[str, None] = {}
         self.deleted: dict[str, DeletedFile] = {}
         self.widen: dict[Widening, None] = {}

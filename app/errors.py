@@ -35,6 +35,13 @@ class ConfigError(KlError):
         )
 
 
+class DatabaseUnavailableError(KlError):
+    """Postgres cannot be reached at startup; the message says where it tried and what to check."""
+
+    status = 503
+    code = "database_unavailable"
+
+
 class BadRequestError(KlError):
     status = 400
     code = "bad_request"

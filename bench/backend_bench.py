@@ -72,7 +72,7 @@ from tests.helpers import instance, lock_info, resource, state
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_OUT = Path("docs/benchmarks.md")
-SECTION = "## Backend lane (issue 2)"
+SECTION = "## Backend lane"
 TARGET_FLOOR_RATIO = 3.0
 PROFILE_HEADER = "X-Bench-Profile"
 

@@ -49,14 +49,18 @@ from bench.backend_bench import (
 )
 from tests.helpers import instance, resource, state
 
-SECTION = "## Large request bodies (issue 12)"
+SECTION = "## Large request bodies"
 DEFAULT_OUT = Path("docs/benchmarks.md")
 TARGET_RATIO = 3.0
-NOTE = ('Reading: the target of 3x the body is not met. Parsing the whole document at once already costs the '
-        "floor's ratio, so a path under 3x must never hold the whole parsed state: parse it instance by insta"
-        'nce (an incremental reader in `analyzer/state.py`) and drop each object once its row is built. What '
-        'is bounded today is the number of such requests at once (`KL_MAX_LARGE_BODIES`), and the worker hand'
-        's freed memory back after each large body (RSS after the POST, above).')
+NOTE_MET = ("Reading: the target of 3x the body is met. The server never holds the whole parsed state: "
+            "`analyzer/statestream.py` reads the body instance by instance (json's C scanner on a 4 MB window of "
+            "decoded text) and drops each instance's tree once its row is built, and the raw bytes go to Postgres "
+            "by binary COPY a 1 MB slice at a time (`app/store/rawwrite.py`), not as one INSERT parameter that "
+            "libpq would copy whole. What remains at the peak is the body itself (1x), the rows (each instance's "
+            "canonical JSON, its address and hash: about 1.3x for this state) and the open-set map and COPY "
+            "buffers of the database write.")
+NOTE_MISSED = ("Reading: the target of 3x the body is not met on this run; the body (1x) and the rows (each "
+               "instance's canonical JSON, address and hash) are held until the database write ends.")
 LOG = Path(tempfile.gettempdir()) / f"kl-body-bench-{os.getpid()}.log"
 
 
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Floor, same run, same bytes: a fresh interpreter doing only `json.loads(body)` grows by "
         f"{mb(floor_growth)} ({floor_growth / single['body']:.2f}x the body); the server's whole write path "
         f"(read, parse, canonical rows, hash, database write) costs {growth / max(floor_growth, 1):.2f}x that.", "",
-        NOTE, "",
+        NOTE_MET if ratio <= TARGET_RATIO else NOTE_MISSED, "",
         f"(b) Four parallel POSTs of {mb(par['body'])} with `KL_MAX_LARGE_BODIES=2` (each over "
         f"`KL_LARGE_BODY_BYTES`): answers {par['statuses']} "
         f"(503s carry Retry-After); worker peak {mb(par['peak'])} from {mb(par['before'])}, growth "

@@ -58,7 +58,7 @@ from tests.bot import webhooks
 from tests.bot.github_sim import APP_ID, GitHubSim
 from tests.helpers import instance, resource, state
 
-SECTION = "## Bot (issue 7)"
+SECTION = "## Bot"
 DEFAULT_OUT = Path("docs/benchmarks.md")
 DEFAULT_REDIS = "redis://127.0.0.1:6379/6"
 REPO = "bench-org/infra"

@@ -1,4 +1,4 @@
-"""File-scoped plan benchmark (issue 6): ``kl plan -f FILE`` on a large state against vanilla
+"""File-scoped plan benchmark: ``kl plan -f FILE`` on a large state against vanilla
 ``terraform plan -refresh=false`` over the whole configuration, side by side in one run.
 
 Run from the repository root:
@@ -70,7 +70,7 @@ from bench.backend_bench import (
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("docs/benchmarks.md")
-SECTION = "## File-scoped plans (issue 6)"
+SECTION = "## File-scoped plans"
 PER_FILE = 100
 TARGET_SECONDS = 3.0
 TARGET_GROWTH = 0.25

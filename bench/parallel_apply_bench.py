@@ -62,7 +62,7 @@ from bench.backend_bench import (
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("docs/benchmarks.md")
-SECTION = "## Parallel applies (issue 5)"
+SECTION = "## Parallel applies"
 STATE = "bench-parallel"
 MODULES = 8
 TARGET_PARALLEL_RATIO = 1.5      # parallel(8) within 1.5x of parallel(1)

@@ -63,7 +63,7 @@ from app.store.db import Database
 from bench.backend_bench import BenchError, Harness, bench_parser, machine_info, ms, table
 
 DEFAULT_OUT = Path("docs/benchmarks.md")
-SECTION = "## Reservations (issue 4)"
+SECTION = "## Reservations"
 STATE_PREFIX = "bench-reservations-"  # one state per size: bench-reservations-0, -1000, -10000
 MODULE_ROOTS = 2_000      # module.m0 .. module.m1999: shared by the pre-load and the bench's own globs
 RESOURCE_ROOTS = 2_000    # aws_instance.r0 ..: pre-load only

@@ -70,7 +70,7 @@ from bench.backend_bench import (
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("docs/benchmarks.md")
 DEFAULT_REDIS = "redis://127.0.0.1:6379/7"
-SECTION = "## Webhook (issue 7)"
+SECTION = "## Webhook"
 SECRET = "bench-" + "s" * 32
 PAYLOAD = REPO / "tests" / "fixtures" / "webhooks" / "pull_request" / "synchronize.payload.json"
 TARGET_P99 = 0.200

@@ -3,7 +3,7 @@ trunk slice the configuration describes, apply, and commit the write set row by 
 
 The server re-checks every invariant at commit; the checks here only fail earlier and clearer.
 A post-apply state that could not be committed is kept under KL_DATA_DIR/runs/RUN_ID for
-``kl runs recover``.
+``kl recover RUN_ID``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, assemble_state, parse_state
 from app.domain.commit import commit_delta, parse_globs, unreserved_read
 from runner import workspace
+from runner.cli_support import counts_line
 from runner.engine_client import EngineClient, EngineError
 from runner.plan import KlExit, TerraformContext, fetch_snapshot, plan_in_workspace, terraform, var_flags
 from runner.spec import PlanSpec
@@ -59,6 +60,7 @@ class ApplyOutcome:
     run_id: str
     serial: int | None
     changed: tuple[str, ...]
+    rows: Mapping[str, int] = field(default_factory=dict)  # the commit's created/updated/deleted row counts
 
 
 def check_spec(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplied: Mapping[str, str]) -> None:
@@ -230,7 +232,8 @@ def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, buil
             where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses,
                                    "apply failed") if result else None
             _fail(client, run_id, holder, str(exc))
-            kept = f"\nthe partial post-apply state is kept in {where} (see kl recover)" if where else ""
+            kept = (f"\nthe partial post-apply state is kept in {where}: if Terraform changed real infrastructure, "
+                    f"kl recover {run_id} commits it") if where else ""
             raise KlExit(1, f"{exc}\nnothing was committed; the trunk is unchanged{kept}") from exc
         result = ws.read_state() or b""
         if spec.refresh:
@@ -267,7 +270,8 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
                   if surprise else f"the reservations were lost during the apply: {heartbeat.lost}")
         where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, reason)
         _fail(client, run_id, holder, reason)
-        raise KlExit(1, f"{reason}; nothing was committed; the post-apply state is kept in {where}")
+        raise KlExit(1, f"{reason}; nothing was committed; the post-apply state is kept in {where}: run "
+                        f"kl recover {run_id} to commit it")
     try:
         answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses,
                                prune_outputs=spec.mode == "full")
@@ -276,15 +280,20 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
         if exc.code not in ("lease_expired", "run_closed"):
             _fail(client, run_id, holder, str(exc))
         code = 2 if exc.code in CONFLICT_CODES else 1
-        raise KlExit(code, f"commit refused: {exc}\nthe post-apply state is kept in {where} (kl runs recover "
-                           f"{run_id} retries the commit)") from exc
+        raise KlExit(code, f"commit refused: {exc}\nthe post-apply state is kept in {where}: run kl recover "
+                           f"{run_id} to commit it (the infrastructure already changed; do not re-apply)") from exc
     serial = answer["commit"]["serial"]
     ctx_line = f"committed at serial {serial} (run {run_id})" if serial is not None else \
         f"nothing changed on the trunk (run {run_id})"
     c = answer["commit"]
-    print(f"apply complete: {c['created']} created, {c['updated']} changed, {c['deleted']} destroyed")
+    # Counted as Terraform counts them (a replace is one added and one destroyed), from the plan's actions.
+    print(f"apply complete: {counts_line(spec.actions)}")
     print(ctx_line)
-    return ApplyOutcome(run_id, serial, tuple(c["addresses"]))
+    return ApplyOutcome(run_id, serial, tuple(c["addresses"]), _rows(c))
+
+
+def _rows(commit: Mapping[str, Any]) -> dict[str, int]:
+    return {k: int(commit.get(k) or 0) for k in ("created", "updated", "deleted")}
 
 
 def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None) -> ApplyOutcome:
@@ -316,4 +325,4 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
     shutil.rmtree(where, ignore_errors=True)
     serial = answer["commit"]["serial"]
     print(f"recovered {run_id}: committed at serial {serial} (run {target})")
-    return ApplyOutcome(target, serial, tuple(answer["commit"]["addresses"]))
+    return ApplyOutcome(target, serial, tuple(answer["commit"]["addresses"]), _rows(answer["commit"]))

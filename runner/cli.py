@@ -1,15 +1,16 @@
 """The kl command line: serve, migrate, and the read commands over a server's rows.
 
 Client commands find the server and state from the configuration directory's ``backend "http"``
-block (or --address/--state/--token, KL_ADDRESS/KL_STATE/KL_TOKEN) and talk to it only through
-``runner.engine_client``. Exit codes: 0 ok, 1 failed, 3 usage or configuration error.
+block (``-C DIR``, default ``.``; or --address/--state/--token, KL_ADDRESS/KL_STATE/KL_TOKEN) and talk
+to it only through ``runner.engine_client``. Exit codes: 0 ok, 1 failed, 2 conflict or stale plan
+(re-plan), 3 usage or configuration error. Other modules add subcommands with a few lines in
+``build_parser``; shared parser rules and output helpers live in ``runner.cli_support``.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
-import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -19,59 +20,72 @@ from typing import Any
 
 from app.domain.blocks import backend_block, scoped_backend_block
 from app.domain.reservations import format_duration
-from app.errors import ConfigError, KlError
+from runner.cli_support import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    KlArgumentParser,
+    UsageError,
+    apply_document,
+    file_hint,
+    is_loopback,
+    json_mode,
+    leaf_parsers,
+    listen,
+    package_version,
+    parse_duration,
+    plan_document,
+    port_free,
+    print_json,
+)
 from runner.config import ClientConfigError, resolve
-from runner.engine_client import EngineClient, EngineError
-from runner.plan import KlExit
-from runner.spec import SpecError
+from runner.engine_client import EngineClient
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 3
-
-
-class UsageError(Exception):
-    pass
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from werkzeug.serving import run_simple
+    import threading
 
     from app.config import AuthMode, Settings
     from app.web import create_app, resolve_database_url
 
     settings = Settings.from_env()
-    if settings.auth_mode is AuthMode.OPEN and not _is_loopback(args.host) and not args.allow_open_on_network:
+    if args.allow_open_on_network:
+        settings = replace(settings, allow_open_on_network=True)
+    if settings.auth_mode is AuthMode.OPEN and not is_loopback(args.host) and not settings.allow_open_on_network:
         raise UsageError(
             f"refusing to serve KL_AUTH_MODE=open on {args.host}: anyone who can reach it could rewrite "
-            "your states. Set KL_AUTH_MODE=static with KL_AUTH_TOKEN, or pass --allow-open-on-network"
+            "your states. Set KL_AUTH_MODE=static with KL_AUTH_TOKEN, or pass --allow-open-on-network "
+            "(KL_ALLOW_OPEN_ON_NETWORK=true)"
         )
+    port_free(args.host, args.port, "service")
+    if args.control_port:
+        port_free(args.control_host, args.control_port, "control API")
     where = "KL_DATABASE_URL" if settings.database_url else "embedded Postgres"
     settings = replace(settings, database_url=resolve_database_url(settings))
-    app = create_app(settings, lanes="public" if args.control_port else "all")
-    if args.control_port:
-        import threading
-
-        from werkzeug.serving import make_server
-
-        control = make_server(args.control_host, args.control_port, create_app(settings, lanes="control"),
-                              threaded=True)
-        threading.Thread(target=control.serve_forever, name="control-api", daemon=True).start()
-        print(f"control API on http://{args.control_host}:{args.control_port}/v1/api")
+    # Listening only once the apps exist: a client that connects early is refused, not left waiting.
+    main_app = create_app(settings, lanes="public" if args.control_port else "all")
+    control_app = create_app(settings, lanes="control") if args.control_port else None
+    server = listen(args.host, args.port, main_app, "service")
     shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
-    base = (settings.public_url or f"http://{shown_host}:{args.port}").rstrip("/")
-    print(f"Kilolock listening on {base} (database: {where}, auth: {settings.auth_mode.value})")
+    listening = f"http://{shown_host}:{server.port}"
+    print(f"Kilolock listening on {listening} (database: {where}, auth: {settings.auth_mode.value})")
+    if control_app is not None:
+        control = listen(args.control_host, args.control_port, control_app, "control API")
+        threading.Thread(target=control.serve_forever, name="control-api", daemon=True).start()
+        print(f"control API on http://{args.control_host}:{control.port}/v1/api")
+    print(f"Dashboard: {listening}/ui/")
+    base = (settings.public_url or listening).rstrip("/")
+    if settings.public_url:
+        print(f"Clients reach it as {base} (KL_PUBLIC_URL); the backend block below uses that address.")
     print("Paste this into your Terraform configuration (rename 'example' to your state's name):\n")
     print(backend_block(base, static_auth=settings.auth_mode.value == "static"))
     print(flush=True)
-    run_simple(args.host, args.port, app, threaded=True, use_reloader=False)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
     return EXIT_OK
 
 
@@ -195,12 +209,12 @@ def _client(args: argparse.Namespace, *, need_state: bool = True) -> tuple[Engin
     config = resolve(config_dir=Path(args.chdir), address=args.address, state=args.state, token=args.token)
     if need_state and not config.state:
         raise ClientConfigError("no state name: pass --state NAME or use a backend address ending in /v1/states/NAME")
+    args.token_source = config.token_source
     return EngineClient(config), config.state or ""
 
 
 def _print_json(value: Any) -> None:
-    json.dump(value, sys.stdout, indent=2, sort_keys=True)
-    sys.stdout.write("\n")
+    print_json(value)
 
 
 def _span(row: dict[str, Any]) -> str:
@@ -297,18 +311,6 @@ def cmd_abort(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``5m``, ``1h30m`` → seconds."""
-    import re
-
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = re.findall(r"(\d+)([hms])", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 30s, 5m or 1h")
-    return float(sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts))
-
-
 def _terraform_context(env: dict[str, str]) -> Any:
     from runner.config import data_dir
     from runner.plan import TerraformContext
@@ -340,8 +342,9 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
         return None
     files = [str(Path(f)) for f in args.file or []]
     for name in files:
-        if "/" in name or not name.endswith((".tf", ".tf.json")):
-            raise UsageError(f"-f {name}: name a .tf file of the configuration directory (e.g. -f database.tf)")
+        hint = file_hint(config_dir, name)
+        if hint:
+            raise UsageError(hint)
     if not args.changed_from:
         return Selection(tuple(files))
     from runner.git import GitError
@@ -358,8 +361,11 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str]) -> tuple[Any, Any,
     from runner.filescoped import plan_files
     from runner.plan import make_plan
 
-    config_dir = Path(args.config_dir).resolve()
+    config_dir = Path(args.chdir).resolve()
+    if not config_dir.is_dir():
+        raise UsageError(f"-C {args.chdir}: no such directory")
     config = resolve(config_dir=config_dir, address=args.address, state=args.state, token=args.token, env=env)
+    args.token_source = config.token_source
     if not config.state:
         raise ClientConfigError("no state name: pass --state NAME or use a backend address ending in /v1/states/NAME")
     client, ctx = EngineClient(config), _terraform_context(env)
@@ -376,12 +382,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from runner.config import process_env
     from runner.plan import summary
 
-    env = process_env()
-    spec, _, selection = _plan_spec(args, env)
-    out = Path(args.out or ("kl-plan.igplan" if selection is not None else "kl-plan.json"))
-    out.write_text(spec.to_json())
-    print(summary(spec))
-    print(f"\nwrote {out}: apply it with kl apply {out}")
+    with json_mode(args):
+        spec, _, selection = _plan_spec(args, process_env())
+        out = Path(args.out or ("kl-plan.igplan" if selection is not None else "kl-plan.json"))
+        out.write_text(spec.to_json())
+        print(summary(spec))
+        if spec.write_set or spec.output_changes:
+            print(f"\nwrote {out}: apply it with kl apply {out}")
+        else:
+            print(f"\nwrote {out}; the plan has no changes, so kl apply would do nothing")
+    if args.json:
+        print_json(plan_document(spec, out), args.json_out)
     return EXIT_OK
 
 
@@ -389,21 +400,27 @@ def _rerun_command(args: argparse.Namespace) -> str:
     parts = ["kl apply"] + [f"-f {f}" for f in args.file or []]
     if args.changed_from:
         parts.append(f"--changed-from {args.changed_from}")
-    if args.config_dir != ".":
-        parts.append(f"--config-dir {args.config_dir}")
+    if args.chdir != ".":
+        parts.append(f"-C {args.chdir}")
     return " ".join(parts + ["--confirm-scope"])
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from runner.apply import ApplyOptions, apply_spec
+    with json_mode(args):
+        spec, outcome = _apply(args)
+    if args.json:
+        print_json(apply_document(spec, outcome, dry_run=args.dry_run), args.json_out)
+    return EXIT_OK
+
+
+def _apply(args: argparse.Namespace) -> tuple[Any, Any]:
+    from runner.apply import ApplyOptions, ApplyOutcome, apply_spec
     from runner.config import data_dir, default_actor, process_env
     from runner.filescoped import apply_files
     from runner.plan import summary
     from runner.spec import PlanSpec
 
     env = process_env()
-    if args.config_dir == "." and args.chdir != ".":
-        args.config_dir = args.chdir
     supplied = dict(raw.split("=", 1) for kind, raw in _var_args(args) if kind == "var")
     options = ApplyOptions(actor=args.actor or default_actor(env), wait_seconds=args.wait, dry_run=args.dry_run,
                            data_dir=data_dir(env), supplied_vars=supplied, lease_seconds=args.lease)
@@ -411,33 +428,41 @@ def cmd_apply(args: argparse.Namespace) -> int:
         raise UsageError("give either a plan file or -f/--changed-from, not both")
     if args.plan_file:
         spec = PlanSpec.load(Path(args.plan_file))
-        client = EngineClient(resolve(config_dir=Path(spec.config_dir), address=args.address or spec.address,
-                                      state=spec.state, token=args.token, env=env))
+        config = resolve(config_dir=Path(spec.config_dir), address=args.address or spec.address,
+                         state=spec.state, token=args.token, env=env)
+        args.token_source = config.token_source
+        client = EngineClient(config)
     elif args.file or args.changed_from:
         spec, client, _ = _plan_spec(args, env)
         print(summary(spec))
+        if not spec.write_set and not spec.output_changes:
+            print("\nnothing to apply")
+            return spec, ApplyOutcome("", None, ())
         if args.dry_run or not args.confirm_scope:
             print(f"\nto apply exactly this scope, run:\n  {_rerun_command(args)}")
             if args.dry_run:
-                return EXIT_OK
-            raise UsageError("a file-scoped apply changes real infrastructure: review the scope above and re-run "
-                             "with --confirm-scope")
+                return spec, ApplyOutcome("", None, ())
+            raise UsageError("a file-scoped apply changes real infrastructure: review the scope above and "
+                             "re-run with --confirm-scope")
     else:
         raise UsageError("give a plan file (kl apply kl-plan.json) or files (kl apply -f FILE --confirm-scope)")
     if spec.mode == "files":
-        apply_files(client, _terraform_context(env), spec, options, {})
+        outcome = apply_files(client, _terraform_context(env), spec, options, {})
     else:
-        apply_spec(client, _terraform_context(env), spec, Path(spec.config_dir), options)
-    return EXIT_OK
+        outcome = apply_spec(client, _terraform_context(env), spec, Path(spec.config_dir), options)
+    return spec, outcome
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
     from runner.apply import recover
     from runner.config import data_dir, process_env
 
-    env = process_env()
-    client, _ = _client(args, need_state=False)
-    recover(client, data_dir(env), args.run_id, args.actor)
+    with json_mode(args):
+        client, _ = _client(args, need_state=False)
+        outcome = recover(client, data_dir(process_env()), args.run_id, args.actor)
+    if args.json:
+        print_json({"recovered_run_id": args.run_id, "run_id": outcome.run_id, "commit_serial": outcome.serial,
+                    "committed_addresses": list(outcome.changed), "rows": dict(outcome.rows)}, args.json_out)
     return EXIT_OK
 
 
@@ -453,7 +478,10 @@ def cmd_embedded_stop(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kl", description="Kilolock: Terraform state as rows, applied in parallel.")
+    # Every subparser is a KlArgumentParser (usage errors exit 3 with the subcommand's own usage).
+    # To add a command: sub.add_parser(...), its options, set_defaults(func=...), anywhere below.
+    parser = KlArgumentParser(prog="kl", description="Kilolock: Terraform state as rows, applied in parallel.")
+    parser.add_argument("--version", action="version", version=f"kl {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the service (dev server; use gunicorn in production)")
@@ -482,7 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="file-scoped: the .tf files changed since GIT_REF (git diff against the working tree)")
 
     def client_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("-C", "--chdir", default=".", help="configuration directory (default: .)")
+        p.add_argument("-C", "--chdir", default=".", metavar="DIR",
+                       help="configuration directory, whose backend block names the server (default: .)")
         p.add_argument("--address", help="server or backend address (default: the backend block)")
         p.add_argument("--state", help="state name (default: from the backend address)")
         p.add_argument("--token", help="API token (default: KL_TOKEN, TF_HTTP_PASSWORD, the backend block)")
@@ -521,7 +550,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="plan against the trunk and write kl-plan.json (reservations to take)")
     client_options(plan)
-    plan.add_argument("config_dir", nargs="?", default=".", metavar="CONFIG_DIR")
     plan.add_argument("--out", help="where to write the plan file (default kl-plan.json, or kl-plan.igplan with -f)")
     file_options(plan)
     plan.add_argument("-var", "--var", action="append", metavar="NAME=VALUE", help="an input variable")
@@ -534,7 +562,6 @@ def build_parser() -> argparse.ArgumentParser:
     apply = sub.add_parser("apply", help="apply a kl-plan.json: reserve, apply the slice, commit row by row")
     client_options(apply)
     apply.add_argument("plan_file", nargs="?", metavar="PLAN_FILE")
-    apply.add_argument("--config-dir", dest="config_dir", default=".", help="configuration directory for -f")
     file_options(apply)
     apply.add_argument("--confirm-scope", action="store_true",
                        help="with -f/--changed-from: apply the derived scope (without it, kl prints it and stops)")
@@ -572,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     t_create.add_argument("--name", help="display name (default: the slug)")
     t_create.set_defaults(func=cmd_tenants_create)
     t_list = tenants_sub.add_parser("list", help="list tenants")
-    t_list.add_argument("--json", action="store_true")
+    t_list.add_argument("--json", action="store_true", help="print JSON")
     t_list.set_defaults(func=cmd_tenants_list)
 
     tokens = sub.add_parser("tokens", help="manage API tokens (operators with database access)")
@@ -583,11 +610,11 @@ def build_parser() -> argparse.ArgumentParser:
     k_create.add_argument("--environment", required=True, help="environment name, created on first use")
     k_create.add_argument("--workspace", default="default", help="workspace name (default: default)")
     k_create.add_argument("--server-url", default="http://localhost:8080", help="base URL for the backend block")
-    k_create.add_argument("--json", action="store_true")
+    k_create.add_argument("--json", action="store_true", help="print JSON")
     k_create.set_defaults(func=cmd_tokens_create)
     k_list = tokens_sub.add_parser("list", help="list a tenant's tokens (never the secrets)")
     k_list.add_argument("tenant", metavar="TENANT")
-    k_list.add_argument("--json", action="store_true")
+    k_list.add_argument("--json", action="store_true", help="print JSON")
     k_list.set_defaults(func=cmd_tokens_list)
     k_revoke = tokens_sub.add_parser("revoke", help="revoke a token; it stops working at once")
     k_revoke.add_argument("tenant", metavar="TENANT")
@@ -599,29 +626,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prepare(parser: argparse.ArgumentParser) -> None:
+    for leaf in leaf_parsers(parser):
+        leaf.set_defaults(kl_parser=leaf)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    _prepare(parser)
     args = parser.parse_args(argv)
+    try:
+        code = _run(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # kl states | head: the reader left; say nothing more, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+def _run(args: argparse.Namespace) -> int:
+    from runner.cli_hints import explain
+
     try:
         code: int = args.func(args)
         return code
-    except KlExit as exc:
-        print(f"kl: {exc}", file=sys.stderr)
-        return exc.code
-    except SpecError as exc:
-        print(f"kl: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (UsageError, ClientConfigError, ConfigError) as exc:
-        print(f"kl: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KlError as exc:
-        print(f"kl: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE if exc.status in (400, 404, 409) else EXIT_FAILED
-    except EngineError as exc:
-        print(f"kl: {exc}", file=sys.stderr)
-        return EXIT_USAGE if exc.status == 400 else EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every error kl knows becomes one message and an exit code
+        found = explain(exc, args)
+        if found is None:
+            raise
+        code, message = found
+        if getattr(args, "json", False):  # the one JSON document, for a wrapper that parses stdout
+            print_json({"ok": False, "exit_code": code, "error": message}, getattr(args, "json_out", None))
+        print(f"kl: {message}", file=sys.stderr)
+        if code == EXIT_USAGE and isinstance(exc, UsageError) and getattr(args, "kl_parser", None) is not None:
+            sys.stderr.write(args.kl_parser.format_usage())
+        return code
 
 
 if __name__ == "__main__":

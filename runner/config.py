@@ -27,6 +27,7 @@ class ClientConfig:
     state: str | None
     username: str | None
     token: str | None
+    token_source: str | None = None  # where the token came from, for error messages
 
 
 def split_backend_address(address: str) -> tuple[str, str | None]:
@@ -57,7 +58,12 @@ def resolve(
 ) -> ClientConfig:
     env = os.environ if env is None else env
     username = env.get("TF_HTTP_USERNAME") or None
-    password = token or env.get("KL_TOKEN") or env.get("TF_HTTP_PASSWORD") or None
+    password, source = None, None
+    for value, named in ((token, "--token"), (env.get("KL_TOKEN"), "KL_TOKEN"),
+                         (env.get("TF_HTTP_PASSWORD"), "TF_HTTP_PASSWORD")):
+        if value:
+            password, source = value, named
+            break
     chosen = address or env.get("KL_ADDRESS") or env.get("TF_HTTP_ADDRESS") or None
     if chosen is None or password is None or username is None:
         try:
@@ -67,7 +73,8 @@ def resolve(
         if block is not None:
             chosen = chosen or block.address
             username = username or block.username
-            password = password or block.password
+            if password is None and block.password:
+                password, source = block.password, f"the backend block's password in {config_dir}"
     if not chosen:
         raise ClientConfigError(
             f"no Kilolock server found: {config_dir} has no backend \"http\" block; "
@@ -79,6 +86,7 @@ def resolve(
         state=state or env.get("KL_STATE") or state_from_address,
         username=username,
         token=password,
+        token_source=source,
     )
 
 
@@ -88,7 +96,8 @@ def process_env() -> dict[str, str]:
 
 
 def data_dir(env: Mapping[str, str]) -> Path:
-    """Where kl keeps its plugin cache and recoverable run states: KL_DATA_DIR or the user data folder."""
+    """Where kl keeps its plugin cache, parse cache and recoverable run states: KL_DATA_DIR or the user
+    data folder (the same directory the embedded servers use)."""
     configured = env.get("KL_DATA_DIR")
     if configured:
         return Path(configured).expanduser()

@@ -175,9 +175,12 @@ def _open(client: EngineClient, request: DriftRequest, scope: Scope, *, write: b
 
 def _workspace(request: DriftRequest, scope: Scope, chosen: Slice, dest: Path) -> workspace.Workspace:
     if scope.footprint is not None:
-        from runner.filescoped import build_minimal
+        from runner.filescoped import build_minimal, load_cache, module_layout
+        from runner.git import work_tree_root
 
-        return build_minimal(request.config_dir, scope.files, scope.footprint, dest, chosen.raw)
+        layout = module_layout(request.config_dir, scope.footprint, load_cache(request.data_dir),
+                               work_tree_root(request.config_dir))
+        return build_minimal(request.config_dir, scope.files, scope.footprint, dest, chosen.raw, layout)
     return workspace.build(request.config_dir, dest, chosen.raw)
 
 

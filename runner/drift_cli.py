@@ -21,14 +21,14 @@ EXIT_CLEAN, EXIT_DRIFTED = 0, 2
 def _request(args: argparse.Namespace, env: dict[str, str]) -> tuple[EngineClient, Any]:
     from runner.drift import DriftRequest
 
-    config_dir = Path(args.config_dir if args.config_dir != "." else args.chdir).resolve()
+    config_dir = Path(args.chdir).resolve()
     config = resolve(config_dir=config_dir, address=args.address, state=args.state, token=args.token, env=env)
     if not config.state:
         raise ClientConfigError("no state name: pass --state NAME or use a backend address ending in /v1/states/NAME")
     files = tuple(str(Path(f)) for f in args.file or [])
     for name in files:
         if "/" in name or not name.endswith((".tf", ".tf.json")):
-            from runner.cli import UsageError
+            from runner.cli_support import UsageError
 
             raise UsageError(f"-f {name}: name a .tf file of the configuration directory (e.g. -f buckets.tf)")
     request = DriftRequest(state=config.state, config_dir=config_dir, files=files, targets=tuple(args.target or ()),
@@ -90,7 +90,6 @@ def add_commands(sub: Any, client_options: Callable[[argparse.ArgumentParser], N
     """Register ``kl drift`` and ``kl refresh`` on the ``kl`` subparsers."""
     def scope_options(p: argparse.ArgumentParser) -> None:
         client_options(p)
-        p.add_argument("config_dir", nargs="?", default=".", metavar="CONFIG_DIR")
         p.add_argument("-f", "--file", action="append", metavar="FILE",
                        help="check only what this .tf file declares (its file-scoped footprint; repeatable)")
         p.add_argument("--target", action="append", metavar="GLOB",

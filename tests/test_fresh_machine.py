@@ -5,9 +5,11 @@ Also the control API on its own listener (`kl serve --control-port`)."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,7 +49,9 @@ def _clean_env(**extra: str) -> dict[str, str]:
 @pytest.mark.terraform
 def test_kl_serve_runs_on_an_embedded_postgres_and_terraform_applies_through_it(tmp_path):
     port = _free_port()
-    data_dir = tmp_path / "data"
+    # Outside pytest's per-user root, which every pytest session starting on the machine resets to 0700:
+    # as root, the embedded Postgres runs as its own user and must be able to reach its data.
+    data_dir = Path(tempfile.mkdtemp(prefix="kl-fresh-machine-")) / "data"
     env = _clean_env(KL_DATA_DIR=str(data_dir))
     proc = subprocess.Popen([str(BIN / "kl"), "serve", "--port", str(port)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -72,6 +76,7 @@ def test_kl_serve_runs_on_an_embedded_postgres_and_terraform_applies_through_it(
         proc.terminate()
         output, _ = proc.communicate(timeout=30)
         subprocess.run([str(BIN / "kl"), "embedded", "stop"], env=env, capture_output=True, timeout=60)
+        shutil.rmtree(data_dir.parent, ignore_errors=True)
     assert 'backend "http"' in output and f"http://localhost:{port}/v1/states/example" in output
     assert "embedded Postgres" in output
 

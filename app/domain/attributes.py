@@ -92,10 +92,25 @@ def format_path(path: Path) -> str:
     return text
 
 
-def is_sensitive(path: Path, masked: Iterable[Path]) -> bool:
-    if any(isinstance(step, str) and _SECRET_NAME.search(step) for step in path):
+_TYPE_NAMES = frozenset({"string", "number", "bool", "dynamic"})
+
+
+def is_sensitive(path: Path, masked: Iterable[Path], *, type_name: bool = False) -> bool:
+    """Whether the value at ``path`` is masked. ``type_name``: every value seen there is a bare type name
+    (``"string"``…), so a secret-looking name inside a type descriptor is the name of a field, not a secret."""
+    if any(_same_prefix(path, m) for m in masked):
         return True
-    return any(_same_prefix(path, m) for m in masked)
+    named = _descriptor_owner(path) if type_name else path
+    return any(isinstance(step, str) and _SECRET_NAME.search(step) for step in named)
+
+
+def _descriptor_owner(path: Path) -> Path:
+    """The path down to a type descriptor (``input.type[1].password`` → ``input.type``), or ``path`` itself.
+    Terraform writes a dynamic value's type as ``["object", {"field": "string", …}]``: index 1 holds field names."""
+    for i in range(len(path) - 2):
+        if path[i] == "type" and path[i + 1] == 1 and isinstance(path[i + 2], str):
+            return path[: i + 1]
+    return path
 
 
 def _same_prefix(path: Path, prefix: Path) -> bool:
@@ -125,7 +140,8 @@ def attribute_diff(
         if in_old and in_new and old[path] == new[path]:
             continue
         kind = ChangeKind.CHANGED if in_old and in_new else ChangeKind.ADDED if in_new else ChangeKind.REMOVED
-        secret = is_sensitive(path, masked)
+        seen = [v[path] for v in (old, new) if path in v]
+        secret = is_sensitive(path, masked, type_name=all(isinstance(v, str) and v in _TYPE_NAMES for v in seen))
         changes.append(AttributeChange(
             path=format_path(path), kind=kind, sensitive=secret,
             before=None if secret or not in_old else _show(old[path]),

@@ -203,6 +203,21 @@ def format_duration(delta: timedelta) -> str:
     return f"{secs}s"
 
 
+# A pull-request hold is an apply run whose lease is decades long: it ends at merge, close or unlock, never
+# by lapsing. Any lease longer than this reads as such a hold.
+HOLD_LEASE = timedelta(days=365 * 60)
+_HOLD_THRESHOLD = timedelta(days=365 * 10)
+
+
+def _lease_text(held: Held, now: datetime) -> str:
+    if held.expires_at is None:
+        return "no lease"
+    if held.expires_at - now > _HOLD_THRESHOLD:
+        return ("a pull-request hold, no lease: it ends when the pull request is merged or closed, "
+                "or at `kilolock unlock`")
+    return f"expires in {format_duration(held.expires_at - now)}"
+
+
 def describe(conflict: Conflict, now: datetime) -> str:
     """``reservation conflict on module.web.*: held by alice (run ar_4f2a…, acquired 12s ago,
     expires in 14m48s)``."""
@@ -210,8 +225,7 @@ def describe(conflict: Conflict, now: datetime) -> str:
     if not h.run_id:
         where = f"Terraform state lock, acquired {format_duration(now - h.acquired_at)} ago, no lease"
     else:
-        lease = "no lease" if h.expires_at is None else f"expires in {format_duration(h.expires_at - now)}"
-        where = f"run {h.run_id}, acquired {format_duration(now - h.acquired_at)} ago, {lease}"
+        where = f"run {h.run_id}, acquired {format_duration(now - h.acquired_at)} ago, {_lease_text(h, now)}"
     shown = conflict.wanted.text if conflict.wanted.text == h.glob else f"{conflict.wanted.text} ({h.mode} {h.glob})"
     return f"reservation conflict on {shown}: held by {h.holder} ({where})"
 
@@ -223,7 +237,7 @@ def synthesize_lock_info(held: Sequence[Held], now: datetime) -> bytes:
     runs = sorted({h.run_id for h in held if h.run_id})
     parts = []
     for h in held[:10]:
-        lease = "" if h.expires_at is None else f", expires in {format_duration(h.expires_at - now)}"
+        lease = "" if h.expires_at is None else f", {_lease_text(h, now)}"
         parts.append(f"{h.mode} {h.glob} (run {h.run_id}, {h.holder}{lease})")
     if len(held) > 10:
         parts.append(f"and {len(held) - 10} more")

@@ -198,7 +198,8 @@ def state_overviews(db: Database, principal: Principal, *, now: datetime) -> lis
     return [
         StateOverview(name=name, current_serial=serial, lock_holder=_lock_holder(lock_info), locked_at=locked_at,
                       last_write_at=written, last_writer=writer, last_source=source, resources=count,
-                      live_reservations=held, live_runs=live)
+                      # Terraform's own lock is a write reservation of the whole state, as kl reservations lists it.
+                      live_reservations=held + (1 if lock_info is not None else 0), live_runs=live)
         for name, serial, lock_info, locked_at, written, writer, source, count, held, live in rows
     ]
 
@@ -287,3 +288,122 @@ def session_token(db: Database, token_id: int) -> AuthenticatedToken | None:
     """The active (unrevoked) token behind a dashboard session, or None."""
     with db.transaction() as conn, conn.cursor(row_factory=class_row(AuthenticatedToken)) as cur:
         return cur.execute(_TOKEN_BY_ID, (token_id,)).fetchone()
+
+
+# --- the GitHub bot's open pull requests (read-only over app.store.bot's tables) ------------------------
+
+_PR_FOOTPRINTS = """
+SELECT f.repo, f.number, f.project, f.state_name, f.head_sha, f.files, f.write_globs, f.read_globs, f.updated_at
+FROM pull_request_footprints f
+WHERE %(all)s OR EXISTS (SELECT 1 FROM states s WHERE s.name = f.state_name AND s.tenant_id = %(tenant)s
+                                                   AND s.scope = %(scope)s)
+ORDER BY f.repo, f.number, f.project
+LIMIT %(limit)s
+"""
+_PR_JOBS = """
+SELECT DISTINCT ON (j.repo, j.number, j.kind) j.repo, j.number, j.kind, j.sha, j.project, j.status, j.error,
+       j.result, j.updated_at, j.finished_at
+FROM bot_jobs j
+WHERE j.number IS NOT NULL AND (j.repo, j.number) IN (SELECT * FROM unnest(%s::text[], %s::integer[]))
+ORDER BY j.repo, j.number, j.kind, j.updated_at DESC, j.id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class PullFootprint:
+    """One project of an open pull request: the footprint the bot predicts it writes and reads."""
+
+    project: str
+    state_name: str
+    head_sha: str
+    files: tuple[str, ...]
+    write_globs: tuple[str, ...]
+    read_globs: tuple[str, ...]
+    updated_at: datetime
+    number: int = 0  # for app.domain.overlaps
+
+
+@dataclass(frozen=True, slots=True)
+class PullJob:
+    """The latest bot job of one kind for a pull request: a check (footprint, plan preview) or an apply."""
+
+    kind: str
+    sha: str
+    project: str
+    status: str
+    error: str | None
+    summary: str
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequest:
+    repo: str
+    number: int
+    head_sha: str
+    footprints: tuple[PullFootprint, ...]
+    checks: tuple[PullJob, ...]
+    last_apply: PullJob | None
+    overlaps: tuple[tuple[int, tuple[str, ...]], ...]  # (other PR number, shared globs)
+
+
+def _job_summary(result: dict[str, Any]) -> str:
+    """A line from a job's stored result: an apply's status and serial, or a footprint's verdict."""
+    apply = result.get("apply")
+    if isinstance(apply, dict):
+        parts = [str(apply.get("status") or "")]
+        if apply.get("serial") is not None:
+            parts.append(f"serial {apply['serial']}")
+        if apply.get("error"):
+            parts.append(str(apply["error"])[:200])
+        return " · ".join(p for p in parts if p)
+    footprint = result.get("footprint")
+    if isinstance(footprint, dict):
+        projects = [p for p in footprint.get("projects") or [] if isinstance(p, dict)]
+        errors = [str(p["error"]) for p in projects if p.get("error")] + [str(e) for e in
+                                                                          footprint.get("config_errors") or []]
+        text = f"{len(projects)} project(s)"
+        return text + (f" · {errors[0][:200]}" if errors else "")
+    return ""
+
+
+def open_pull_requests(db: Database, principal: Principal, *, limit: int = 2000) -> list[PullRequest]:
+    """The bot's open pull requests (those with a recorded footprint) on the caller's states, by repository
+    and number, with their latest checks, their last apply and the other open PRs they overlap."""
+    from app.domain.overlaps import pr_overlaps
+    from app.domain.principal import DEFAULT_TENANT_ID
+
+    params = {"all": principal.tenant_id == DEFAULT_TENANT_ID and not principal.scope,
+              "tenant": principal.tenant_id, "scope": principal.scope, "limit": limit}
+    with db.transaction() as conn:
+        rows = conn.execute(_PR_FOOTPRINTS, params).fetchall()
+        keys = sorted({(r[0], r[1]) for r in rows})
+        jobs = conn.execute(_PR_JOBS, ([k[0] for k in keys], [k[1] for k in keys])).fetchall() if keys else []
+    by_pr: dict[tuple[str, int], list[PullFootprint]] = {}
+    for repo, number, project, state_name, sha, files, writes, reads, updated in rows:
+        by_pr.setdefault((repo, number), []).append(PullFootprint(
+            project=project, state_name=state_name, head_sha=sha, files=tuple(files), write_globs=tuple(writes),
+            read_globs=tuple(reads), updated_at=updated, number=number))
+    jobs_by_pr: dict[tuple[str, int], list[PullJob]] = {}
+    for repo, number, kind, sha, project, status, error, result, updated, finished in jobs:
+        jobs_by_pr.setdefault((repo, number), []).append(PullJob(
+            kind=kind, sha=sha, project=project, status=status, error=(error or "")[:500] or None,
+            summary=_job_summary(result if isinstance(result, dict) else {}), updated_at=updated,
+            finished_at=finished))
+    found = []
+    for (repo, number), footprints in by_pr.items():
+        others = [fp for (r, n), fps in by_pr.items() if r == repo and n != number for fp in fps]
+        shared: dict[int, set[str]] = {}
+        for mine in footprints:
+            for other, globs in pr_overlaps(mine, others):
+                shared.setdefault(other, set()).update(globs)
+        pr_jobs = jobs_by_pr.get((repo, number), [])
+        applies = sorted((j for j in pr_jobs if "apply" in j.kind), key=lambda j: j.updated_at)
+        found.append(PullRequest(
+            repo=repo, number=number, head_sha=max(footprints, key=lambda f: f.updated_at).head_sha,
+            footprints=tuple(footprints), checks=tuple(j for j in pr_jobs if "apply" not in j.kind and
+                                                       "closed" not in j.kind),
+            last_apply=applies[-1] if applies else None,
+            overlaps=tuple((n, tuple(sorted(g))) for n, g in sorted(shared.items()))))
+    return found

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from app.errors import ConfigError
+from app.errors import ConfigError, DatabaseUnavailableError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _FILE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
@@ -59,11 +59,41 @@ def discover(directory: Path = MIGRATIONS_DIR) -> tuple[Migration, ...]:
     return tuple(found)
 
 
+def connect_or_explain(url: str) -> psycopg.Connection:  # type: ignore[type-arg]
+    """A connection, or DatabaseUnavailableError saying where it tried (never the password) and what to check."""
+    try:
+        return psycopg.connect(url, autocommit=False, connect_timeout=30)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailableError(_explain(url, exc)) from exc
+
+
+def _explain(url: str, exc: psycopg.OperationalError) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return ("KL_DATABASE_URL is not a valid libpq URL or connection string: use "
+                "postgresql://USER@HOST:5432/DBNAME")
+    where = f"{parts.get('host') or 'localhost'}:{parts.get('port') or 5432}"
+    name = parts.get("dbname") or parts.get("user") or "(default)"
+    reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "no reason given")
+    reason = reason.split(": ", 1)[-1] if reason.startswith("connection failed") else reason
+    if "does not exist" in reason and "database" in reason:
+        hint = f"create it (createdb -h {parts.get('host') or 'localhost'} {name}) or fix the name in KL_DATABASE_URL"
+    elif "password" in reason or "authentication" in reason:
+        hint = "check the user and password in KL_DATABASE_URL"
+    else:
+        hint = ("is Postgres running and reachable there? Check the host and port in KL_DATABASE_URL, or unset it "
+                "to use the embedded Postgres")
+    return f"cannot connect to the database {name!r} on {where}: {reason}. {hint}"
+
+
 def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     """Apply every pending migration; return those applied now (empty when up to date)."""
     pending = discover(directory)
     applied_now: list[Migration] = []
-    with psycopg.connect(url, autocommit=False) as conn:
+    with connect_or_explain(url) as conn:
         with conn.transaction():
             conn.execute(_LOCK, (_ADVISORY_KEY,))
             conn.execute(_CREATE_TABLE)

@@ -16,19 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from psycopg.rows import class_row
 
 from app.domain.principal import Principal
-from app.domain.reservations import Mode, RunStatus, Wanted, parse_wanted
+from app.domain.reservations import HOLD_LEASE, Mode, RunStatus, Wanted, parse_wanted
 from app.errors import RunClosedError, RunNotFoundError
 from app.store import runs
 from app.store.db import Database
 
 # Holds end by events, not by time: a lease this long never lapses in practice, and still fits the
 # integer lease_seconds column (60 years < 2**31 seconds).
-HOLD_LEASE = timedelta(days=365 * 60)
 
 _FIELDS = """
 h.repo, h.number, h.project, h.tenant_id, h.scope, h.token_name, h.state_name, h.run_id, h.head_sha, h.applied_serial,

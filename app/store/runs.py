@@ -208,7 +208,9 @@ def locked_live_run(
             "now hold those addresses: stop, and re-plan",
         )
     if not RunStatus(status).is_live:
-        raise RunClosedError(f"apply run {run_id} is {status}; start a new run", status=status)
+        raise RunClosedError(f"apply run {run_id} is {status} and can no longer commit: if it changed "
+                             f"infrastructure, kl recover {run_id} commits its kept state through a new run",
+                             status=status)
     return state_name, state_id
 
 

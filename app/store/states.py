@@ -21,7 +21,7 @@ from app.domain.principal import Principal
 from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
-from app.store import assembly, events, holds, resources
+from app.store import assembly, events, holds, rawwrite, resources
 from app.store.db import Database
 
 _ENSURE = """
@@ -48,12 +48,6 @@ _LIST_STATES = """
 SELECT s.name, s.lineage, s.current_serial, s.lock_id IS NOT NULL AS locked, s.updated_at,
        (SELECT count(*) FROM resources r WHERE r.state_id = s.id AND r.delete_serial IS NULL) AS resources
 FROM states s WHERE s.tenant_id = %s AND s.scope = %s ORDER BY s.name
-"""
-_INSERT_VERSION = """
-INSERT INTO state_versions (tenant_id, state_id, serial, lineage, terraform_version, raw_state, sha256,
-                            size_bytes, encrypted, source, actor)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-RETURNING id
 """
 _SET_HEAD = """
 UPDATE states SET lineage = %s, current_serial = %s, head_version_id = %s, updated_at = now()
@@ -207,11 +201,11 @@ def write_state(
         check_new_serial(name, row.current_serial, parsed.serial)
         encrypted = isinstance(parsed, EncryptedState)
         terraform_version = "" if isinstance(parsed, EncryptedState) else parsed.terraform_version
-        (version_id,) = conn.execute(
-            _INSERT_VERSION,
-            (principal.tenant_id, row.id, parsed.serial, parsed.lineage, terraform_version, body, digest,
-             len(body), encrypted, source, principal.actor),
-        ).fetchone() or (0,)
+        version_id = rawwrite.insert_version(
+            conn, tenant_id=principal.tenant_id, state_id=row.id, serial=parsed.serial, lineage=parsed.lineage,
+            terraform_version=terraform_version, raw=body, sha256=digest, encrypted=encrypted, source=source,
+            actor=principal.actor,
+        )
         if isinstance(parsed, EncryptedState):
             opened, closed = 0, resources.close_all(conn, state_id=row.id, serial=parsed.serial)
         else:

@@ -14,7 +14,7 @@ import uuid
 from datetime import date, datetime
 from typing import Any
 
-from flask import Flask, Response, g, jsonify, request
+from flask import Flask, Response, g, jsonify, redirect, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.routing import PathConverter
 
@@ -22,7 +22,21 @@ from app.config import AuthMode, Settings
 from app.errors import ConfigError
 from app.store import Database
 from app.store.migrate import migrate
-from app.web import backend, control, drift, engine, errors, inputs, metrics, openapi, pruning, runs, ui, webhook
+from app.web import (
+    backend,
+    control,
+    drift,
+    engine,
+    errors,
+    exposure,
+    inputs,
+    metrics,
+    openapi,
+    pruning,
+    runs,
+    ui,
+    webhook,
+)
 from app.web.context import Services, services
 from app.web.logs import configure_logging
 
@@ -73,7 +87,7 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
     settings = settings or Settings.from_env()
     configure_logging(settings)
     if settings.auth_mode is AuthMode.OPEN:
-        log.warning("KL_AUTH_MODE=open: no authentication; use only on a trusted machine")
+        log.warning("KL_AUTH_MODE=open: no authentication; only clients on this machine are answered")
     url = resolve_database_url(settings)
     if settings.auto_migrate:
         applied = migrate(url)
@@ -88,11 +102,15 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
     inputs.init_app(app, settings)
     app.extensions["kilolock"] = Services(settings=settings, db=Database(url, pool_size=settings.db_pool_size))
     errors.register(app)
-    # --- observability and dashboard (issue 8): metrics for every lane, /metrics and /ui/ with the public lanes
+    exposure.init_app(app, settings)  # open mode answers loopback clients only, unless opted in
+    # Metrics for every lane; /metrics and the dashboard (/ui/) with the public lanes.
     metrics.init_app(app, serve=lanes in ("all", "public"))
     if lanes in ("all", "public"):
         ui.init_app(app, settings)
-    # --- end observability and dashboard
+
+        @app.get("/")
+        def root() -> Response:
+            return redirect("/ui/")  # type: ignore[return-value]
     if lanes in ("all", "public"):
         app.register_blueprint(backend.bp)
         app.register_blueprint(engine.bp)

@@ -37,6 +37,14 @@ class RunWindow(Protocol):
     def finished_at(self) -> datetime | None: ...
     @property
     def committed_serial(self) -> int | None: ...
+    @property
+    def info(self) -> dict[str, object]: ...
+
+
+def shown_status(status: str, info: dict[str, object] | None) -> str:
+    """The status as an operator should read it: a ``kl apply --dry-run`` ends its run as aborted, but
+    it is a rehearsal, not an abort, so it shows as ``dry-run``."""
+    return "dry-run" if status == "aborted" and (info or {}).get("dry_run") else status
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +107,8 @@ def layout(runs: Sequence[RunWindow], now: datetime) -> Chart:
         x = (run.created_at - start) / span * 100
         width = min(max((max(finish, run.created_at) - run.created_at) / span * 100, MIN_WIDTH), 100 - x)
         bars.append(Bar(
-            run_id=run.id, status=run.status, actor=run.actor, row=row, x=round(x, 3), width=round(width, 3),
+            run_id=run.id, status=shown_status(run.status, run.info), actor=run.actor, row=row, x=round(x, 3),
+            width=round(width, 3),
             y=AXIS_HEIGHT + row * ROW_HEIGHT + (ROW_HEIGHT - BAR_HEIGHT) // 2, start=run.created_at, end=finish,
             live=run.status in _LIVE, committed_serial=run.committed_serial,
         ))

@@ -40,8 +40,9 @@ from app.config import AuthMode, Settings
 from app.domain.attributes import AttributeChange, attribute_diff, sensitive_paths
 from app.domain.principal import Principal, default_principal
 from app.errors import BadRequestError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
-from app.store import dashboard, runs
+from app.store import Database, dashboard, runs
 from app.store import drift as drift_store
+from app.store.secrets import SESSION_SECRET, shared_secret
 from app.web import errors, metrics, timeline
 from app.web.auth import Credentials, principal_for
 from app.web.context import principal, services, state_name
@@ -68,22 +69,20 @@ class _Sessions(SecureCookieSessionInterface):
         return self.always_secure or request.is_secure
 
 
-def session_secret(settings: Settings) -> str:
+def session_secret(settings: Settings, db: Database) -> str:
     """KL_SESSION_SECRET; in static mode a key derived from KL_AUTH_TOKEN (rotating the token ends
-    the sessions); otherwise an ephemeral key, with a warning: sessions then end at restart and
-    are not shared between worker processes."""
+    the sessions); otherwise a key generated on first start and kept in the database, so every
+    process and host serving it signs and accepts the same sessions, across restarts."""
     if settings.session_secret:
         return settings.session_secret
     if settings.auth_mode is AuthMode.STATIC and settings.auth_token:
         return hmac.new(settings.auth_token.encode(), b"kilolock dashboard sessions v1", hashlib.sha256).hexdigest()
-    log.warning("KL_SESSION_SECRET is unset: dashboard sessions use an ephemeral key and end when the process "
-                "restarts; set it (32+ characters) to keep them")
-    return secrets.token_urlsafe(48)
+    return shared_secret(db, SESSION_SECRET)
 
 
 def init_app(app: Flask, settings: Settings) -> None:
     """Configure signed sessions and register the dashboard blueprint."""
-    app.secret_key = session_secret(settings)
+    app.secret_key = session_secret(settings, app.extensions["kilolock"].db)
     app.config.update(
         SESSION_COOKIE_NAME="kl_session", SESSION_COOKIE_PATH="/ui", SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax", PERMANENT_SESSION_LIFETIME=SESSION_LIFETIME,
@@ -222,6 +221,11 @@ def _utc(at: datetime | None) -> str:
     return "—" if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+@bp.app_template_filter("kl_status")
+def _status(run: runs.Run) -> str:
+    return timeline.shown_status(run.status, run.info)
+
+
 @bp.app_template_filter("kl_duration")
 def _duration(run: runs.Run) -> str:
     return _span(((run.finished_at or g.now) - run.created_at).total_seconds())
@@ -243,7 +247,7 @@ def login() -> Redirect | tuple[str, int] | str:
     if settings.auth_mode is AuthMode.OPEN:
         return redirect(_safe_next(request.args.get("next")))
     if request.method == "GET":
-        return render_template("ui/login.html", next=request.args.get("next", ""), error=None, nav="")
+        return render_template("ui/login.html", next=request.args.get("next", ""), error=None, name="", nav="")
     _check_csrf()
     secret = request.form.get("token", "").strip()
     name = "".join(ch for ch in request.form.get("name", "").strip() if ch.isprintable())[:100]
@@ -254,7 +258,7 @@ def login() -> Redirect | tuple[str, int] | str:
     except (UnauthorizedError, ForbiddenError) as refused:
         metrics.DASHBOARD_LOGINS.labels("refused").inc()
         message = "enter a token" if isinstance(refused, UnauthorizedError) else "that token was refused"
-        return render_template("ui/login.html", next=request.form.get("next", ""), error=message,
+        return render_template("ui/login.html", next=request.form.get("next", ""), error=message, name=name,
                                nav=""), refused.status
     session.clear()
     session.permanent = True
@@ -372,6 +376,21 @@ def reservations() -> str:
     return render_template("ui/reservations.html", reservations=found, state=state, nav="reservations")
 
 
+def github_web_url(api_url: str) -> str:
+    """github.com for the public API, ``https://HOST`` for GitHub Enterprise Server's ``https://HOST/api/v3``."""
+    base = api_url.rstrip("/")
+    if base == "https://api.github.com":
+        return "https://github.com"
+    return base[: -len("/api/v3")] if base.endswith("/api/v3") else base
+
+
 @bp.get("/pulls")
 def pulls() -> str:
-    return render_template("ui/pulls.html", nav="pulls")
+    settings = services().settings
+    found = dashboard.open_pull_requests(services().db, principal())
+    by_repo: dict[str, list[dashboard.PullRequest]] = {}
+    for pr in found:
+        by_repo.setdefault(pr.repo, []).append(pr)
+    return render_template("ui/pulls.html", repos=sorted(by_repo.items()), github=github_web_url(
+        settings.github_api_url), bot_enabled=settings.github_enabled,
+        webhook_ready=bool(settings.github_webhook_secret), nav="pulls")

@@ -46,7 +46,7 @@ def test_a_deleted_tf_file_without_its_text_is_a_failure_not_a_silent_omission()
     result = scope(DiffEntry("deleted", "db.tf", None))
     assert result.deleted == ()
     assert len(result.failures) == 1 and result.failures[0].startswith("db.tf: ")
-    assert "planned for destruction" in result.failures[0] and "kl plan . (without -f)" in result.failures[0]
+    assert "planned for destruction" in result.failures[0] and "kl plan without -f" in result.failures[0]
 
 
 def test_a_pure_rename_plans_the_new_file_and_deletes_nothing():
@@ -107,7 +107,7 @@ def test_a_variables_file_only_var_file_reads_needs_a_full_plan():
     result = scope(DiffEntry("modified", "infra/prod.tfvars", None), config_dir="infra")
     assert effects(result) == [("infra/prod.tfvars", FULL)] and result.needs_full_plan
     assert "-var-file" in result.widen[0].reason
-    assert "kl plan infra (without -f)" in result.widen[0].reason
+    assert "kl plan -C infra without -f" in result.widen[0].reason
 
 
 def test_the_dependency_lock_file_needs_a_full_plan():
@@ -223,8 +223,8 @@ def test_a_type_change_in_the_configuration_is_a_failure():
 def test_unmerged_and_unknown_changes_are_failures():
     result = scope(DiffEntry("unmerged", "main.tf", None), DiffEntry("exploded", "x.tf", None))
     assert result.failures == ("main.tf: has unresolved merge conflicts; resolve them and try again",
-                               "x.tf: unknown kind of change 'exploded'; run a full plan instead: kl plan . "
-                               "(without -f)")
+                               "x.tf: unknown kind of change 'exploded'; run a full plan instead: kl plan "
+                               "without -f")
 
 
 # --- shape ------------------------------------------------------------------------------------------------------

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,9 +29,24 @@ from app.embedded import (
 REPO = Path(__file__).resolve().parents[2]
 
 
+def outside_pytest_root() -> Iterator[Path]:
+    """A directory for an embedded Postgres outside pytest's per-user temporary root: as root, Postgres runs
+    as its own user, and every pytest session that starts on the machine resets that root to 0700."""
+    where = Path(tempfile.mkdtemp(prefix="kl-embedded-test-"))
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("embedded")
+def data_dir() -> Iterator[Path]:
+    yield from outside_pytest_root()
+
+
+@pytest.fixture
+def pg_dir() -> Iterator[Path]:
+    yield from outside_pytest_root()
 
 
 @pytest.fixture(scope="module")
@@ -160,20 +177,36 @@ def test_redis_listens_on_loopback_when_the_socket_path_would_be_too_long(tmp_pa
     assert url.startswith("redis://127.0.0.1:")
 
 
-def test_postgres_starts_again_after_a_stop_in_the_same_process(tmp_path: Path) -> None:
-    first = start_embedded_postgres(tmp_path)
+def test_postgres_starts_again_after_a_stop_in_the_same_process(pg_dir: Path) -> None:
+    first = start_embedded_postgres(pg_dir)
     try:
-        assert stop_embedded_postgres(tmp_path) is True
-        assert stop_embedded_postgres(tmp_path) is False
+        assert stop_embedded_postgres(pg_dir) is True
+        assert stop_embedded_postgres(pg_dir) is False
 
-        second = start_embedded_postgres(tmp_path)
+        second = start_embedded_postgres(pg_dir)
 
         with psycopg.connect(second) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
         assert second == first
     finally:
-        stop_embedded_postgres(tmp_path)
+        stop_embedded_postgres(pg_dir)
 
 
 def test_default_data_dir_is_the_per_user_kilolock_folder() -> None:
     assert default_data_dir().name == "kilolock"
+
+
+def test_a_postgres_that_cannot_start_is_one_clear_error_naming_its_log(pg_dir: Path) -> None:
+    from app.embedded import EmbeddedServiceError
+
+    where = pg_dir / "broken"
+    start_embedded_postgres(where)
+    stop_embedded_postgres(where)
+    with (where / "postgres" / "postgresql.conf").open("a") as conf:
+        conf.write("\nshared_buffers = 'not a size'\n")
+    with pytest.raises(EmbeddedServiceError) as raised:
+        start_embedded_postgres(where)
+    message = str(raised.value)
+    assert "did not start after 3 attempts" in message
+    assert str(where / "postgres" / "log") in message and "shared_buffers" in message
+    assert "KL_DATABASE_URL" in message

@@ -50,3 +50,19 @@ def test_odd_keys_are_quoted_and_long_values_are_cut():
 def test_malformed_sensitive_paths_mask_more_not_less():
     assert sensitive_paths("nope") == frozenset()
     assert sensitive_paths([[{"type": "get_attr", "value": "a"}, {"weird": True}]]) == frozenset({("a",)})
+
+
+def test_a_secret_looking_field_name_inside_a_type_descriptor_is_not_masked_but_its_value_is():
+    before = None
+    after = {"input": {"value": {"password": "hunter2", "user": "u"},
+                       "type": ["object", {"password": "string", "user": "string"}]}}
+    changes = {c.path: c for c in attribute_diff(before, after)}
+    assert changes["input.type[1].password"].sensitive is False
+    assert changes["input.type[1].password"].after == '"string"'
+    assert changes["input.value.password"].sensitive is True and changes["input.value.password"].after is None
+    # A value that is not a bare type name under such a path stays masked: only type names are unmasked.
+    odd = {c.path: c for c in attribute_diff(None, {"x": {"type": ["object", {"token": "abc123"}]}})}
+    assert odd["x.type[1].token"].sensitive is True
+    # And a path Terraform marks sensitive is masked whatever it looks like.
+    marked = {c.path: c for c in attribute_diff(None, after, masked=[("input",)])}
+    assert marked["input.type[1].password"].sensitive is True

@@ -168,5 +168,50 @@ def test_overlapping_runs_are_drawn_overlapping_and_an_abort_frees_the_reservati
     wait_for(browser, ".gantt")
     shot(browser, "10-all-runs")
     browser.get(f"{site.url}/ui/pulls")
-    assert "not configured" in wait_for(browser, "#pulls-empty").text
+    assert "not set up" in wait_for(browser, "#pulls-empty").text
     shot(browser, "11-pulls")
+
+
+def test_first_day_edges_in_a_browser(browser: Any, site: Any) -> None:
+    """A refused login keeps the name; open pull requests and their overlaps; a dry run drawn as one."""
+    from datetime import timedelta
+
+    from app.domain.reservations import RunStatus, parse_wanted
+    from app.store import Database, bot, runs, states
+    from tests.ui.conftest import prod_state
+
+    browser.delete_all_cookies()
+    browser.get(f"{site.url}/ui/login")
+    wait_for(browser, "#login-form")
+    browser.find_element(By.ID, "token").send_keys("not-the-token")
+    browser.find_element(By.ID, "name").send_keys("olga")
+    browser.find_element(By.ID, "login").click()
+    wait_for(browser, ".flash.error")
+    assert browser.find_element(By.ID, "name").get_attribute("value") == "olga"
+
+    db = Database(site.settings.database_url, pool_size=2)
+    try:
+        who = default_principal(actor="seed")
+        states.write_state(db, who, "prod", prod_state(), lock_id=None)
+        rehearsal = runs.open_run(db, who, "prod", actor="dora", wanted=parse_wanted([("*", "write")]),
+                                  lease=timedelta(minutes=5), info={"dry_run": True})
+        runs.close_run(db, who, rehearsal.id, holder="dora", status=RunStatus.ABORTED,
+                       error_summary="dry run: reservations released")
+        for number, sha in ((4, "a" * 40), (5, "b" * 40)):
+            bot.save_footprint(db, bot.PrFootprint("acme/infra", number, "net", "prod", sha, ("net.tf",),
+                                                   ("module.a.*",)))
+    finally:
+        db.close()
+    log_in(browser, site)
+    browser.get(f"{site.url}/ui/pulls")
+    row = wait_for(browser, 'tr.pull[data-number="4"]')
+    assert row.find_element(By.CSS_SELECTOR, "a.pr-link").get_attribute("href") == \
+        "https://github.com/acme/infra/pull/4"
+    assert "#5" in row.find_element(By.CSS_SELECTOR, "td.overlaps").text
+    shot(browser, "12-pulls-open")
+    browser.get(f"{site.url}/ui/runs/{rehearsal.id}")
+    assert wait_for(browser, "#run-status").text == "dry-run"
+    assert "Nothing was applied" in browser.find_element(By.ID, "dry-run-note").text
+    browser.get(f"{site.url}/ui/states/prod/runs")
+    bar = wait_for(browser, f'rect.bar[data-run="{rehearsal.id}"]')
+    assert bar.get_attribute("data-status") == "dry-run"

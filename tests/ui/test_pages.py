@@ -113,5 +113,60 @@ def test_the_terraform_lock_shows_as_a_reservation_without_an_abort_button(ui):
     assert row[1] == "*" and row[3] == "frank@ci" and "Terraform state lock" in row[4] and "force-unlock" in row[7]
 
 
-def test_the_pull_requests_page_says_the_bot_is_not_configured(ui):
-    assert "The GitHub bot is not configured" in page(ui, "/ui/pulls")
+def test_the_pull_requests_page_says_what_is_missing_when_the_bot_is_not_set_up(ui):
+    html = page(ui, "/ui/pulls")
+    assert "The GitHub bot is not set up" in html and "KL_GITHUB_WEBHOOK_SECRET" in html and "KL_GITHUB_TOKEN" in html
+
+
+def test_a_live_terraform_lock_counts_as_a_live_reservation_on_the_states_list(ui):
+    ui.post("/v1/states/locked", data=counted_state(1, 1), headers=BEARER)
+    ui.open("/v1/states/locked", method="LOCK", data=lock_info("lock-2", who="gina@ci"), headers=BEARER)
+    [row] = cells(page(ui, "/ui/"), "states")
+    assert row[3].startswith("gina@ci") and row[4] == "1"
+
+
+def test_the_site_root_redirects_to_the_dashboard(ui):
+    response = ui.get("/")
+    assert response.status_code == 302 and response.headers["Location"].endswith("/ui/")
+
+
+def test_a_failed_run_page_points_at_the_kept_state_and_kl_recover(ui, seeded):
+    html = page(ui, f"/ui/runs/{seeded.failed}")
+    assert f"KL_DATA_DIR/runs/{seeded.failed}/" in html and f"kl recover {seeded.failed}" in html
+    committed = page(ui, f"/ui/runs/{seeded.committed}")
+    assert "kl recover" not in committed and 'id="counters"' in committed
+    running = page(ui, f"/ui/runs/{seeded.running}")
+    assert "No counters yet" in running and "has not committed yet" in running
+
+
+def test_a_dry_run_reads_as_a_rehearsal_not_an_abort(ui):
+    ui.post("/v1/states/rehearsed", data=counted_state(1, 1), headers=BEARER)
+    opened = ui.post("/v1/engine/states/rehearsed/runs", headers=BEARER, json={
+        "actor": "dora", "reservations": [{"glob": "*", "mode": "write"}], "info": {"dry_run": True}})
+    run_id = opened.get_json()["run"]["id"]
+    ui.post(f"/v1/engine/runs/{run_id}/close", headers=BEARER,
+            json={"holder": "dora", "status": "aborted", "error_summary": "dry run: reservations released"})
+    html = page(ui, f"/ui/runs/{run_id}")
+    assert 'id="run-status">dry-run<' in html and "Nothing was applied" in html and "kl recover" not in html
+    assert 'data-status="dry-run"' in page(ui, "/ui/runs")
+
+
+def test_a_refused_login_keeps_the_name_typed(anon):
+    from tests.ui.conftest import login
+
+    refused = login(anon, "not-the-token", name="henry")
+    assert refused.status_code == 403 and 'value="henry"' in refused.get_data(as_text=True)
+
+
+def test_open_mode_audit_rows_name_the_runs_actor_not_anonymous(client, clean_db):
+    client.post("/v1/states/open", data=counted_state(1, 1))
+    opened = client.post("/v1/engine/states/open/runs", json={"actor": "ivy", "reservations": [
+        {"glob": "*", "mode": "write"}]})
+    run_id = opened.get_json()["run"]["id"]
+    client.post(f"/v1/engine/runs/{run_id}/close", json={"holder": "ivy", "status": "failed", "error_summary": "x"})
+    with psycopg.connect(clean_db) as conn:
+        actors = {kind: actor for kind, actor in conn.execute(
+            "SELECT kind, actor FROM events WHERE detail ->> 'run_id' = %s OR kind LIKE 'run%%'", (run_id,))}
+    assert actors and set(actors.values()) == {"ivy"}, actors
+    html = client.get(f"/ui/runs/{run_id}", headers={"Accept": "text/html"}).get_data(as_text=True)
+    assert "anonymous" not in html.split('id="events"', 1)[1]

@@ -5,7 +5,6 @@ tenant isolation (another tenant's state is a 404), sensitive values never rende
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import replace
 from typing import Any
 
@@ -281,25 +280,29 @@ def test_open_mode_needs_no_login_but_still_checks_csrf(client, clean_db):
         assert conn.execute("SELECT status FROM apply_runs").fetchone() == ("aborted",)
 
 
-def test_database_mode_refuses_to_start_without_a_session_secret():
+def test_database_mode_starts_without_a_session_secret_and_checks_one_given():
     with pytest.raises(ConfigError) as caught:
         Settings.from_env({"KL_AUTH_MODE": "database"})
-    assert any("KL_SESSION_SECRET" in p for p in caught.value.problems)
+    assert not any("KL_SESSION_SECRET" in p for p in caught.value.problems)
     assert any("KL_CONTROL_TOKEN" in p for p in caught.value.problems)
     with pytest.raises(ConfigError, match="at least 32"):
         Settings.from_env({"KL_SESSION_SECRET": "short"})
     ok = Settings.from_env({"KL_AUTH_MODE": "database", "KL_CONTROL_TOKEN": "c", "KL_SESSION_SECRET": "s" * 40})
     assert ok.session_secret == "s" * 40 and "s" * 40 not in repr(ok)
+    assert Settings.from_env({"KL_AUTH_MODE": "database", "KL_CONTROL_TOKEN": "c"}).session_secret is None
 
 
-def test_open_mode_without_a_secret_warns_and_uses_an_ephemeral_one(settings, caplog):
+def test_without_a_secret_every_process_shares_one_generated_and_kept_in_the_database(settings, clean_db):
     from app.web import create_app
 
-    with caplog.at_level(logging.WARNING, logger="kilolock.ui"):
-        first, second = create_app(settings), create_app(settings)
+    first, second = create_app(settings), create_app(settings)
     try:
-        assert any("KL_SESSION_SECRET is unset" in r.getMessage() for r in caplog.records)
-        assert first.secret_key and first.secret_key != second.secret_key
+        assert first.secret_key and first.secret_key == second.secret_key and len(str(first.secret_key)) >= 32
+        with psycopg.connect(clean_db) as conn:
+            assert conn.execute("SELECT value FROM server_secrets").fetchall() == [(first.secret_key,)]
+        given = create_app(replace(settings, session_secret="o" * 40))
+        assert given.secret_key == "o" * 40
+        given.extensions["kilolock"].db.close()
     finally:
         first.extensions["kilolock"].db.close()
         second.extensions["kilolock"].db.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from app.web.timeline import AXIS_HEIGHT, MIN_WIDTH, ROW_HEIGHT, layout
@@ -18,6 +18,7 @@ class FakeRun:
     finished_at: datetime | None = None
     actor: str = "someone"
     committed_serial: int | None = None
+    info: dict[str, object] = field(default_factory=dict)
 
 
 def minutes_ago(m: float) -> datetime:
@@ -68,3 +69,9 @@ def test_ticks_fall_inside_the_window_with_readable_steps():
 
 def test_no_runs_is_an_empty_chart():
     assert layout([], NOW).bars == ()
+
+
+def test_a_dry_run_reads_as_a_dry_run_not_as_an_abort():
+    chart = layout([FakeRun("d", "aborted", minutes_ago(3), minutes_ago(2), info={"dry_run": True}),
+                    FakeRun("a", "aborted", minutes_ago(5), minutes_ago(4))], NOW)
+    assert {b.run_id: b.status for b in chart.bars} == {"d": "dry-run", "a": "aborted"}

@@ -164,7 +164,7 @@ def test_a_var_file_only_tfvars_change_widens_to_a_full_plan(sandbox):
     sandbox.write("prod.tfvars", 'name = "b"\n')
     result = scope(sandbox)
     assert [(w.path, w.effect) for w in result.widen] == [("prod.tfvars", FULL)]
-    assert result.needs_full_plan and "kl plan -C . without -f" in result.widen[0].reason
+    assert result.needs_full_plan and "kl plan without -f" in result.widen[0].reason
 
 
 def test_a_change_inside_a_module_directory_widens_to_the_module(sandbox):

@@ -58,9 +58,10 @@ def test_an_engine_acquire_conflicts_while_terraform_holds_the_lock(live_server,
     tf("init", "-input=false")
     apply = tf.popen("apply", "-auto-approve", "-input=false")
     try:
-        deadline = time.monotonic() + 30
+        # Terraform may take long to start on a loaded machine: poll for as long as it runs.
+        deadline = time.monotonic() + 300
         conflict = None
-        while time.monotonic() < deadline:
+        while apply.poll() is None and time.monotonic() < deadline:
             attempt = open_run(live_server.url, "bob", "module.unrelated.*", mode="read")
             if attempt.status_code == 409:
                 conflict = attempt.json()
@@ -69,7 +70,7 @@ def test_an_engine_acquire_conflicts_while_terraform_holds_the_lock(live_server,
             requests.post(f"{live_server.url}/v1/engine/runs/{attempt.json()['run']['id']}/release",
                           json={"holder": "bob"}, timeout=10)
             time.sleep(0.2)
-        assert conflict is not None, "Terraform never took the lock"
+        assert conflict is not None, f"Terraform never took the lock (exit {apply.poll()})"
         assert conflict["conflicts"][0]["glob"] == "*"
         assert "Terraform state lock" in conflict["error"]
     finally:

@@ -1,18 +1,22 @@
-"""Settings: every ``KL_*`` environment variable, read once at process start.
+"""Settings: every ``KL_*`` variable of the service, read once at process start from one table.
 
 This is the only module that reads the environment for the service. ``Settings.from_env()`` is
-called by ``create_app``, the worker and ``kl``; everything else receives the frozen object.
+called by ``create_app``, the worker and ``kl``; everything else receives the frozen object. Each
+variable is one row of :data:`TABLE` (its field, parser, default and doc); ``docs/configuration.md``
+is checked against the table both ways. The ``kl`` client's own variables are ``runner.config``'s table.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from app import envtable
 from app.domain.throttle import parse_networks
+from app.envtable import Setting, boolean, comma_list, one_of, read_table, text, url, whole
 from app.errors import ConfigError
 
 
@@ -26,6 +30,16 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MIN_SECRET_LENGTH = 32
+GITHUB_API_URL = "https://api.github.com"
+
+
+def resolve_data_dir(configured: Path | None) -> Path:
+    """The data directory: ``KL_DATA_DIR`` as configured, else the per-user data folder."""
+    if configured is not None:
+        return configured
+    from app.embedded import default_data_dir  # platformdirs, only when needed
+
+    return default_data_dir()
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +52,6 @@ class Settings:
     auth_mode: AuthMode = AuthMode.OPEN
     auth_token: str | None = field(default=None, repr=False)
     control_token: str | None = field(default=None, repr=False)
-    terraform_bin: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     auto_migrate: bool = True
     db_pool_size: int = 10
@@ -57,7 +70,7 @@ class Settings:
     github_app_id: str | None = None
     github_private_key: str | None = field(default=None, repr=False)
     github_token: str | None = field(default=None, repr=False)
-    github_api_url: str = "https://api.github.com"
+    github_api_url: str = GITHUB_API_URL
     github_clone_urls: tuple[tuple[str, str], ...] = ()
     bot_token: str | None = field(default=None, repr=False)
     repo_cache_dir: Path | None = None
@@ -78,136 +91,127 @@ class Settings:
     def github_enabled(self) -> bool:
         return bool(self.github_app_id or self.github_token)
 
+    @property
+    def data_root(self) -> Path:
+        """KL_DATA_DIR, else the per-user data folder: where embedded servers and kl keep their data."""
+        return resolve_data_dir(self.data_dir)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Build settings from ``KL_*`` variables; raise ConfigError listing every problem."""
-        env = os.environ if env is None else env
-        problems: list[str] = []
-
-        def text(name: str) -> str | None:
-            value = env.get(name, "").strip()
-            return value or None
-
-        def integer(name: str, default: int, minimum: int = 1) -> int:
-            raw = text(name)
-            if raw is None:
-                return default
-            try:
-                value = int(raw)
-            except ValueError:
-                problems.append(f"{name} must be a whole number, got {raw!r}")
-                return default
-            if value < minimum:
-                problems.append(f"{name} must be at least {minimum}, got {value}")
-            return value
-
-        def boolean(name: str, default: bool) -> bool:
-            raw = text(name)
-            if raw is None:
-                return default
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            problems.append(f"{name} must be true or false, got {raw!r}")
-            return default
-
-        mode_raw = (text("KL_AUTH_MODE") or AuthMode.OPEN.value).lower()
-        try:
-            auth_mode = AuthMode(mode_raw)
-        except ValueError:
-            problems.append(f"KL_AUTH_MODE must be one of open, static, database; got {mode_raw!r}")
-            auth_mode = AuthMode.OPEN
-        auth_token = text("KL_AUTH_TOKEN")
-        if auth_mode is AuthMode.STATIC and auth_token is None:
-            problems.append("KL_AUTH_TOKEN is required when KL_AUTH_MODE=static")
-        control_token = text("KL_CONTROL_TOKEN")
-        if auth_mode is AuthMode.DATABASE and control_token is None:
-            problems.append("KL_CONTROL_TOKEN is required when KL_AUTH_MODE=database (it guards /v1/api)")
-        session_secret = text("KL_SESSION_SECRET")
-        if session_secret is not None and len(session_secret) < MIN_SECRET_LENGTH:
-            problems.append(f"KL_SESSION_SECRET must be at least {MIN_SECRET_LENGTH} characters")
-        log_format = (text("KL_LOG_FORMAT") or "text").lower()
-        if log_format not in LOG_FORMATS:
-            problems.append(f"KL_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}; got {log_format!r}")
-        log_level = (text("KL_LOG_LEVEL") or "INFO").upper()
-        if log_level == "WARN":
-            log_level = "WARNING"
-        if log_level not in LOG_LEVELS:
-            problems.append(f"KL_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)} (any case); "
-                            f"got {log_level.lower()!r}")
-            log_level = "INFO"
-        data_dir = text("KL_DATA_DIR")
-        private_key = text("KL_GITHUB_PRIVATE_KEY")
-        if private_key and "-----BEGIN" not in private_key:
-            key_path = Path(private_key).expanduser()
-            try:
-                private_key = key_path.read_text()
-            except OSError as exc:
-                problems.append(f"KL_GITHUB_PRIVATE_KEY is neither PEM text nor a readable file ({exc.strerror})")
-        app_id = text("KL_GITHUB_APP_ID")
-        if app_id and not private_key:
-            problems.append("KL_GITHUB_PRIVATE_KEY is required with KL_GITHUB_APP_ID")
-        clone_urls: list[tuple[str, str]] = []
-        for item in (text("KL_GITHUB_CLONE_URLS") or "").split(","):
-            if not item.strip():
-                continue
-            repo, sep, url = item.strip().partition("=")
-            if not sep or "/" not in repo or not url:
-                problems.append(f"KL_GITHUB_CLONE_URLS entries are owner/repo=URL; got {item.strip()!r}")
-                continue
-            clone_urls.append((repo.strip(), url.strip()))
-        cache_dir = text("KL_REPO_CACHE_DIR")
-        proxies = tuple(p.strip() for p in (text("KL_TRUSTED_PROXIES") or "").split(",") if p.strip())
-        try:
-            parse_networks(proxies)
-        except ValueError as exc:
-            problems.append(f"KL_TRUSTED_PROXIES: {exc}; list proxy addresses or CIDR networks, comma-separated")
-        settings = cls(
-            database_url=text("KL_DATABASE_URL"),
-            redis_url=text("KL_REDIS_URL"),
-            data_dir=Path(data_dir).expanduser() if data_dir else None,
-            auth_mode=auth_mode,
-            auth_token=auth_token,
-            control_token=control_token,
-            terraform_bin=text("KL_TERRAFORM_BIN"),
-            max_body_bytes=integer("KL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
-            auto_migrate=boolean("KL_AUTO_MIGRATE", True),
-            db_pool_size=integer("KL_DB_POOL_SIZE", 10),
-            log_level=log_level,
-            public_url=text("KL_PUBLIC_URL"),
-            allow_open_on_network=boolean("KL_ALLOW_OPEN_ON_NETWORK", False),
-            max_wait_seconds=integer("KL_MAX_WAIT_SECONDS", 300, minimum=0),
-            wait_ticket_seconds=integer("KL_WAIT_TICKET_SECONDS", 10, minimum=2),
-            max_globs_per_request=integer("KL_MAX_GLOBS_PER_REQUEST", 1000, minimum=1),
-            max_globs_per_run=integer("KL_MAX_GLOBS_PER_RUN", 5000, minimum=1),
-            session_secret=session_secret,
-            log_format=log_format,
-            metrics_token=text("KL_METRICS_TOKEN"),
-            github_webhook_secret=text("KL_GITHUB_WEBHOOK_SECRET"),
-            github_app_id=app_id,
-            github_private_key=private_key,
-            github_token=text("KL_GITHUB_TOKEN"),
-            github_api_url=(text("KL_GITHUB_API_URL") or "https://api.github.com").rstrip("/"),
-            github_clone_urls=tuple(clone_urls),
-            bot_token=text("KL_BOT_TOKEN"),
-            repo_cache_dir=Path(cache_dir).expanduser() if cache_dir else None,
-            job_timeout=integer("KL_JOB_TIMEOUT", 3600, minimum=10),
-            webhook_max_bytes=integer("KL_WEBHOOK_MAX_BYTES", 25 * 1024 * 1024),
-            auth_failure_limit=integer("KL_AUTH_FAILURE_LIMIT", 10),
-            auth_failure_window=integer("KL_AUTH_FAILURE_WINDOW", 60),
-            trusted_proxies=proxies,
-            large_body_bytes=integer("KL_LARGE_BODY_BYTES", 16 * 1024 * 1024),
-            max_large_bodies=integer("KL_MAX_LARGE_BODIES", 2),
-            retain_versions=integer("KL_RETAIN_VERSIONS", 0, minimum=0),
-            retain_days=integer("KL_RETAIN_DAYS", 0, minimum=0),
-            prune_interval_seconds=integer("KL_PRUNE_INTERVAL_SECONDS", 3600, minimum=0),
-        )
+        """Build settings from ``KL_*`` variables (:data:`TABLE`); raise ConfigError listing every problem."""
+        values, problems = read_table(TABLE, os.environ if env is None else env)
+        settings = cls(**values)
+        problems.extend(message for needed, message in _REQUIRED if needed(settings))
         if problems:
             raise ConfigError(problems)
         return settings
 
 
+def _auth_mode(raw: str) -> AuthMode:
+    return AuthMode(one_of(tuple(AuthMode))(raw))
+
+
+def _session_secret(raw: str) -> str:
+    value = raw.strip()
+    if len(value) < MIN_SECRET_LENGTH:
+        raise ValueError(f"must be at least {MIN_SECRET_LENGTH} characters")
+    return value
+
+
+def _private_key(raw: str) -> str:
+    """PEM text as given, or the text of the file it names."""
+    value = raw.strip()
+    if "-----BEGIN" in value:
+        return value
+    try:
+        return Path(value).expanduser().read_text()
+    except OSError as exc:
+        raise ValueError(f"is neither PEM text nor a readable file ({exc.strerror})") from None
+
+
+def _clone_urls(raw: str) -> tuple[tuple[str, str], ...]:
+    found: list[tuple[str, str]] = []
+    bad: list[str] = []
+    for item in comma_list(raw):
+        repo, sep, target = item.partition("=")
+        if not sep or "/" not in repo or not target:
+            bad.append(f"entries are owner/repo=URL; got {item!r}")
+        else:
+            found.append((repo.strip(), target.strip()))
+    if bad:
+        raise ValueError(*bad)
+    return tuple(found)
+
+
+def _proxies(raw: str) -> tuple[str, ...]:
+    proxies = comma_list(raw)
+    try:
+        parse_networks(proxies)
+    except ValueError as exc:
+        raise ValueError(f"must list proxy addresses or CIDR networks, comma-separated: {exc}") from None
+    return proxies
+
+
+DATA_DIR = Setting("data_dir", "KL_DATA_DIR", envtable.path, None,
+                   "where embedded servers and kl keep their data", shown="the per-user data folder")
+
+TABLE: tuple[Setting, ...] = (
+    Setting("database_url", "KL_DATABASE_URL", text, None, "libpq URL of Postgres; unset: embedded Postgres"),
+    Setting("redis_url", "KL_REDIS_URL", text, None, "Redis for background jobs; unset: embedded Redis"),
+    DATA_DIR,
+    Setting("auth_mode", "KL_AUTH_MODE", _auth_mode, AuthMode.OPEN, "open, static or database authentication"),
+    Setting("auth_token", "KL_AUTH_TOKEN", text, None, "the shared token of static mode", shown="none"),
+    Setting("control_token", "KL_CONTROL_TOKEN", text, None, "the operator's token for /v1/api", shown="none"),
+    Setting("max_body_bytes", "KL_MAX_BODY_BYTES", whole(), DEFAULT_MAX_BODY_BYTES, "largest request body"),
+    Setting("auto_migrate", "KL_AUTO_MIGRATE", boolean, True, "apply pending migrations at start"),
+    Setting("db_pool_size", "KL_DB_POOL_SIZE", whole(), 10, "Postgres connections per process"),
+    Setting("log_level", "KL_LOG_LEVEL", one_of(LOG_LEVELS, upper=True, aliases={"WARN": "WARNING"},
+                                                note=" (any case)"), "INFO", "Python logging level"),
+    Setting("public_url", "KL_PUBLIC_URL", text, None, "the URL clients reach the service at"),
+    Setting("allow_open_on_network", "KL_ALLOW_OPEN_ON_NETWORK", boolean, False,
+            "open mode answers clients beyond this machine"),
+    Setting("max_wait_seconds", "KL_MAX_WAIT_SECONDS", whole(0), 300, "longest a reservation request queues"),
+    Setting("wait_ticket_seconds", "KL_WAIT_TICKET_SECONDS", whole(2), 10,
+            "how long a queue ticket keeps its place unpresented"),
+    Setting("max_globs_per_request", "KL_MAX_GLOBS_PER_REQUEST", whole(), 1000, "most globs one request names"),
+    Setting("max_globs_per_run", "KL_MAX_GLOBS_PER_RUN", whole(), 5000, "most globs one apply run holds"),
+    Setting("session_secret", "KL_SESSION_SECRET", _session_secret, None, "signs the dashboard's sessions"),
+    Setting("log_format", "KL_LOG_FORMAT", one_of(LOG_FORMATS), "text", "text or json log lines"),
+    Setting("metrics_token", "KL_METRICS_TOKEN", text, None, "the bearer token /metrics requires"),
+    Setting("github_webhook_secret", "KL_GITHUB_WEBHOOK_SECRET", text, None, "the GitHub webhook's secret"),
+    Setting("github_app_id", "KL_GITHUB_APP_ID", text, None, "the GitHub App's numeric id"),
+    Setting("github_private_key", "KL_GITHUB_PRIVATE_KEY", _private_key, None,
+            "the GitHub App's private key, PEM text or a file", shown="none"),
+    Setting("github_token", "KL_GITHUB_TOKEN", text, None, "a personal GitHub token, without an App"),
+    Setting("github_api_url", "KL_GITHUB_API_URL", url, GITHUB_API_URL, "base URL of GitHub's REST API"),
+    Setting("github_clone_urls", "KL_GITHUB_CLONE_URLS", _clone_urls, (),
+            "owner/repo=URL pairs overriding where repositories are cloned from"),
+    Setting("bot_token", "KL_BOT_TOKEN", text, None, "the token the bot's jobs present to the engine lane"),
+    Setting("repo_cache_dir", "KL_REPO_CACHE_DIR", envtable.path, None, "where workers keep repository mirrors",
+            shown="`KL_DATA_DIR/repos`"),
+    Setting("job_timeout", "KL_JOB_TIMEOUT", whole(10), 3600, "seconds a bot job may run"),
+    Setting("webhook_max_bytes", "KL_WEBHOOK_MAX_BYTES", whole(), 25 * 1024 * 1024, "largest webhook body"),
+    Setting("auth_failure_limit", "KL_AUTH_FAILURE_LIMIT", whole(), 10, "failed authentications per window"),
+    Setting("auth_failure_window", "KL_AUTH_FAILURE_WINDOW", whole(), 60, "that window, in seconds"),
+    Setting("trusted_proxies", "KL_TRUSTED_PROXIES", _proxies, (), "reverse proxies whose X-Forwarded-For counts"),
+    Setting("large_body_bytes", "KL_LARGE_BODY_BYTES", whole(), 16 * 1024 * 1024, "the size of a large body"),
+    Setting("max_large_bodies", "KL_MAX_LARGE_BODIES", whole(), 2, "large bodies read at once per process"),
+    Setting("retain_versions", "KL_RETAIN_VERSIONS", whole(0), 0, "keep the raw bytes of the newest N versions"),
+    Setting("retain_days", "KL_RETAIN_DAYS", whole(0), 0, "keep the raw bytes of versions younger than N days"),
+    Setting("prune_interval_seconds", "KL_PRUNE_INTERVAL_SECONDS", whole(0), 3600, "how often retention runs"),
+)
+
+# Rules over several settings, checked once the table is read: (is the setting missing?, what to say).
+_REQUIRED: tuple[tuple[Callable[[Settings], bool], str], ...] = (
+    (lambda s: s.auth_mode is AuthMode.STATIC and s.auth_token is None,
+     "KL_AUTH_TOKEN is required when KL_AUTH_MODE=static"),
+    (lambda s: s.auth_mode is AuthMode.DATABASE and s.control_token is None,
+     "KL_CONTROL_TOKEN is required when KL_AUTH_MODE=database (it guards /v1/api)"),
+    (lambda s: bool(s.github_app_id) and not s.github_private_key,
+     "KL_GITHUB_PRIVATE_KEY is required with KL_GITHUB_APP_ID"),
+)
+
+
 def setting_names() -> tuple[str, ...]:
     """The environment variable behind each Settings field (docs are checked against this)."""
-    return tuple(f"KL_{f.name.upper()}" for f in fields(Settings))
+    return tuple(row.variable for row in TABLE)

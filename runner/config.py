@@ -3,7 +3,8 @@
 Resolution order, first found wins: ``--address``/``--state``/``--token`` flags; ``KL_ADDRESS``,
 ``KL_STATE``, ``KL_TOKEN``; the ``TF_HTTP_*`` variables Terraform itself reads; the
 configuration directory's own ``backend "http"`` block. This and ``app.config`` are the only
-modules that read the environment.
+modules that read the environment: the client's variables are the rows of :data:`TABLE`, read by
+``app.envtable`` into one :class:`ClientSettings` (``docs/configuration.md`` is checked against it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from analyzer.hcl import HclError, find_http_backend
+from app.config import DATA_DIR, resolve_data_dir
+from app.envtable import Setting, read_table, text, verbatim
 
 
 class ClientConfigError(Exception):
@@ -28,6 +31,39 @@ class ClientConfig:
     username: str | None
     token: str | None
     token_source: str | None = None  # where the token came from, for error messages
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """The environment as ``kl`` (and a worker's Terraform runs) read it: :data:`TABLE`, once per call."""
+
+    address: str | None = None
+    state: str | None = None
+    token: str | None = None
+    tf_http_address: str | None = None
+    tf_http_username: str | None = None
+    tf_http_password: str | None = None
+    actor: str | None = None
+    data_dir: Path | None = None
+    terraform_bin: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientSettings:
+        values, _ = read_table(TABLE, os.environ if env is None else env)  # no client parser refuses a value
+        return cls(**values)
+
+
+TABLE: tuple[Setting, ...] = (
+    Setting("address", "KL_ADDRESS", text, None, "the server, or a full backend address (as --address)"),
+    Setting("state", "KL_STATE", text, None, "the state name (as --state)", shown="unset: the address's"),
+    Setting("token", "KL_TOKEN", verbatim, None, "the credential (as --token)"),
+    Setting("tf_http_address", "TF_HTTP_ADDRESS", text, None, "Terraform's own backend address, after KL_ADDRESS"),
+    Setting("tf_http_username", "TF_HTTP_USERNAME", verbatim, None, "Terraform's own backend username"),
+    Setting("tf_http_password", "TF_HTTP_PASSWORD", verbatim, None, "Terraform's own password, after KL_TOKEN"),
+    Setting("actor", "KL_ACTOR", verbatim, None, "who kl apply records as the run's holder", shown="`user@host`"),
+    DATA_DIR,
+    Setting("terraform_bin", "KL_TERRAFORM_BIN", verbatim, None, "the Terraform binary kl and workers run"),
+)
 
 
 def split_backend_address(address: str) -> tuple[str, str | None]:
@@ -56,15 +92,15 @@ def resolve(
     token: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ClientConfig:
-    env = os.environ if env is None else env
-    username = env.get("TF_HTTP_USERNAME") or None
+    settings = ClientSettings.from_env(env)
+    username = settings.tf_http_username
     password, source = None, None
-    for value, named in ((token, "--token"), (env.get("KL_TOKEN"), "KL_TOKEN"),
-                         (env.get("TF_HTTP_PASSWORD"), "TF_HTTP_PASSWORD")):
+    for value, named in ((token, "--token"), (settings.token, "KL_TOKEN"),
+                         (settings.tf_http_password, "TF_HTTP_PASSWORD")):
         if value:
             password, source = value, named
             break
-    chosen = address or env.get("KL_ADDRESS") or env.get("TF_HTTP_ADDRESS") or None
+    chosen = address or settings.address or settings.tf_http_address
     if chosen is None or password is None or username is None:
         try:
             block = find_http_backend(read_tf_files(config_dir)) if config_dir.is_dir() else None
@@ -83,7 +119,7 @@ def resolve(
     base, state_from_address = split_backend_address(chosen)
     return ClientConfig(
         base_url=base,
-        state=state or env.get("KL_STATE") or state_from_address,
+        state=state or settings.state or state_from_address,
         username=username,
         token=password,
         token_source=source,
@@ -98,19 +134,14 @@ def process_env() -> dict[str, str]:
 def data_dir(env: Mapping[str, str]) -> Path:
     """Where kl keeps its plugin cache, parse cache and recoverable run states: KL_DATA_DIR or the user
     data folder (the same directory the embedded servers use)."""
-    configured = env.get("KL_DATA_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    from app.embedded import default_data_dir
-
-    return default_data_dir()
+    return resolve_data_dir(ClientSettings.from_env(env).data_dir)
 
 
 def default_actor(env: Mapping[str, str]) -> str:
     import getpass
     import socket
 
-    explicit = env.get("KL_ACTOR")
+    explicit = ClientSettings.from_env(env).actor
     if explicit:
         return explicit
     try:

@@ -103,8 +103,10 @@ def resolve_binary(env: Mapping[str, str]) -> TerraformBinary:
     Raises TerraformNotFoundError when KL_TERRAFORM_BIN is set but not an executable file, or when
     nothing is found at all.
     """
+    from runner.config import ClientSettings  # the client's settings table owns KL_TERRAFORM_BIN
+
     search_path = env.get("PATH", os.defpath)
-    configured = env.get("KL_TERRAFORM_BIN", "")
+    configured = ClientSettings.from_env(env).terraform_bin
     if configured:
         # shutil.which accepts both a bare name (searched on PATH) and a path (checked as is).
         found = shutil.which(configured, path=search_path)

@@ -5,16 +5,45 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+
+from app.config import TABLE as SERVICE_TABLE
 from app.config import setting_names
 from runner.cli import build_parser
+from runner.config import TABLE as CLIENT_TABLE
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def _documented_tables() -> dict[str, dict[str, str]]:
+    """Each ``##`` section of configuration.md → {variable: its default cell} of the section's table."""
+    found: dict[str, dict[str, str]] = {}
+    section = ""
+    for line in (DOCS / "configuration.md").read_text().splitlines():
+        if line.startswith("#"):
+            section = line.lstrip("# ")
+        elif line.startswith("| `"):
+            variable, default = (cell.strip() for cell in line.strip("|").split("|")[:2])
+            found.setdefault(section, {})[variable.strip("`")] = default
+    return found
 
 
 def test_every_setting_is_documented():
     text = (DOCS / "configuration.md").read_text()
     missing = [name for name in setting_names() if f"`{name}`" not in text]
     assert not missing, f"document these in docs/configuration.md: {missing}"
+
+
+@pytest.mark.parametrize("section, table", [("Configuration", SERVICE_TABLE),
+                                            ("Client settings for `kl`", CLIENT_TABLE)])
+def test_each_settings_table_and_its_documented_table_agree_both_ways(section, table):
+    documented = _documented_tables()[section]
+    wrong = {row.variable: (documented.get(row.variable), row.documented_default) for row in table
+             if not documented.get(row.variable, "").startswith(row.documented_default)}
+    assert not wrong, f"docs/configuration.md ({section}): variable → (documented default, the table's): {wrong}"
+    read_by_dev = (DOCS.parent / "dev").read_text()
+    unknown = [v for v in documented if v not in {row.variable for row in table} and f"${{{v}:-" not in read_by_dev]
+    assert not unknown, f"docs/configuration.md ({section}) documents variables nothing reads: {unknown}"
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "kl") -> list[str]:

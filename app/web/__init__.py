@@ -74,9 +74,9 @@ def resolve_database_url(settings: Settings) -> str:
     """KL_DATABASE_URL, or the embedded Postgres under KL_DATA_DIR."""
     if settings.database_url:
         return settings.database_url
-    from app.embedded import default_data_dir, start_embedded_postgres
+    from app.embedded import start_embedded_postgres
 
-    return start_embedded_postgres(settings.data_dir or default_data_dir())
+    return start_embedded_postgres(settings.data_root)
 
 
 def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask:

@@ -78,9 +78,9 @@ def init_app(app: Flask, settings: Settings) -> None:
     if settings.github_webhook_secret:
         url = settings.redis_url
         if url is None:
-            from app.embedded import default_data_dir, start_embedded_redis
+            from app.embedded import start_embedded_redis
 
-            url = start_embedded_redis(settings.data_dir or default_data_dir())
+            url = start_embedded_redis(settings.data_root)
         redis_client = queue.connect(url)
     elif settings.github_enabled:
         # GitHub access without a secret: the bot's jobs could run, but nothing will ever enqueue them.

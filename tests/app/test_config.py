@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pytest
 
-from app.config import DEFAULT_MAX_BODY_BYTES, AuthMode, Settings
+from app.config import DEFAULT_MAX_BODY_BYTES, TABLE, AuthMode, Settings
 from app.errors import ConfigError
+from runner.config import TABLE as CLIENT_TABLE
+from runner.config import ClientSettings, data_dir, default_actor
 
 
 def test_defaults_are_open_mode_embedded_database_and_256_mib_bodies():
@@ -39,8 +42,36 @@ def test_values_are_read_from_the_environment():
     })
     assert settings.database_url == "postgresql://x/y" and settings.redis_url == "redis://r"
     assert settings.data_dir == Path("/tmp/kl") and settings.auth_token == "t"
-    assert settings.terraform_bin == "/bin/tf" and settings.max_body_bytes == 1024
+    assert settings.max_body_bytes == 1024
+    # The Terraform binary is a client setting: kl and the workers' Terraform runs read it, the service does not.
+    assert ClientSettings.from_env({"KL_TERRAFORM_BIN": "/bin/tf"}).terraform_bin == "/bin/tf"
 
 
 def test_the_token_never_appears_in_repr():
     assert "hunter2" not in repr(Settings.from_env({"KL_AUTH_MODE": "static", "KL_AUTH_TOKEN": "hunter2"}))
+
+
+@pytest.mark.parametrize("table, settings", [(TABLE, Settings), (CLIENT_TABLE, ClientSettings)])
+def test_each_table_fills_every_field_once_with_the_field_s_own_default(table, settings):
+    defaults = {f.name: f.default for f in fields(settings)}
+    assert [row.field for row in table] == list(defaults)
+    assert all(defaults[row.field] is not MISSING and row.default == defaults[row.field] for row in table)
+    assert len({row.variable for row in table}) == len(table)
+
+
+def test_blank_values_mean_the_default_and_each_bad_value_is_one_problem():
+    assert Settings.from_env({"KL_DB_POOL_SIZE": "  ", "KL_LOG_LEVEL": "warn"}).db_pool_size == 10
+    assert Settings.from_env({"KL_LOG_LEVEL": "warn"}).log_level == "WARNING"
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"KL_GITHUB_CLONE_URLS": "a/b=u, nope, c=d", "KL_JOB_TIMEOUT": "5"})
+    assert caught.value.problems == (
+        "KL_GITHUB_CLONE_URLS entries are owner/repo=URL; got 'nope'",
+        "KL_GITHUB_CLONE_URLS entries are owner/repo=URL; got 'c=d'",
+        "KL_JOB_TIMEOUT must be at least 10, got 5",
+    )
+
+
+def test_the_data_directory_is_resolved_the_same_way_for_the_service_and_kl():
+    assert data_dir({"KL_DATA_DIR": "~/kl"}) == Settings.from_env({"KL_DATA_DIR": "~/kl"}).data_root
+    assert data_dir({}) == Settings().data_root and Settings().data_root.name == "kilolock"
+    assert default_actor({"KL_ACTOR": "ci@build"}) == "ci@build"

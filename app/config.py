@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from app import envtable
+from app.domain.reservations import DEFAULT_MAX_GLOBS_PER_REQUEST, DEFAULT_MAX_GLOBS_PER_RUN
 from app.domain.throttle import parse_networks
 from app.envtable import Setting, boolean, comma_list, one_of, read_table, text, url, whole
 from app.errors import ConfigError
@@ -60,8 +61,8 @@ class Settings:
     allow_open_on_network: bool = False
     max_wait_seconds: int = 300
     wait_ticket_seconds: int = 10
-    max_globs_per_request: int = 1000
-    max_globs_per_run: int = 5000
+    max_globs_per_request: int = DEFAULT_MAX_GLOBS_PER_REQUEST
+    max_globs_per_run: int = DEFAULT_MAX_GLOBS_PER_RUN
     session_secret: str | None = field(default=None, repr=False)
     log_format: str = "text"
     metrics_token: str | None = field(default=None, repr=False)
@@ -173,8 +174,10 @@ TABLE: tuple[Setting, ...] = (
     Setting("max_wait_seconds", "KL_MAX_WAIT_SECONDS", whole(0), 300, "longest a reservation request queues"),
     Setting("wait_ticket_seconds", "KL_WAIT_TICKET_SECONDS", whole(2), 10,
             "how long a queue ticket keeps its place unpresented"),
-    Setting("max_globs_per_request", "KL_MAX_GLOBS_PER_REQUEST", whole(), 1000, "most globs one request names"),
-    Setting("max_globs_per_run", "KL_MAX_GLOBS_PER_RUN", whole(), 5000, "most globs one apply run holds"),
+    Setting("max_globs_per_request", "KL_MAX_GLOBS_PER_REQUEST", whole(), DEFAULT_MAX_GLOBS_PER_REQUEST,
+            "most globs one request names"),
+    Setting("max_globs_per_run", "KL_MAX_GLOBS_PER_RUN", whole(), DEFAULT_MAX_GLOBS_PER_RUN,
+            "most globs one apply run holds"),
     Setting("session_secret", "KL_SESSION_SECRET", _session_secret, None, "signs the dashboard's sessions"),
     Setting("log_format", "KL_LOG_FORMAT", one_of(LOG_FORMATS), "text", "text or json log lines"),
     Setting("metrics_token", "KL_METRICS_TOKEN", text, None, "the bearer token /metrics requires"),

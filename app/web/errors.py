@@ -45,6 +45,14 @@ def error_response(error: KlError) -> Response:
     return response
 
 
+def from_http_exception(error: HTTPException) -> KlError:
+    """Werkzeug's own errors (404 for an unknown route, 405, …) as a KlError with their status and a slug."""
+    generic = KlError(error.description or error.name)
+    generic.status = error.code or 500
+    generic.code = error.name.lower().replace(" ", "_")
+    return generic
+
+
 def register(app: Flask) -> None:
     @app.errorhandler(KlError)
     def _kl_error(error: KlError) -> Response:
@@ -61,11 +69,7 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http(error: HTTPException) -> Response:
-        status = error.code or 500
-        generic = KlError(error.description or error.name)
-        generic.status = status
-        generic.code = error.name.lower().replace(" ", "_")
-        return error_response(generic)
+        return error_response(from_http_exception(error))
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception) -> Response:

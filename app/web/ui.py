@@ -39,6 +39,7 @@ from werkzeug.wrappers import Response as Redirect
 from app.config import AuthMode, Settings
 from app.domain.attributes import AttributeChange, attribute_diff, sensitive_paths
 from app.domain.principal import Principal, default_principal
+from app.domain.reservations import format_duration
 from app.errors import BadRequestError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
 from app.store import Database, dashboard, runs
 from app.store import drift as drift_store
@@ -176,9 +177,7 @@ def _kl_error(error: KlError) -> tuple[str, int] | Response:
 
 @bp.errorhandler(HTTPException)
 def _http_error(error: HTTPException) -> tuple[str, int] | Response:
-    generic = KlError(error.description or error.name)
-    generic.status, generic.code = error.code or 500, error.name.lower().replace(" ", "_")
-    return _kl_error(generic)
+    return _kl_error(errors.from_http_exception(error))
 
 
 @bp.app_context_processor
@@ -192,13 +191,7 @@ def _template_globals() -> dict[str, Any]:
 # --- time formatting -------------------------------------------------------------------------------------
 
 def _span(seconds: float) -> str:
-    seconds = int(abs(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
-    shown = [f"{n}{unit}" for n, unit in parts if n][:2]
-    return "".join(shown) or "0s"
+    return format_duration(timedelta(seconds=abs(seconds)))
 
 
 @bp.app_template_filter("kl_ago")

@@ -96,7 +96,6 @@ class EmbeddedServiceError(KlError):
     """An embedded server did not start; the message names its log and what to try."""
 
     status = 503
-    code = "embedded_service"
 
 
 def _pg_ctl_start(server: PostgresServer, pgdata: Path) -> None:

@@ -7,15 +7,23 @@ bodies or secrets, and say what to do next.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
 
 class KlError(Exception):
-    """Base of every expected failure. ``status`` is the HTTP status, ``code`` a stable slug."""
+    """Base of every expected failure. ``status`` is the HTTP status, inherited unless a class sets its
+    own; ``code`` a stable slug: the class name in snake case without ``Error`` (``StateLockedError`` →
+    ``state_locked``) unless the class sets another."""
 
     status = 500
     code = "internal"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" not in cls.__dict__:
+            cls.code = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.removesuffix("Error")).lower()
 
     def __init__(self, message: str, **data: Any) -> None:
         super().__init__(message)
@@ -26,8 +34,6 @@ class KlError(Exception):
 class ConfigError(KlError):
     """The environment is missing or mis-states settings; lists every problem at once."""
 
-    code = "config"
-
     def __init__(self, problems: Iterable[str]) -> None:
         self.problems = tuple(problems)
         super().__init__(
@@ -35,96 +41,42 @@ class ConfigError(KlError):
         )
 
 
-class DatabaseUnavailableError(KlError):
-    """Postgres cannot be reached at startup; the message says where it tried and what to check."""
-
-    status = 503
-    code = "database_unavailable"
-
-
-class BadRequestError(KlError):
-    status = 400
-    code = "bad_request"
-
-
-class InvalidStateError(BadRequestError):
-    code = "invalid_state"
-
-
-class InvalidStateNameError(BadRequestError):
-    code = "invalid_state_name"
-
-
-class UnstorableValueError(BadRequestError):
-    """A value the database refused as data (out of range, not storable text): the request's fault."""
-
-    code = "unstorable_value"
-
-
-class InvalidLockInfoError(BadRequestError):
-    code = "invalid_lock_info"
-
-
-class UnauthorizedError(KlError):
-    status = 401
-    code = "unauthorized"
-
-
-class ForbiddenError(KlError):
-    status = 403
-    code = "forbidden"
-
-
-class NotFoundError(KlError):
-    status = 404
-    code = "not_found"
-
-
-class StateNotFoundError(NotFoundError):
-    code = "state_not_found"
-
-
-class ConflictError(KlError):
-    status = 409
-    code = "conflict"
-
-
-class SerialConflictError(ConflictError):
-    """A POST whose serial is already taken by other bytes, or lies below the head."""
-
-    code = "serial_conflict"
-
-
-class PayloadTooLargeError(KlError):
-    status = 413
-    code = "payload_too_large"
-
-
-class StateLockedError(KlError):
-    """The state is locked by someone else. ``lock_info`` is the holder's LockInfo JSON bytes,
-    which the backend lane returns verbatim so Terraform can show who holds it and wait."""
-
-    status = 423
-    code = "state_locked"
-
-    def __init__(self, message: str, lock_info: bytes) -> None:
-        super().__init__(message)
-        self.lock_info = lock_info
-
-
-class TooManyRequestsError(KlError):
+class RetryLaterError(KlError):
     """Refused before any work: the client must wait ``retry_after`` seconds (sent as Retry-After)."""
-
-    status = 429
-    code = "too_many_requests"
 
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message, retry_after=retry_after)
         self.retry_after = retry_after
 
 
-class AuthThrottledError(TooManyRequestsError):
-    code = "auth_throttled"
+# The statuses, each with the family of errors answered with it.
+
+class BadRequestError(KlError):
+    status = 400
+
+
+class UnauthorizedError(KlError):
+    status = 401
+
+
+class ForbiddenError(KlError):
+    status = 403
+
+
+class NotFoundError(KlError):
+    status = 404
+
+
+class ConflictError(KlError):
+    status = 409
+
+
+class PayloadTooLargeError(KlError):
+    status = 413
+
+
+class TooManyRequestsError(RetryLaterError):
+    status = 429
 
 
 class ServiceUnavailableError(KlError):
@@ -132,21 +84,66 @@ class ServiceUnavailableError(KlError):
     code = "unavailable"
 
 
-class BodyCapacityError(ServiceUnavailableError):
+class DatabaseUnavailableError(KlError):
+    """Postgres cannot be reached at startup; the message says where it tried and what to check."""
+
+    status = 503
+
+
+class InvalidStateError(BadRequestError):
+    """A state body that is not a Terraform v4 state."""
+
+
+class InvalidStateNameError(BadRequestError):
+    """A state name outside the allowed characters or length."""
+
+
+class UnstorableValueError(BadRequestError):
+    """A value the database refused as data (out of range, not storable text): the request's fault."""
+
+
+class InvalidLockInfoError(BadRequestError):
+    """A LOCK or UNLOCK body that is not Terraform's LockInfo."""
+
+
+class StateNotFoundError(NotFoundError):
+    """No state of that name for this credential."""
+
+
+class RunNotFoundError(NotFoundError):
+    """No apply run of that id for this credential."""
+
+
+class NotRunHolderError(ForbiddenError):
+    """The apply run belongs to another credential or holder."""
+
+
+class SerialConflictError(ConflictError):
+    """A POST whose serial is already taken by other bytes, or lies below the head."""
+
+
+class StateLockedError(KlError):
+    """The state is locked by someone else. ``lock_info`` is the holder's LockInfo JSON bytes,
+    which the backend lane returns verbatim so Terraform can show who holds it and wait."""
+
+    status = 423
+
+    def __init__(self, message: str, lock_info: bytes) -> None:
+        super().__init__(message)
+        self.lock_info = lock_info
+
+
+class AuthThrottledError(TooManyRequestsError):
+    """Too many failed authentications from this client address or for this token."""
+
+
+class BodyCapacityError(RetryLaterError, ServiceUnavailableError):
     """Too many large request bodies are being read at once; retry after ``retry_after`` seconds."""
-
-    code = "body_capacity"
-
-    def __init__(self, message: str, *, retry_after: int) -> None:
-        super().__init__(message, retry_after=retry_after)
-        self.retry_after = retry_after
 
 
 class ReservationConflictError(ConflictError):
     """Requested reservations overlap live ones (or an earlier waiter's request). ``conflicts``
     lists each overlapping holding; ``message`` is the human one-liner per conflict."""
-
-    code = "reservation_conflict"
 
     def __init__(self, message: str, conflicts: list[dict[str, object]], *, total: int | None = None) -> None:
         super().__init__(message, conflicts=conflicts,
@@ -164,30 +161,14 @@ class TicketExpiredError(ConflictError):
 class LeaseExpiredError(ConflictError):
     """A run's lease ran out: someone else may now hold its addresses, so the holder must stop."""
 
-    code = "lease_expired"
-
 
 class RunClosedError(ConflictError):
     """The apply run is no longer live (committed, failed, aborted or expired)."""
-
-    code = "run_closed"
-
-
-class NotRunHolderError(ForbiddenError):
-    code = "not_run_holder"
-
-
-class RunNotFoundError(NotFoundError):
-    code = "run_not_found"
 
 
 class StalePlanError(ConflictError):
     """Addresses the run reserved changed on the trunk after its base serial."""
 
-    code = "stale_plan"
-
 
 class WriteOutsideReservationError(ConflictError):
     """A commit would change addresses that none of the run's write reservations cover."""
-
-    code = "write_outside_reservation"

@@ -25,7 +25,7 @@ MESSAGE = ("this Kilolock runs with KL_AUTH_MODE=open (no authentication) and an
 
 
 class OpenModeNetworkError(ForbiddenError):
-    code = "open_mode_network"
+    """Open mode refusing a client beyond this machine."""
 
 
 def is_loopback(address: str | None) -> bool:

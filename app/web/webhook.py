@@ -53,15 +53,15 @@ _KNOWN_EVENTS = frozenset({
 
 
 class WebhookSecretUnsetError(ForbiddenError):
-    code = "webhook_secret_unset"
+    """No webhook secret is configured, so no delivery can be checked: every one is refused."""
 
 
 class SignatureMissingError(UnauthorizedError):
-    code = "signature_missing"
+    """A delivery without its signature header."""
 
 
 class SignatureInvalidError(ForbiddenError):
-    code = "signature_invalid"
+    """A delivery not signed with the configured secret."""
 
 
 @dataclass(frozen=True, slots=True)

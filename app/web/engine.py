@@ -70,13 +70,19 @@ def events(name: str) -> Response:
     return jsonify({"ok": True, "events": found})
 
 
-@bp.post("/states/<path:name>/slice")
-def slice_(name: str) -> Response:
-    """The head's instances under the given globs as a v4 state: ``{"globs": [...]}``."""
+def _globs_body() -> list[str]:
+    """The ``{"globs": [...]}`` body of the slice and edges reads."""
     doc = request.get_json(force=True, silent=True)
     globs = doc.get("globs") if isinstance(doc, dict) else None
     if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
         raise BadRequestError('body must be {"globs": ["module.web.*", ...]}')
+    return globs
+
+
+@bp.post("/states/<path:name>/slice")
+def slice_(name: str) -> Response:
+    """The head's instances under the given globs as a v4 state: ``{"globs": [...]}``."""
+    globs = _globs_body()
     body = graph.slice_state(services().db, principal(), state_name(name), globs)
     response = Response(body, mimetype="application/json")
     response.headers["Cache-Control"] = "no-store"
@@ -86,9 +92,6 @@ def slice_(name: str) -> Response:
 @bp.post("/states/<path:name>/edges")
 def edges(name: str) -> Response:
     """Recorded dependency edges at the head touching the given globs: ``{"globs": [...]}``."""
-    doc = request.get_json(force=True, silent=True)
-    globs = doc.get("globs") if isinstance(doc, dict) else None
-    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
-        raise BadRequestError('body must be {"globs": ["module.web.*", ...]}')
+    globs = _globs_body()
     found = graph.edges_touching(services().db, principal(), state_name(name), globs)
     return jsonify({"ok": True, "edges": [{"address": a, "depends_on": d} for a, d in found]})

@@ -9,12 +9,12 @@ the app can: every request from a non-loopback peer, or relayed by a proxy for o
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 
 from flask import Flask, request
 
 from app.config import AuthMode, Settings
+from app.domain.network import is_loopback
 from app.errors import ForbiddenError
 
 log = logging.getLogger("kilolock.web")
@@ -26,22 +26,6 @@ MESSAGE = ("this Kilolock runs with KL_AUTH_MODE=open (no authentication) and an
 
 class OpenModeNetworkError(ForbiddenError):
     """Open mode refusing a client beyond this machine."""
-
-
-def is_loopback(address: str | None) -> bool:
-    if not address:
-        return False
-    host = address.strip().strip('"')
-    if host.startswith("["):
-        host = host[1:].split("]", 1)[0]
-    elif host.count(":") == 1:
-        host = host.split(":", 1)[0]  # host:port
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _relayed_for() -> list[str]:

@@ -53,12 +53,16 @@ def dependencies(name: str) -> Response:
     return jsonify({"ok": True, "edges": edges})
 
 
-@bp.get("/states/<path:name>/assembled")
-def assembled(name: str) -> Response:
-    body = graph.assemble(services().db, principal(), state_name(name), serial=_int_arg("serial"))
+def _state_body(body: bytes) -> Response:
+    """A v4 state (or a slice of one) as sent: JSON, never cached."""
     response = Response(body, mimetype="application/json")
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+@bp.get("/states/<path:name>/assembled")
+def assembled(name: str) -> Response:
+    return _state_body(graph.assemble(services().db, principal(), state_name(name), serial=_int_arg("serial")))
 
 
 @bp.get("/states/<path:name>/events")
@@ -83,10 +87,7 @@ def _globs_body() -> list[str]:
 def slice_(name: str) -> Response:
     """The head's instances under the given globs as a v4 state: ``{"globs": [...]}``."""
     globs = _globs_body()
-    body = graph.slice_state(services().db, principal(), state_name(name), globs)
-    response = Response(body, mimetype="application/json")
-    response.headers["Cache-Control"] = "no-store"
-    return response
+    return _state_body(graph.slice_state(services().db, principal(), state_name(name), globs))
 
 
 @bp.post("/states/<path:name>/edges")

@@ -102,7 +102,9 @@ class Settings:
         """Build settings from ``KL_*`` variables (:data:`TABLE`); raise ConfigError listing every problem."""
         values, problems = read_table(TABLE, os.environ if env is None else env)
         settings = cls(**values)
-        problems.extend(message for needed, message in _REQUIRED if needed(settings))
+        refused = {problem.split(" ", 1)[0] for problem in problems}
+        problems.extend(message for missing, variable, message in _REQUIRED
+                        if missing(settings) and variable not in refused)
         if problems:
             raise ConfigError(problems)
         return settings
@@ -204,13 +206,14 @@ TABLE: tuple[Setting, ...] = (
     Setting("prune_interval_seconds", "KL_PRUNE_INTERVAL_SECONDS", whole(0), 3600, "how often retention runs"),
 )
 
-# Rules over several settings, checked once the table is read: (is the setting missing?, what to say).
-_REQUIRED: tuple[tuple[Callable[[Settings], bool], str], ...] = (
-    (lambda s: s.auth_mode is AuthMode.STATIC and s.auth_token is None,
+# Rules over several settings, checked once the table is read: (is it missing?, the variable, what to say).
+# A variable whose own value was refused is not reported missing as well.
+_REQUIRED: tuple[tuple[Callable[[Settings], bool], str, str], ...] = (
+    (lambda s: s.auth_mode is AuthMode.STATIC and s.auth_token is None, "KL_AUTH_TOKEN",
      "KL_AUTH_TOKEN is required when KL_AUTH_MODE=static"),
-    (lambda s: s.auth_mode is AuthMode.DATABASE and s.control_token is None,
+    (lambda s: s.auth_mode is AuthMode.DATABASE and s.control_token is None, "KL_CONTROL_TOKEN",
      "KL_CONTROL_TOKEN is required when KL_AUTH_MODE=database (it guards /v1/api)"),
-    (lambda s: bool(s.github_app_id) and not s.github_private_key,
+    (lambda s: bool(s.github_app_id) and not s.github_private_key, "KL_GITHUB_PRIVATE_KEY",
      "KL_GITHUB_PRIVATE_KEY is required with KL_GITHUB_APP_ID"),
 )
 

@@ -75,3 +75,12 @@ def test_the_data_directory_is_resolved_the_same_way_for_the_service_and_kl():
     assert data_dir({"KL_DATA_DIR": "~/kl"}) == Settings.from_env({"KL_DATA_DIR": "~/kl"}).data_root
     assert data_dir({}) == Settings().data_root and Settings().data_root.name == "kilolock"
     assert default_actor({"KL_ACTOR": "ci@build"}) == "ci@build"
+
+
+def test_a_private_key_that_is_no_pem_and_no_file_is_one_problem(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"KL_GITHUB_APP_ID": "1", "KL_GITHUB_PRIVATE_KEY": str(tmp_path / "missing.pem")})
+    assert len(caught.value.problems) == 1 and "neither PEM text nor a readable file" in caught.value.problems[0]
+    (tmp_path / "key.pem").write_text("-----BEGIN RSA PRIVATE KEY-----\n")
+    read = Settings.from_env({"KL_GITHUB_APP_ID": "1", "KL_GITHUB_PRIVATE_KEY": str(tmp_path / "key.pem")})
+    assert read.github_private_key == "-----BEGIN RSA PRIVATE KEY-----\n"

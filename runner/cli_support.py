@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import ipaddress
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
-
-from app.domain.network import is_loopback  # noqa: F401  (kl serve's open-mode check)
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFLICT, EXIT_USAGE = 0, 1, 2, 3
 
@@ -160,6 +159,15 @@ def _module_callers(config_dir: Path, module_dir: Path, roots: list[str]) -> lis
                 found.append(name)
                 break
     return found
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def port_free(host: str, port: int, what: str) -> None:

@@ -23,7 +23,6 @@ from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, assemble_state, parse_state
 from app.domain.commit import commit_delta, parse_globs, unreserved_read
-from app.domain.reservations import DEFAULT_LEASE
 from runner import workspace
 from runner.cli_support import counts_line
 from runner.engine_client import EngineClient, EngineError
@@ -40,7 +39,7 @@ class ApplyOptions:
     dry_run: bool
     data_dir: Path
     supplied_vars: Mapping[str, str]  # sensitive values given again at apply time
-    lease_seconds: float = DEFAULT_LEASE.total_seconds()
+    lease_seconds: float = 900.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,7 +148,7 @@ def test_overlaps_name_the_other_prs_and_the_shared_globs(bot_db):
         store.save_footprint(bot_db, other)
 
     others = store.open_footprints(bot_db, REPO, "prod", exclude_number=5)
-    assert store.overlaps(mine, others) == [
+    assert pr_overlaps(mine, others) == [
         (1, ["aws_vpc.main"]),
         (2, ["module.app.* ∩ module.app.aws_instance.web[0]"]),
         (3, ["data.aws_ami.base"]),

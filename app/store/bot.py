@@ -385,3 +385,44 @@ def merge_result(db: Database, job_id: str, extra: dict[str, Any]) -> None:
     """Add keys to a job's stored result (what posting it learnt, such as an issue number)."""
     with db.transaction() as conn:
         conn.execute(_MERGE_RESULT, (json.dumps(extra), job_id))
+
+
+# --- metrics --------------------------------------------------------------------------------------
+
+# The latest attempt of every finished job, bucketed in SQL: width_bucket counts the bounds at or below
+# each duration, so a scrape reads one row per (kind, outcome, bucket), whatever the table's size.
+_JOB_DURATIONS = """
+SELECT kind, status, width_bucket(s, %s::float8[]), count(*), sum(s)
+FROM (SELECT kind, status, greatest(extract(epoch FROM finished_at - started_at)::float8, 0) AS s
+      FROM bot_jobs WHERE finished_at IS NOT NULL AND started_at IS NOT NULL) AS d
+GROUP BY 1, 2, 3
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class JobDurations:
+    """How long the finished jobs of one kind and outcome ran: ``counts[i]`` jobs took at most
+    ``bounds[i]`` seconds (cumulative, as Prometheus histograms are); ``count`` and ``total`` over all."""
+
+    kind: str
+    outcome: str
+    counts: tuple[int, ...]
+    count: int
+    total: float
+
+
+def job_durations(db: Database, bounds: Sequence[float]) -> list[JobDurations]:
+    """Run times (claim → outcome stored, of the latest attempt) of the bot's finished jobs, by kind and
+    outcome. Workers store them with each job; the web process exports them (``/metrics``)."""
+    with db.transaction() as conn:
+        rows = conn.execute(_JOB_DURATIONS, (list(bounds),)).fetchall()
+    per: dict[tuple[str, str], list[float]] = {}
+    for kind, status, bucket, count, total in rows:
+        # bucket b: b bounds lie below the duration, so it counts for the bounds from index b on.
+        acc = per.setdefault((kind, status), [0.0] * (len(bounds) + 2))
+        for i in range(int(bucket), len(bounds)):
+            acc[i] += count
+        acc[-2] += count
+        acc[-1] += float(total or 0)
+    return [JobDurations(kind, status, tuple(int(c) for c in acc[:len(bounds)]), int(acc[-2]), acc[-1])
+            for (kind, status), acc in sorted(per.items())]

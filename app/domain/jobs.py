@@ -37,15 +37,18 @@ class JobKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class JobArgs:
-    """Base of every kind's arguments. ``subject`` is what the job's ``bot_jobs`` row is about."""
+    """Base of every kind's arguments. ``subject`` is what the job's ``bot_jobs`` row is about: the
+    fields ``SUBJECT`` names hold its repository, pull request, SHA and project ("" for none)."""
 
     kind: ClassVar[JobKind]
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "", "")
 
     def to_kwargs(self) -> dict[str, str | int]:
         return dict(asdict(self))
 
     def subject(self) -> Subject:
-        raise NotImplementedError
+        repo, number, sha, project = (getattr(self, f) if f else "" for f in self.SUBJECT)
+        return Subject(str(repo) or TICK_REPO, int(number) if number else None, str(sha), str(project))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +64,10 @@ class Subject:
 @dataclass(frozen=True, slots=True)
 class PullRequestArgs(JobArgs):
     kind: ClassVar[JobKind] = JobKind.PULL_REQUEST
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "head_sha", "")
     repo: str
     number: int
     head_sha: str
-
-    def subject(self) -> Subject:
-        return Subject(self.repo, self.number, self.head_sha)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,19 +86,14 @@ class ClosedArgs(JobArgs):
     repo: str
     number: int
 
-    def subject(self) -> Subject:
-        return Subject(self.repo, self.number, "")
-
 
 @dataclass(frozen=True, slots=True)
 class MergeArgs(JobArgs):
     kind: ClassVar[JobKind] = JobKind.MERGE
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "merge_sha", "")
     repo: str
     number: int
     merge_sha: str
-
-    def subject(self) -> Subject:
-        return Subject(self.repo, self.number, self.merge_sha)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +101,12 @@ class ApplyProjectArgs(JobArgs):
     """One project of a merge (``number`` > 0) or a push (0), diffed from ``base``."""
 
     kind: ClassVar[JobKind] = JobKind.APPLY_PROJECT
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "sha", "project")
     repo: str
     number: int
     sha: str
     project: str
     base: str
-
-    def subject(self) -> Subject:
-        return Subject(self.repo, self.number or None, self.sha, self.project)
 
     def parent_id(self) -> str:
         """The id of the merge or push job that fanned this one out."""
@@ -124,54 +118,44 @@ class ApplyProjectArgs(JobArgs):
 @dataclass(frozen=True, slots=True)
 class PushArgs(JobArgs):
     kind: ClassVar[JobKind] = JobKind.PUSH
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "after", "")
     repo: str
     after: str
     before: str
-
-    def subject(self) -> Subject:
-        return Subject(self.repo, None, self.after)
 
 
 @dataclass(frozen=True, slots=True)
 class RerunArgs(JobArgs):
     kind: ClassVar[JobKind] = JobKind.RERUN
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "head_sha", "")
     repo: str
     external_id: str
     head_sha: str
-
-    def subject(self) -> Subject:
-        return Subject(self.repo, None, self.head_sha)
 
 
 @dataclass(frozen=True, slots=True)
 class CommentArgs(JobArgs):
     kind: ClassVar[JobKind] = JobKind.COMMENT
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "comment_id", "")
     repo: str
     number: int
     comment_id: int
     login: str
     body: str
 
-    def subject(self) -> Subject:
-        return Subject(self.repo, self.number, str(self.comment_id))
-
 
 @dataclass(frozen=True, slots=True)
 class ReconcileArgs(JobArgs):
     kind: ClassVar[JobKind] = JobKind.RECONCILE_HOLDS
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "", "")
     repo: str
-
-    def subject(self) -> Subject:
-        return Subject(self.repo, None, "")
 
 
 @dataclass(frozen=True, slots=True)
 class DriftTickArgs(JobArgs):
     kind: ClassVar[JobKind] = JobKind.DRIFT_TICK
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("", "", "", "")
     at: int
-
-    def subject(self) -> Subject:
-        return Subject(TICK_REPO, None, "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,14 +163,12 @@ class DriftCheckArgs(JobArgs):
     """The scheduled drift check of one project for the window starting at ``window`` (epoch seconds)."""
 
     kind: ClassVar[JobKind] = JobKind.DRIFT_CHECK
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "sha", "project")
     repo: str
     project: str
     window: int
     sha: str
     branch: str
-
-    def subject(self) -> Subject:
-        return Subject(self.repo, None, self.sha, self.project)
 
 
 TICK_REPO = "-"  # drift ticks belong to no repository

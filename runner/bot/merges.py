@@ -253,10 +253,7 @@ def deliver_merge(ctx: Context, row: BotJob, result: JobResult) -> None:
     assert isinstance(result, FanOutResult)
     gh = ctx.github(row.repo)
     report_apply(ctx, gh, row)
-    if row.number:
-        refresh(ctx, gh, row.repo, row.number)
-        for other in result.notify:
-            refresh(ctx, gh, row.repo, other)
+    _refresh_pull_request(ctx, gh, row, result)
 
 
 def deliver_push(ctx: Context, row: BotJob, result: JobResult) -> None:
@@ -275,6 +272,11 @@ def deliver_apply(ctx: Context, row: BotJob, result: JobResult) -> None:
     parent = store.get_job(ctx.db, row.args.parent_id())
     if parent is not None:
         report_apply(ctx, gh, parent)
+    _refresh_pull_request(ctx, gh, row, result)
+
+
+def _refresh_pull_request(ctx: Context, gh: GitHub, row: BotJob, result: JobResult) -> None:
+    """A merge's comment (a push has no pull request), and those of the pull requests it overlapped."""
     if row.number:
         refresh(ctx, gh, row.repo, row.number)
         for other in result.notify:

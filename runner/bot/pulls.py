@@ -25,10 +25,18 @@ log = logging.getLogger("kilolock.jobs")
 Outcome = tuple[JobStatus, JobResult]
 
 
-def _late(pr: PullInfo, sha: str) -> str:
+def _head(ctx: Context, args: PullRequestArgs, check: str, title: str) -> tuple[GitHub, PullInfo, str | None]:
+    """The pull request, and why the delivery came late (it is closed, or its head moved on); when it is
+    not late, ``check`` shows the job started."""
+    gh = ctx.github(args.repo)
+    pr = gh.pull_request(args.number)
+    sha = args.head_sha
     if pr.state != "open":
-        return f"pull request #{pr.number} is {pr.state}: the delivery for {sha[:12]} came late"
-    return f"late delivery: the head of #{pr.number} moved from {sha[:12]} to {pr.head_sha[:12]}"
+        return gh, pr, f"pull request #{pr.number} is {pr.state}: the delivery for {sha[:12]} came late"
+    if pr.head_sha != sha:
+        return gh, pr, f"late delivery: the head of #{pr.number} moved from {sha[:12]} to {pr.head_sha[:12]}"
+    progress(gh, sha, check, ctx.id, title)
+    return gh, pr, None
 
 
 # --- the footprint of a head -------------------------------------------------------------------------
@@ -37,11 +45,9 @@ def _late(pr: PullInfo, sha: str) -> str:
 def footprint(ctx: Context, args: PullRequestArgs) -> Outcome:
     """PR opened, reopened or synchronized: predict its reservations, record them."""
     repo, number, head_sha = args.repo, args.number, args.head_sha
-    gh = ctx.github(repo)
-    pr = gh.pull_request(number)
-    if pr.state != "open" or pr.head_sha != head_sha:
-        return JobStatus.SKIPPED, FootprintResult(skipped=_late(pr, head_sha))
-    progress(gh, head_sha, FOOTPRINT_CHECK, ctx.id, "Predicting the reservations of the changed files")
+    gh, pr, late = _head(ctx, args, FOOTPRINT_CHECK, "Predicting the reservations of the changed files")
+    if late:
+        return JobStatus.SKIPPED, FootprintResult(skipped=late)
     outcome = _footprint_outcome(ctx, gh, repo, pr)
     before = view.overlapping(ctx.db, repo, number, view.states_of(ctx.db, repo, number))
     store.drop_footprints(ctx.db, repo, number)
@@ -85,12 +91,10 @@ def deliver_footprint(ctx: Context, row: BotJob, result: JobResult) -> None:
 
 def preview(ctx: Context, args: PreviewArgs) -> Outcome:
     """The file-scoped plan of each project the PR touches."""
-    repo, number, head_sha = args.repo, args.number, args.head_sha
-    gh = ctx.github(repo)
-    pr = gh.pull_request(number)
-    if pr.state != "open" or pr.head_sha != head_sha:
-        return JobStatus.SKIPPED, PreviewResult(skipped=_late(pr, head_sha))
-    progress(gh, head_sha, PLAN_CHECK, ctx.id, "Planning the changed files")
+    repo, head_sha = args.repo, args.head_sha
+    gh, pr, late = _head(ctx, args, PLAN_CHECK, "Planning the changed files")
+    if late:
+        return JobStatus.SKIPPED, PreviewResult(skipped=late)
     with flow.checkout(ctx.bench, repo, head_sha, gh.clone_token(), want=(pr.base_sha,)) as root:
         config, errors = flow.read_config(root)
         projects: tuple[ProjectPreview, ...] = ()

@@ -11,8 +11,8 @@ them and warns; ``kilolock unlock`` releases them; a push marks the apply check 
 never made are caught by :func:`reconcile`: it asks GitHub about every pull request that holds and runs
 the merge or close job that was missed.
 
-Owns: those decisions, on top of ``runner.bot.jobs``' job context (``ctx``: settings, database, Redis, GitHub
-clients). Must not: render Markdown (``runner.bot.holdtext``), or read the environment.
+Owns: those decisions, on top of the job context (``runner.bot.context``: settings, database, Redis,
+GitHub clients). Must not: render Markdown (``runner.bot.holdtext``), or read the environment.
 """
 
 from __future__ import annotations

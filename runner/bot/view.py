@@ -3,7 +3,8 @@
 pull requests' recorded footprints) and the results behind a merge's ``kilolock/apply`` check.
 
 Owns reading ``bot_jobs`` and ``pull_request_footprints`` (through ``app.store.bot``) into the types of
-``runner.bot.render``. Must not: compute anything new, post to GitHub, or touch RQ (``runner.bot.jobs`` does).
+``runner.bot.outcomes`` and ``runner.bot.render.CommentView``. Must not: compute anything new, post to
+GitHub, or touch RQ (``runner.bot.jobs`` does).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import queue
 from app.domain.jobs import TICK_REPO, DriftCheckArgs, DriftTickArgs, JobKind, job_id
@@ -42,6 +42,9 @@ from runner.config import ClientConfigError
 from runner.drift import DriftRequest, check_drift
 from runner.engine_client import EngineError
 from runner.plan import KlExit
+
+if TYPE_CHECKING:
+    from runner.bot.context import Context
 
 log = logging.getLogger("kilolock.drift")
 DRIFT_CHECK = "kilolock/drift"
@@ -71,7 +74,7 @@ def schedule_tick(redis: Any, timeout: int, after: float) -> str | None:
                             timeout=timeout).job_id
 
 
-def tick(ctx: Any, at: int, *, now: float) -> list[str]:
+def tick(ctx: Context, at: int, *, now: float) -> list[str]:
     """One tick at time ``at``: schedule the next tick, then enqueue each due project check (their job
     ids are returned). A tick that ran more than two periods late (no scheduler ran for a while) only
     schedules the next one, so a worker coming back does not replay old windows."""
@@ -88,7 +91,7 @@ def tick(ctx: Any, at: int, *, now: float) -> list[str]:
     return enqueued
 
 
-def _enqueue_due(ctx: Any, repo: str, at: int) -> list[str]:
+def _enqueue_due(ctx: Context, repo: str, at: int) -> list[str]:
     gh = ctx.github(repo)
     branch = gh.default_branch()
     sha = flow.branch_head(ctx.bench, repo, branch, gh.clone_token())
@@ -107,7 +110,7 @@ def _enqueue_due(ctx: Any, repo: str, at: int) -> list[str]:
     return found
 
 
-def check(ctx: Any, args: DriftCheckArgs) -> str:
+def check(ctx: Context, args: DriftCheckArgs) -> str:
     """The drift check of one project for one window (at most once: see the module docstring)."""
     row, mine = store.claim_window(ctx.db, ctx.id, args, stale_seconds=ctx.settings.job_timeout + 60)
     if not mine:
@@ -128,7 +131,7 @@ def check(ctx: Any, args: DriftCheckArgs) -> str:
     return status.value
 
 
-def _run(ctx: Any, repo: str, name: str, window: int, sha: str,
+def _run(ctx: Context, repo: str, name: str, window: int, sha: str,
          branch: str) -> tuple[JobStatus, dict[str, Any]]:
     outcome: dict[str, Any] = {"project": name, "sha": sha, "branch": branch, "window": window, "drifted": [],
                                "checked": 0, "serial": 0}
@@ -167,7 +170,7 @@ def safe_error(text: str) -> str:
     return "\n".join(kept)[-2000:]
 
 
-def deliver(ctx: Any, row: BotJob) -> None:
+def deliver(ctx: Context, row: BotJob) -> None:
     """Post a stored drift outcome once: under a lock, re-read, and skipped when already posted. Raises
     GitHubError when GitHub fails (RQ retries the job; the retry posts the stored outcome)."""
     with ctx.redis.lock(f"kilolock:deliver:{row.id}", timeout=300, blocking_timeout=300):

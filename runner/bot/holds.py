@@ -21,7 +21,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from analyzer.globs import GlobError, conflicts, parse_glob
 from app import queue
@@ -45,6 +45,9 @@ from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck
 from runner.filescoped import ScopedFootprint
 from runner.plan import KlExit
 
+if TYPE_CHECKING:
+    from runner.bot.context import Context
+
 log = logging.getLogger("kilolock.holds")
 APPLY_CHECK = "kilolock/apply"
 RECONCILE_EVERY = 300  # seconds between two reconciliations of one repository's holds
@@ -65,7 +68,7 @@ def bot_principal(settings: Settings, db: Database) -> Principal:
 # --- kilolock apply ---------------------------------------------------------------------------------
 
 
-def comment_apply(ctx: Any, gh: GitHub, repo: str, number: int, login: str, args: ApplyArgs) -> CommentResult:
+def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, args: ApplyArgs) -> CommentResult:
     """Run ``kilolock apply`` for a writer; the job stores the returned result (the reply always, and
     ``pr_apply`` when something was attempted)."""
     if args.problem:
@@ -102,7 +105,7 @@ def comment_apply(ctx: Any, gh: GitHub, repo: str, number: int, login: str, args
                          pr_apply=PrApply(pr.head_sha, tuple(results), tuple(notify)))
 
 
-def _default_config(ctx: Any, repo: str, head_root: Path, branch: str,
+def _default_config(ctx: Context, repo: str, head_root: Path, branch: str,
                     token: str) -> tuple[str, BotConfig | None, tuple[str, ...]]:
     """The default branch's tip and its validated ``.kilolock.yml`` (None and the problems when invalid)."""
     tip = git.resolve_commit(head_root, f"refs/heads/{branch}")
@@ -120,7 +123,7 @@ def _unmet(gh: GitHub, config: BotConfig, pr: PullInfo, head_root: Path,
                                     contains_base_tip=git.is_ancestor(head_root, tip, pr.head_sha))
 
 
-def review_readiness(ctx: Any, gh: GitHub, repo: str, number: int,
+def review_readiness(ctx: Context, gh: GitHub, repo: str, number: int,
                      head_sha: str) -> tuple[JobStatus, ReviewResult]:
     """A review was submitted or dismissed: whether ``kilolock apply`` may run on the head now, as the
     (status, result) of the job; the result's ``ready_check`` goes to the head's ``kilolock/apply`` check."""
@@ -164,7 +167,7 @@ def _targets(config: BotConfig, touched: dict[str, tuple[str, ...]], wanted: str
 _NO_PROJECT = Project(name="", dir="", state="", address=None, files=(), apply_on_merge=False)
 
 
-def _apply_project(ctx: Any, gh: GitHub, root: Path, project: Project, base: str, pr: PullInfo, repo: str,
+def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base: str, pr: PullInfo, repo: str,
                    principal: Principal) -> ApplyResult:
     """Apply one project of the head, then hold what it applied (plus what earlier comment applies of this
     pull request held there)."""
@@ -237,7 +240,7 @@ def blocking_holds(db: Database, repo: str, number: int, state: str, write_globs
 # --- kilolock unlock, close, merge, push ---------------------------------------------------------------
 
 
-def comment_unlock(ctx: Any, repo: str, number: int, login: str) -> CommentResult:
+def comment_unlock(ctx: Context, repo: str, number: int, login: str) -> CommentResult:
     released = release_all(ctx.db, repo, number, f"released by @{login} with kilolock unlock")
     return CommentResult(reply=holdtext.unlocked(login, number, released), command="unlock",
                          released=tuple(_released(h) for h in released),
@@ -252,7 +255,7 @@ def release_all(db: Database, repo: str, number: int, reason: str) -> list[PrHol
     return found
 
 
-def released_on_close(ctx: Any, repo: str,
+def released_on_close(ctx: Context, repo: str,
                       number: int) -> tuple[tuple[Released, ...], tuple[AppliedBefore, ...], list[int]]:
     """The pull request was closed unmerged: what it held is released (kept for the warning), what its
     comment applies committed, and the other pull requests whose comments show the released holds."""
@@ -273,7 +276,7 @@ def applied_before(db: Database, repo: str, number: int) -> tuple[AppliedBefore,
     return tuple(found[k] for k in sorted(found))
 
 
-def settle_merge(ctx: Any, root: Path, config: BotConfig, repo: str, number: int, merge_sha: str,
+def settle_merge(ctx: Context, root: Path, config: BotConfig, repo: str, number: int, merge_sha: str,
                  touched: dict[str, tuple[str, ...]]) -> tuple[dict[str, tuple[str, ...]], tuple[ApplyResult, ...]]:
     """A merged pull request's holds end. A held project whose files on the merge commit equal the applied
     head's is not applied again (reported as applied before merge); any other keeps its merge apply."""
@@ -338,7 +341,7 @@ def _released(hold: PrHold) -> Released:
 # --- reconciliation -----------------------------------------------------------------------------------
 
 
-def maybe_reconcile(ctx: Any, repo: str) -> None:
+def maybe_reconcile(ctx: Context, repo: str) -> None:
     """At most every RECONCILE_EVERY seconds per repository, and only while some pull request holds:
     enqueue :func:`reconcile` (called as each delivery's job finishes)."""
     if not holds_store.of_repo(ctx.db, repo):
@@ -348,13 +351,13 @@ def maybe_reconcile(ctx: Any, repo: str) -> None:
                       timeout=ctx.settings.job_timeout)
 
 
-def reconcile(ctx: Any, gh: GitHub, repo: str) -> list[int]:
+def reconcile(ctx: Context, gh: GitHub, repo: str) -> list[int]:
     """Ask GitHub about every pull request that holds; for each one merged or closed, enqueue the merge or
     close job its missed delivery would have. Returns those numbers."""
     return _reconcile_numbers(ctx, gh, repo, {h.number for h in holds_store.of_repo(ctx.db, repo)})
 
 
-def _reconcile_numbers(ctx: Any, gh: GitHub, repo: str, numbers: set[int]) -> list[int]:
+def _reconcile_numbers(ctx: Context, gh: GitHub, repo: str, numbers: set[int]) -> list[int]:
     ended: list[int] = []
     for number in sorted(numbers):
         pr = gh.pull_request(number)

@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 __all__ = ["BlockHeader", "Prescan", "scan"]
 
@@ -75,6 +76,9 @@ class _Unterminated(Exception):
     pass
 
 
+# One walk (a footprint, its widening, the workspace) asks for the headers of the same texts from several
+# rules; the scan is pure, so each text is scanned once and the answer shared.
+@lru_cache(maxsize=4096)
 def scan(text: str) -> Prescan:
     """Find the top-level block headers of ``text`` (see the module docstring)."""
     headers: list[BlockHeader] = []

@@ -1,70 +1,71 @@
 """Enqueues background jobs on Redis (RQ) by dotted path, so the web app never imports job code.
 
-The only importer of RQ on the service side; ``runner.jobs`` holds the job functions. A test
-resolves every dotted path in ``JOBS``.
+The only importer of RQ on the service side; ``runner.bot.jobs`` holds the job functions. A job's
+arguments (``app.domain.jobs``: one frozen type per kind) are passed by keyword. A test resolves every
+dotted path in ``JOBS``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from redis import Redis
 from rq import Queue, Retry
+from rq.job import JobStatus
+
+from app.domain.jobs import JobArgs, JobKind
 
 QUEUE_NAME = "kilolock"
 
-# kind → dotted path of the job function (arguments are str/int only).
-JOBS: dict[str, str] = {
-    "pull_request": "runner.jobs.pull_request_footprint",
-    "plan_preview": "runner.jobs.pull_request_preview",
-    "pull_request_closed": "runner.jobs.pull_request_closed",
-    "merge_apply": "runner.jobs.merge_apply",
-    "push": "runner.jobs.push_to_default_branch",
-    "rerun": "runner.jobs.rerun_check",
-    "comment": "runner.jobs.comment_command",
-    "reconcile_holds": "runner.jobs.reconcile_holds",
-    "pull_request_review": "runner.jobs.pull_request_review",
-    "drift_tick": "runner.jobs.drift_tick",
-    "drift_check": "runner.jobs.drift_check",
+# kind → dotted path of the job function.
+JOBS: dict[JobKind, str] = {
+    JobKind.PULL_REQUEST: "runner.bot.jobs.pull_request_footprint",
+    JobKind.PLAN_PREVIEW: "runner.bot.jobs.pull_request_preview",
+    JobKind.PULL_REQUEST_CLOSED: "runner.bot.jobs.pull_request_closed",
+    JobKind.MERGE: "runner.bot.jobs.merge",
+    JobKind.APPLY_PROJECT: "runner.bot.jobs.apply_project",
+    JobKind.PUSH: "runner.bot.jobs.push_to_default_branch",
+    JobKind.RERUN: "runner.bot.jobs.rerun_check",
+    JobKind.COMMENT: "runner.bot.jobs.comment_command",
+    JobKind.RECONCILE_HOLDS: "runner.bot.jobs.reconcile_holds",
+    JobKind.PULL_REQUEST_REVIEW: "runner.bot.jobs.pull_request_review",
+    JobKind.DRIFT_TICK: "runner.bot.jobs.drift_tick",
+    JobKind.DRIFT_CHECK: "runner.bot.jobs.drift_check",
 }
+# A job in one of these is still to run (or running): enqueueing its id again is a no-op.
+LIVE = frozenset({JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED})
 
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
     job_id: str
-    kind: str
+    kind: JobKind
 
 
 def connect(redis_url: str) -> Redis:
     return Redis.from_url(redis_url)
 
 
-def enqueue(
-    redis: Redis, kind: str, args: Sequence[str | int], *, job_id: str, timeout: int, retries: int = 3,
-    depends_on: str | None = None,
-) -> Enqueued:
+def enqueue(redis: Redis, args: JobArgs, *, job_id: str, timeout: int, retries: int = 3) -> Enqueued:
     """Put one job on the queue under a stable id (re-enqueueing an id that is still queued or
     running is a no-op, so redeliveries and retries cannot run a job twice at once)."""
     queue = Queue(QUEUE_NAME, connection=redis, serializer="rq.serializers.JSONSerializer")
     existing = queue.fetch_job(job_id)
-    if existing is not None and existing.get_status(refresh=True) in ("queued", "started", "deferred", "scheduled"):
-        return Enqueued(job_id, kind)
-    queue.enqueue(JOBS[kind], *args, job_id=job_id, job_timeout=timeout,
-                  retry=Retry(max=retries, interval=[5, 30, 120]), result_ttl=86400, failure_ttl=7 * 86400,
-                  depends_on=depends_on)
-    return Enqueued(job_id, kind)
+    if existing is not None and existing.get_status(refresh=True) in LIVE:
+        return Enqueued(job_id, args.kind)
+    queue.enqueue(JOBS[args.kind], kwargs=args.to_kwargs(), job_id=job_id, job_timeout=timeout,
+                  retry=Retry(max=retries, interval=[5, 30, 120]), result_ttl=86400, failure_ttl=7 * 86400)
+    return Enqueued(job_id, args.kind)
 
 
-def enqueue_at(redis: Redis, when: datetime, kind: str, args: Sequence[str | int], *, job_id: str,
-               timeout: int) -> Enqueued:
+def enqueue_at(redis: Redis, when: datetime, args: JobArgs, *, job_id: str, timeout: int) -> Enqueued:
     """Schedule one job for ``when`` (a worker running RQ's scheduler moves it to the queue then); a no-op
     when a job with that id is still scheduled, queued or running."""
     queue = Queue(QUEUE_NAME, connection=redis, serializer="rq.serializers.JSONSerializer")
     existing = queue.fetch_job(job_id)
-    if existing is not None and existing.get_status(refresh=True) in ("queued", "started", "deferred", "scheduled"):
-        return Enqueued(job_id, kind)
-    queue.enqueue_at(when, JOBS[kind], *args, job_id=job_id, job_timeout=timeout, result_ttl=86400,
-                     failure_ttl=86400)
-    return Enqueued(job_id, kind)
+    if existing is not None and existing.get_status(refresh=True) in LIVE:
+        return Enqueued(job_id, args.kind)
+    queue.enqueue_at(when, JOBS[args.kind], kwargs=args.to_kwargs(), job_id=job_id, job_timeout=timeout,
+                     result_ttl=86400, failure_ttl=86400)
+    return Enqueued(job_id, args.kind)

@@ -279,9 +279,9 @@ class World:
 def time_parts(world: World) -> Parts:
     """The footprint job's parts, timed in this process on the warm mirror (no GitHub)."""
     from analyzer.hcl import ParseCache
-    from runner import botflow
     from runner import git as rgit
-    from runner.botconfig import load
+    from runner.bot import flow as botflow
+    from runner.bot.config import load
     from runner.filescoped import changed_selection, derive_footprint, read_configuration
 
     settings = Settings(database_url=world.h.url, github_clone_urls=((REPO, str(world.origin)),),

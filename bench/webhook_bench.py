@@ -235,7 +235,7 @@ class Checker:
         queue = Queue(QUEUE_NAME, connection=self.redis, serializer="rq.serializers.JSONSerializer")
         queued = set(queue.get_job_ids())
         numbers = {d.number for d in deliveries}
-        found = {int(job.args[1]) for job in queue.jobs if job.args and int(job.args[1]) in numbers}
+        found = {int(job.kwargs["number"]) for job in queue.jobs if int(job.kwargs.get("number", 0)) in numbers}
         if found != numbers or len(queued) < len(numbers):
             raise BenchError(f"{len(numbers - found)} of {len(numbers)} jobs missing from the queue")
         import psycopg

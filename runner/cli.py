@@ -95,7 +95,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from app.config import Settings
     from app.embedded import default_data_dir, start_embedded_postgres, start_embedded_redis
-    from runner.jobs import work
+    from runner.bot.jobs import work
 
     settings = Settings.from_env()
     if not settings.github_enabled:

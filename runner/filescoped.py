@@ -322,13 +322,16 @@ def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str],
 
 
 def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, selection: Selection,
-               var_args: Sequence[tuple[str, str]], data_dir: Path, refresh: bool = False) -> PlanSpec:
-    """kl plan -f: the footprint, the minimal workspace, a plan over it, and the artifact."""
+               var_args: Sequence[tuple[str, str]], data_dir: Path, refresh: bool = False,
+               scoped: ScopedFootprint | None = None) -> PlanSpec:
+    """kl plan -f: the footprint (``scoped`` when the caller derived it already), the minimal workspace, a
+    plan over it, and the artifact."""
     files = read_configuration(config_dir)
     with gc_paused():
         cache = load_cache(data_dir)
         loaded = _signature(cache)
-        scoped = derive_footprint(client, state, files, selection, cache)
+        if scoped is None:
+            scoped = derive_footprint(client, state, files, selection, cache)
     fp, selection, gone, widened = scoped.footprint, scoped.selection, scoped.deleted_globs, list(scoped.widened)
     prune_cache(cache, files)
     save_cache(data_dir, cache, loaded=loaded)
@@ -402,13 +405,14 @@ def _var_flags(var_args: Sequence[tuple[str, str]], fp: Footprint) -> list[str]:
 
 
 def files_builder(client: EngineClient, spec: PlanSpec, config_dir: Path, data_dir: Path,
-                  deleted: Mapping[str, str]) -> Builder:
-    """Rebuild the same minimal workspace over a fresh slice of the same globs."""
+                  deleted: Mapping[str, str], planned: Footprint | None = None) -> Builder:
+    """Rebuild the same minimal workspace over a fresh slice of the same globs (from ``planned``, the
+    plan's footprint, when the caller kept it)."""
     def build(dest: Path) -> Prepared:
         files = read_configuration(config_dir)
         cache = load_cache(data_dir)
         selection = Selection(spec.selected_files, deleted, spec.seed_variables)
-        fp = footprint(files, selection, cache)
+        fp = planned or footprint(files, selection, cache)
         layout = module_layout(config_dir, fp, cache, work_tree_root(config_dir))
         slice_raw, slice_addresses, _ = fetch_slice(client, spec.state, spec.slice_globs,
                                                     frozenset(spec.described_resources))
@@ -418,13 +422,13 @@ def files_builder(client: EngineClient, spec: PlanSpec, config_dir: Path, data_d
 
 
 def apply_files(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, options: ApplyOptions,
-                deleted: Mapping[str, str]) -> ApplyOutcome:
+                deleted: Mapping[str, str], planned: Footprint | None = None) -> ApplyOutcome:
     config_dir = Path(spec.config_dir)
     check_files(spec, config_dir)
     check_spec(replace(spec, config_hash=workspace.config_hash(config_dir)), config_dir, ctx.env,
                options.supplied_vars)
-    return apply_spec(client, ctx, spec, config_dir, options, builder=files_builder(client, spec, config_dir,
-                                                                              options.data_dir, deleted), checked=True)
+    builder = files_builder(client, spec, config_dir, options.data_dir, deleted, planned)
+    return apply_spec(client, ctx, spec, config_dir, options, builder=builder, checked=True)
 
 
 def changed_selection(config_dir: Path, ref: str, *, against: str | None = None) -> Selection:

@@ -80,3 +80,21 @@ def test_hcl2_is_imported_only_by_analyzer_hcl():
         if ".venv" in path.parts or path == REPO / "analyzer" / "hcl.py":
             continue
         assert not any(i == "hcl2" for i in _imports(path)), path
+
+
+def test_the_bot_package_is_the_only_importer_of_the_github_client():
+    bot = REPO / "runner" / "bot"
+    for path in [p for top in ("app", "analyzer", "runner") for p in (REPO / top).rglob("*.py")]:
+        imports = _imports(path)
+        if path.is_relative_to(bot):
+            continue
+        assert "runner.bot.github" not in imports, path
+        assert not any(i == "github" or i.startswith("github.") for i in imports), path  # PyGithub
+    assert "github" in _imports(bot / "github.py")
+
+
+def test_app_never_imports_the_bot_even_where_it_enqueues_its_jobs():
+    for path in (REPO / "app").rglob("*.py"):
+        assert not any(i == "runner.bot" or i.startswith("runner.bot.") for i in _imports(path)), path
+    modules = loaded_modules("import app.queue, app.domain.webhooks, app.domain.commands, app.web.webhook")
+    assert not _has(modules, "runner") and not _has(modules, "github"), sorted(m for m in modules if "runner" in m)

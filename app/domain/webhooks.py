@@ -1,27 +1,36 @@
 """Webhook routing: which bot job a GitHub delivery asks for, and the stable id of that job.
 
 ``route`` reads the event name and the parsed payload and answers with frozen data (the jobs to
-enqueue, or why there are none); ``job_id`` derives the RQ/``bot_jobs`` id of a job from its kind,
-repository and subject. Pure: no I/O, no clock, no GitHub API calls. The webhook view
+enqueue with their typed arguments and stable ids — ``app.domain.jobs`` — or why there are none); a
+comment is a job only when ``app.domain.commands`` parses it as addressed to Kilolock. Pure: no I/O,
+no clock, no GitHub API calls. The webhook view
 (``app.web.webhook``) verifies, dedupes, calls ``route`` and enqueues; the routing table is in
 docs/github.md.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.domain import commands
+from app.domain.jobs import (
+    ClosedArgs,
+    CommentArgs,
+    JobArgs,
+    MergeArgs,
+    PullRequestArgs,
+    PushArgs,
+    RerunArgs,
+    ReviewArgs,
+    job_id,
+)
 from app.errors import BadRequestError
 
 # The event/action pairs the bot acts on; everything else is acknowledged and ignored.
 PR_UPDATED = frozenset({"opened", "reopened", "synchronize"})
 REVIEW_CHANGED = frozenset({"submitted", "dismissed"})
-COMMAND_WORD = "kilolock"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 class PayloadError(BadRequestError):
@@ -32,11 +41,14 @@ class PayloadError(BadRequestError):
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:
-    """One job to enqueue: the ``app.queue.JOBS`` kind, its arguments (str/int only) and its id."""
+    """One job to enqueue: its typed arguments (their ``kind`` names the job) and its id."""
 
-    kind: str
-    args: tuple[str | int, ...]
+    args: JobArgs
     job_id: str
+
+    @property
+    def kind(self) -> str:
+        return self.args.kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,19 +69,6 @@ class _Delivery:
     repo: str
     delivery_id: str
     app_id: str | None
-
-
-def job_id(kind: str, repo: str, *parts: str | int) -> str:
-    """The stable job id for ``kind`` on ``repo`` and ``parts`` (PR number, SHA…).
-
-    RQ accepts only ``[A-Za-z0-9_-]`` in ids, so the readable part replaces anything else with ``_``
-    (``Codertocat/Hello-World`` → ``Codertocat_Hello-World``); the trailing digest of the exact
-    values keeps ids of repositories that differ only there (``a/b.c``, ``a/b_c``) apart.
-    """
-    exact = "\x1f".join([kind, repo, *(str(p) for p in parts)])
-    digest = hashlib.blake2b(exact.encode(), digest_size=4).hexdigest()
-    readable = "-".join(_UNSAFE.sub("_", str(p)) for p in (kind, repo, *parts))
-    return f"{readable}-{digest}"
 
 
 def route(event: str, delivery_id: str, payload: Mapping[str, Any], *, app_id: str | None = None) -> Routed:
@@ -96,14 +95,14 @@ def _pull_request(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
         parts: tuple[str | int, ...] = (number, head_sha)
         if d.action == "reopened":
             parts += (d.delivery_id,)
-        return _one(d, "pull_request", (d.repo, number, head_sha), parts)
+        return _one(d, PullRequestArgs(d.repo, number, head_sha), parts)
     # Only `merged` says whether a close was a merge: merge_commit_sha is set on unmerged closes too.
     if pr.get("merged") is True:
         merge_sha = pr.get("merge_commit_sha")
         if not isinstance(merge_sha, str) or not merge_sha:
             raise PayloadError("pull_request.merged is true but pull_request.merge_commit_sha is missing")
-        return _one(d, "merge_apply", (d.repo, number, merge_sha), (number, merge_sha))
-    return _one(d, "pull_request_closed", (d.repo, number), (number, d.delivery_id))
+        return _one(d, MergeArgs(d.repo, number, merge_sha), (number, merge_sha))
+    return _one(d, ClosedArgs(d.repo, number), (number, d.delivery_id))
 
 
 def _check_run(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
@@ -120,7 +119,7 @@ def _check_run(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
     head_sha = _str(run, "head_sha", "check_run")
     run_id = run.get("id", "")
     # Every re-run request is a new run of the job, so the delivery is part of the id.
-    return _one(d, "rerun", (d.repo, external_id, head_sha), (run_id, d.delivery_id))
+    return _one(d, RerunArgs(d.repo, external_id, head_sha), (run_id, d.delivery_id))
 
 
 def _push(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
@@ -133,7 +132,7 @@ def _push(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
     after = _str(payload, "after", "push")
     before = _str(payload, "before", "push")
     # Whether the push is a PR's merge commit is decided by the job, which asks GitHub.
-    return _one(d, "push", (d.repo, after, before), (after,))
+    return _one(d, PushArgs(d.repo, after, before), (after,))
 
 
 def _issue_comment(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
@@ -145,9 +144,9 @@ def _issue_comment(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
     comment = _object(payload, "comment")
     body = comment.get("body")
     body = body if isinstance(body, str) else ""
-    words = body.split(None, 1)
-    if not words or words[0].lower() != COMMAND_WORD:
-        return Routed(d.event, d.action, d.repo, reason=f"the comment does not start with {COMMAND_WORD!r}")
+    if commands.parse(body) is None:
+        return Routed(d.event, d.action, d.repo,
+                      reason=f"the comment does not start with {commands.COMMAND_WORD!r}")
     user = _object(comment, "user", "comment")
     if user.get("type") == "Bot":
         # Bots (this one included) never drive the bot: no reply loops.
@@ -155,7 +154,7 @@ def _issue_comment(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
     number = _int(issue, "number", "issue")
     comment_id = _int(comment, "id", "comment")
     login = _str(user, "login", "comment.user")
-    return _one(d, "comment", (d.repo, number, comment_id, login, body), (number, comment_id))
+    return _one(d, CommentArgs(d.repo, number, comment_id, login, body), (number, comment_id))
 
 
 def _pull_request_review(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
@@ -165,17 +164,17 @@ def _pull_request_review(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
     number = _int(pr, "number", "pull_request")
     head_sha = _str(_object(pr, "head", "pull_request"), "sha", "pull_request.head")
     # Every review is news for the apply requirements, so the delivery is part of the id.
-    return _one(d, "pull_request_review", (d.repo, number, head_sha), (number, head_sha, d.delivery_id))
+    return _one(d, ReviewArgs(d.repo, number, head_sha), (number, head_sha, d.delivery_id))
 
 
 def _ping(d: _Delivery, payload: Mapping[str, Any]) -> Routed:
     return Routed(d.event, d.action, d.repo, reason="ping: the webhook is set up")
 
 
-def _one(d: _Delivery, kind: str, args: tuple[str | int, ...], parts: tuple[str | int, ...]) -> Routed:
+def _one(d: _Delivery, args: JobArgs, parts: tuple[str | int, ...]) -> Routed:
     if not d.repo:
         raise PayloadError("repository.full_name is missing or not a string")
-    return Routed(d.event, d.action, d.repo, jobs=(JobRequest(kind, args, job_id(kind, d.repo, *parts)),))
+    return Routed(d.event, d.action, d.repo, jobs=(JobRequest(args, job_id(args.kind, d.repo, *parts)),))
 
 
 _HANDLERS: dict[str, Callable[[_Delivery, Mapping[str, Any]], Routed]] = {

@@ -1,9 +1,11 @@
 """The GitHub bot's tables: webhook deliveries (idempotency), open pull requests' predicted
-footprints (overlap warnings) and bot jobs with their stored outcome (migrations/0006_bot.sql).
+footprints (overlap warnings) and bot jobs with their typed arguments and stored outcome
+(migrations/0006_bot.sql, 0014_bot_job_args.sql).
 
 Every statement is one transaction. Jobs store their outcome here *before* posting it to GitHub,
 so an outage on GitHub's side loses nothing: a retried job finds the stored result and posts it.
-The overlap rule itself is ``app.domain.overlaps``; this module only fetches and saves.
+The overlap rule is ``app.domain.overlaps``; the job contract (kinds, arguments) ``app.domain.jobs``;
+this module only fetches and saves.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
-from app.domain.overlaps import pr_overlaps
+from app.domain.jobs import JobArgs, JobKind, args_from_json
 from app.store.db import Database
 
 
@@ -188,76 +190,103 @@ def open_footprints(db: Database, repo: str, state_name: str, *,
         return cur.execute(_OPEN_FOOTPRINTS, (repo, state_name, exclude_number, exclude_number)).fetchall()
 
 
-def overlaps(mine: PrFootprint, others: Sequence[PrFootprint]) -> list[tuple[int, list[str]]]:
-    """PR number → shared or intersecting globs, for every other PR whose footprint overlaps (see
-    ``app.domain.overlaps``: read/read is not an overlap)."""
-    return pr_overlaps(mine, others)
-
-
 # --- bot jobs -------------------------------------------------------------------------------------
 
-_CLAIM_JOB = """
-INSERT INTO bot_jobs (id, kind, repo, number, sha, project, status, attempts)
-VALUES (%s, %s, %s, %s, %s, %s, 'running', 1)
+_COLUMNS = "id, kind, repo, number, sha, project, status, attempts, result, posted, error, args"
+_CLAIM_JOB = f"""
+INSERT INTO bot_jobs (id, kind, repo, number, sha, project, status, attempts, args, started_at)
+VALUES (%s, %s, %s, %s, %s, %s, 'running', 1, %s, now())
 ON CONFLICT (id) DO UPDATE
-   SET status = 'running', attempts = bot_jobs.attempts + 1, updated_at = now()
+   SET status = 'running', attempts = bot_jobs.attempts + 1, args = EXCLUDED.args, updated_at = now(),
+       started_at = now()
  WHERE bot_jobs.status <> ALL(%s)
-RETURNING id, kind, repo, number, sha, project, status, attempts, result, posted, error
+RETURNING {_COLUMNS}
 """
-_GET_JOB = """
-SELECT id, kind, repo, number, sha, project, status, attempts, result, posted, error FROM bot_jobs WHERE id = %s
-"""
+_GET_JOB = f"SELECT {_COLUMNS} FROM bot_jobs WHERE id = %s"
 _FINISH_JOB = """
 UPDATE bot_jobs SET status = %s, result = %s, error = %s, posted = false, updated_at = now(), finished_at = now()
 WHERE id = %s
 """
 _MARK_POSTED = "UPDATE bot_jobs SET posted = true, updated_at = now() WHERE id = %s"
-_RESET_JOB = """
-UPDATE bot_jobs SET status = 'queued', result = '{}', error = NULL, posted = false, updated_at = now(),
+_RESET_JOB = f"""
+UPDATE bot_jobs SET status = 'queued', result = '{{}}', error = NULL, posted = false, updated_at = now(),
        finished_at = NULL
 WHERE id = %s
-RETURNING id, kind, repo, number, sha, project, status, attempts, result, posted, error
+RETURNING {_COLUMNS}
 """
-_LIST_JOBS = """
-SELECT id, kind, repo, number, sha, project, status, attempts, result, posted, error FROM bot_jobs
+_LIST_JOBS = f"""
+SELECT {_COLUMNS} FROM bot_jobs
 WHERE repo = %s AND (%s::integer IS NULL OR number = %s)
 ORDER BY created_at, id
 """
+# Rows written before the merge job was split: the fan-out has no project, each apply one.
+_LEGACY_MERGE = "merge_apply"
 
 
 @dataclass(frozen=True, slots=True)
 class BotJob:
+    """One bot job's row. ``args`` are the arguments it ran with (None for a row that kept none);
+    ``result`` is its stored outcome as JSON (``runner.bot.results`` reads it)."""
+
     id: str
-    kind: str
+    kind: JobKind
     repo: str
     number: int | None
     sha: str
     project: str
-    status: str
+    status: JobStatus
     attempts: int
     result: dict[str, Any]
     posted: bool
     error: str | None
+    args: JobArgs | None = None
 
     @property
     def is_finished(self) -> bool:
-        return JobStatus(self.status).is_finished
+        return self.status.is_finished
+
+
+def _job_row(cursor: Any) -> Any:
+    """Rows into BotJob, typed at the edge: the kind and status as enums, the arguments as their type."""
+    names = [c.name for c in cursor.description]
+
+    def make(values: Sequence[Any]) -> BotJob:
+        row = dict(zip(names, values, strict=True))
+        kind = row["kind"]
+        if kind == _LEGACY_MERGE:
+            kind = JobKind.APPLY_PROJECT if row["project"] else JobKind.MERGE
+        kind = JobKind(kind)
+        return BotJob(id=row["id"], kind=kind, repo=row["repo"], number=row["number"], sha=row["sha"],
+                      project=row["project"], status=JobStatus(row["status"]), attempts=row["attempts"],
+                      result=row["result"], posted=row["posted"], error=row["error"],
+                      args=args_from_json(kind, row["args"] or {}))
+
+    return make
+
+
+def claim(db: Database, job_id: str, args: JobArgs) -> BotJob:
+    """``claim_job`` for a job of ``args``' kind, its row about what the arguments name; they are kept."""
+    s = args.subject()
+    return claim_job(db, job_id, args.kind, s.repo, number=s.number, sha=s.sha, project=s.project, args=args)
 
 
 def claim_job(db: Database, job_id: str, kind: str, repo: str, *, number: int | None, sha: str,
-              project: str = "") -> BotJob:
+              project: str = "", args: JobArgs | None = None) -> BotJob:
     """Start (or restart) a job: insert it as running, or count one more attempt and set it running.
     A job that already finished (succeeded, failed, skipped) is returned unchanged, so the caller
     posts its stored result instead of running it again."""
-    with db.transaction() as conn, conn.cursor(row_factory=class_row(BotJob)) as cur:
-        job = cur.execute(_CLAIM_JOB, (job_id, kind, repo, number, sha, project, list(FINISHED))).fetchone()
+    kept = json.dumps(args.to_kwargs() if args is not None else {})
+    params = (job_id, kind, repo, number, sha, project, kept, list(FINISHED))
+    with db.transaction() as conn, conn.cursor(row_factory=_job_row) as cur:
+        job = cur.execute(_CLAIM_JOB, params).fetchone()
         if job is None:
             job = cur.execute(_GET_JOB, (job_id,)).fetchone()
     assert job is not None, "the conflicting row exists: it stopped the upsert"
     return job
 
 
-def finish_job(db: Database, job_id: str, status: str, result: dict[str, Any], error: str | None = None) -> None:
+def finish_job(db: Database, job_id: str, status: JobStatus, result: dict[str, Any],
+               error: str | None = None) -> None:
     """Store a job's outcome, not yet posted. Call it BEFORE posting to GitHub."""
     if not JobStatus(status).is_finished:
         raise ValueError(f"finish_job needs succeeded, failed or skipped, not {status!r}")
@@ -276,33 +305,37 @@ def mark_posted(db: Database, job_id: str) -> None:
 def reset_job(db: Database, job_id: str) -> BotJob | None:
     """Forget a job's stored outcome so the next ``claim_job`` runs it again (a check run the user
     asked to re-run); None when there is no such job."""
-    with db.transaction() as conn, conn.cursor(row_factory=class_row(BotJob)) as cur:
-        return cur.execute(_RESET_JOB, (job_id,)).fetchone()
+    with db.transaction() as conn, conn.cursor(row_factory=_job_row) as cur:
+        found: BotJob | None = cur.execute(_RESET_JOB, (job_id,)).fetchone()
+        return found
 
 
 def get_job(db: Database, job_id: str) -> BotJob | None:
-    with db.transaction() as conn, conn.cursor(row_factory=class_row(BotJob)) as cur:
-        return cur.execute(_GET_JOB, (job_id,)).fetchone()
+    with db.transaction() as conn, conn.cursor(row_factory=_job_row) as cur:
+        found: BotJob | None = cur.execute(_GET_JOB, (job_id,)).fetchone()
+        return found
 
 
 def list_jobs(db: Database, repo: str, number: int | None = None) -> list[BotJob]:
     """A repository's jobs (one PR's when ``number`` is given), oldest first."""
-    with db.transaction() as conn, conn.cursor(row_factory=class_row(BotJob)) as cur:
-        return cur.execute(_LIST_JOBS, (repo, number, number)).fetchall()
+    with db.transaction() as conn, conn.cursor(row_factory=_job_row) as cur:
+        found: list[BotJob] = cur.execute(_LIST_JOBS, (repo, number, number)).fetchall()
+        return found
 
 
 # --- scheduled checks (one per repository, project and window) ------------------------------------
 
 # Unlike claim_job, a row another worker holds as running is NOT taken over, unless it has been running
 # longer than ``stale`` seconds (its worker died: RQ would have killed it by then) or it was reset.
-_CLAIM_WINDOW = """
-INSERT INTO bot_jobs (id, kind, repo, number, sha, project, status, attempts)
-VALUES (%s, %s, %s, NULL, %s, %s, 'running', 1)
+_CLAIM_WINDOW = f"""
+INSERT INTO bot_jobs (id, kind, repo, number, sha, project, status, attempts, args, started_at)
+VALUES (%s, %s, %s, %s, %s, %s, 'running', 1, %s, now())
 ON CONFLICT (id) DO UPDATE
-   SET status = 'running', attempts = bot_jobs.attempts + 1, updated_at = now()
+   SET status = 'running', attempts = bot_jobs.attempts + 1, args = EXCLUDED.args, updated_at = now(),
+       started_at = now()
  WHERE bot_jobs.status = 'queued'
     OR (bot_jobs.status = 'running' AND bot_jobs.updated_at < now() - make_interval(secs => %s))
-RETURNING id, kind, repo, number, sha, project, status, attempts, result, posted, error
+RETURNING {_COLUMNS}
 """
 _KNOWN_REPOS = """
 SELECT repo FROM bot_jobs WHERE repo <> '' AND repo <> '-'
@@ -316,12 +349,14 @@ ORDER BY finished_at DESC NULLS LAST, updated_at DESC LIMIT 1
 """
 
 
-def claim_window(db: Database, job_id: str, kind: str, repo: str, *, sha: str, project: str,
-                 stale_seconds: int) -> tuple[BotJob, bool]:
+def claim_window(db: Database, job_id: str, args: JobArgs, *, stale_seconds: int) -> tuple[BotJob, bool]:
     """Claim a scheduled job's row: (row, True) when this caller runs it now, (row, False) when another
     worker is running it or it already finished (the caller then only delivers a finished outcome)."""
-    with db.transaction() as conn, conn.cursor(row_factory=class_row(BotJob)) as cur:
-        job = cur.execute(_CLAIM_WINDOW, (job_id, kind, repo, sha, project, stale_seconds)).fetchone()
+    s = args.subject()
+    params = (job_id, args.kind.value, s.repo, s.number, s.sha, s.project, json.dumps(args.to_kwargs()),
+              stale_seconds)
+    with db.transaction() as conn, conn.cursor(row_factory=_job_row) as cur:
+        job = cur.execute(_CLAIM_WINDOW, params).fetchone()
         if job is not None:
             return job, True
         job = cur.execute(_GET_JOB, (job_id,)).fetchone()
@@ -335,11 +370,11 @@ def known_repos(db: Database) -> list[str]:
         return [str(row[0]) for row in conn.execute(_KNOWN_REPOS).fetchall()]
 
 
-def last_result(db: Database, repo: str, kind: str, project: str, key: str) -> dict[str, Any] | None:
+def last_result(db: Database, repo: str, kind: JobKind, project: str, key: str) -> dict[str, Any] | None:
     """The stored result of the newest finished job of ``kind`` on (repo, project) that holds ``key``."""
     unfinished = ["queued", "running"]
     with db.transaction() as conn:
-        row = conn.execute(_LAST_RESULT, (repo, kind, project, unfinished, key)).fetchone()
+        row = conn.execute(_LAST_RESULT, (repo, kind.value, project, unfinished, key)).fetchone()
     return dict(row[0]) if row is not None else None
 
 
@@ -350,3 +385,44 @@ def merge_result(db: Database, job_id: str, extra: dict[str, Any]) -> None:
     """Add keys to a job's stored result (what posting it learnt, such as an issue number)."""
     with db.transaction() as conn:
         conn.execute(_MERGE_RESULT, (json.dumps(extra), job_id))
+
+
+# --- metrics --------------------------------------------------------------------------------------
+
+# The latest attempt of every finished job, bucketed in SQL: width_bucket counts the bounds at or below
+# each duration, so a scrape reads one row per (kind, outcome, bucket), whatever the table's size.
+_JOB_DURATIONS = """
+SELECT kind, status, width_bucket(s, %s::float8[]), count(*), sum(s)
+FROM (SELECT kind, status, greatest(extract(epoch FROM finished_at - started_at)::float8, 0) AS s
+      FROM bot_jobs WHERE finished_at IS NOT NULL AND started_at IS NOT NULL) AS d
+GROUP BY 1, 2, 3
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class JobDurations:
+    """How long the finished jobs of one kind and outcome ran: ``counts[i]`` jobs took at most
+    ``bounds[i]`` seconds (cumulative, as Prometheus histograms are); ``count`` and ``total`` over all."""
+
+    kind: str
+    outcome: str
+    counts: tuple[int, ...]
+    count: int
+    total: float
+
+
+def job_durations(db: Database, bounds: Sequence[float]) -> list[JobDurations]:
+    """Run times (claim → outcome stored, of the latest attempt) of the bot's finished jobs, by kind and
+    outcome. Workers store them with each job; the web process exports them (``/metrics``)."""
+    with db.transaction() as conn:
+        rows = conn.execute(_JOB_DURATIONS, (list(bounds),)).fetchall()
+    per: dict[tuple[str, str], list[float]] = {}
+    for kind, status, bucket, count, total in rows:
+        # bucket b: b bounds lie below the duration, so it counts for the bounds from index b on.
+        acc = per.setdefault((kind, status), [0.0] * (len(bounds) + 2))
+        for i in range(int(bucket), len(bounds)):
+            acc[i] += count
+        acc[-2] += count
+        acc[-1] += float(total or 0)
+    return [JobDurations(kind, status, tuple(int(c) for c in acc[:len(bounds)]), int(acc[-2]), acc[-1])
+            for (kind, status), acc in sorted(per.items())]

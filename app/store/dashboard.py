@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg.rows import class_row
 
+from app.domain.jobs import JobKind
 from app.domain.principal import Principal
 from app.errors import NotFoundError, StateNotFoundError
 from app.store import states
@@ -88,6 +89,9 @@ FROM api_tokens t JOIN environments e ON e.id = t.environment_id JOIN workspaces
 WHERE t.id = %s AND t.revoked_at IS NULL
 """
 _TOKEN_ID_BY_SECRET = "SELECT id FROM api_tokens WHERE token_hash = %s AND revoked_at IS NULL"
+
+# The jobs a pull request's last apply is one of: a merge's fan-out, or one project's apply.
+_APPLIES = frozenset({JobKind.MERGE, JobKind.APPLY_PROJECT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,11 +403,11 @@ def open_pull_requests(db: Database, principal: Principal, *, limit: int = 2000)
             for other, globs in pr_overlaps(mine, others):
                 shared.setdefault(other, set()).update(globs)
         pr_jobs = jobs_by_pr.get((repo, number), [])
-        applies = sorted((j for j in pr_jobs if "apply" in j.kind), key=lambda j: j.updated_at)
+        applies = sorted((j for j in pr_jobs if j.kind in _APPLIES), key=lambda j: j.updated_at)
         found.append(PullRequest(
             repo=repo, number=number, head_sha=max(footprints, key=lambda f: f.updated_at).head_sha,
-            footprints=tuple(footprints), checks=tuple(j for j in pr_jobs if "apply" not in j.kind and
-                                                       "closed" not in j.kind),
+            footprints=tuple(footprints), checks=tuple(j for j in pr_jobs if j.kind not in _APPLIES and
+                                                       j.kind != JobKind.PULL_REQUEST_CLOSED),
             last_apply=applies[-1] if applies else None,
             overlaps=tuple((n, tuple(sorted(g))) for n, g in sorted(shared.items()))))
     return found

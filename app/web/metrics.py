@@ -31,7 +31,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 from app.errors import (
@@ -43,6 +43,7 @@ from app.errors import (
     UnauthorizedError,
 )
 from app.store import Database, gauges
+from app.store import bot as bot_store
 from app.store import drift as drift_store
 from app.store.runs import WAITER_STALE
 from app.web.context import services
@@ -99,8 +100,6 @@ WEBHOOK_DELIVERIES = Counter("kilolock_webhook_deliveries",
                              "GitHub webhook deliveries by event and outcome "
                              "(accepted, ignored, duplicate, rejected, failed).",
                              ["event", "outcome"], registry=REGISTRY)
-JOB_DURATION = Histogram("kilolock_job_duration_seconds", "Background job run time by job and outcome.",
-                         ["job", "outcome"], buckets=_RUN_SECONDS, registry=REGISTRY)
 
 _LANES = {"backend": "backend", "engine": "engine", "runs": "engine", "drift": "engine", "control": "control",
           "ui": "ui"}
@@ -184,6 +183,18 @@ class _StoreGauges:
         yield GaugeMetricFamily("kilolock_reservation_waiters", "Reservation requests waiting in the queue.",
                                 value=snap.waiters)
         yield from _drift_metrics(self.db)
+        yield _job_durations(self.db)
+
+
+def _job_durations(db: Database) -> Metric:
+    """The bot's job run times. Jobs run in worker processes, which store each one's start and finish in
+    ``bot_jobs``; the histogram is built from there, so every web process answers the same."""
+    family = HistogramMetricFamily("kilolock_job_duration_seconds", "Bot job run time by job and outcome.",
+                                   labels=["job", "outcome"])
+    for found in bot_store.job_durations(db, _RUN_SECONDS):
+        buckets = [(str(float(le)), count) for le, count in zip(_RUN_SECONDS, found.counts, strict=True)]
+        family.add_metric([found.kind, found.outcome], buckets + [("+Inf", found.count)], found.total)
+    return family
 
 
 def _drift_metrics(db: Database) -> Iterator[Metric]:

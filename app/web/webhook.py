@@ -4,7 +4,7 @@ Owns the request side of the bot: it refuses every delivery while no secret is c
 closed), checks the size and the ``X-Hub-Signature-256`` HMAC of the raw body, records the delivery
 (its ``X-GitHub-Delivery`` id makes redeliveries no-ops), routes it (``app.domain.webhooks``) and
 enqueues jobs by dotted path (``app.queue``). It must stay fast: no GitHub API calls, no git, no
-Terraform here — jobs do that on workers. It never imports ``app.github``.
+Terraform here — jobs do that on workers. It never imports ``runner.bot.github``.
 """
 
 from __future__ import annotations
@@ -196,6 +196,6 @@ def _payload(body: bytes) -> dict[str, Any]:
 def _enqueue(routed: Routed, settings: Settings) -> list[str]:
     queueing: Queueing = current_app.extensions[EXTENSION]
     assert queueing.redis is not None, "a secret is configured, so init_app resolved Redis"
-    done = [queue.enqueue(queueing.redis, job.kind, job.args, job_id=job.job_id, timeout=settings.job_timeout)
+    done = [queue.enqueue(queueing.redis, job.args, job_id=job.job_id, timeout=settings.job_timeout)
             for job in routed.jobs]
     return [job.job_id for job in done]

@@ -269,3 +269,27 @@ def test_unknown_log_formats_are_refused(raw):
 
     with pytest.raises(ConfigError, match="KL_LOG_FORMAT"):
         Settings.from_env({"KL_LOG_FORMAT": raw})
+
+
+def test_bot_job_durations_recorded_by_workers_are_exported_from_the_database(client):
+    from app.domain.jobs import PullRequestArgs
+    from app.store import bot
+
+    db = client.application.extensions["kilolock"].db
+    before = scrape(client)
+    bot.claim(db, "metrics-job-1", PullRequestArgs("acme/metrics", 1, "a" * 40))
+    bot.finish_job(db, "metrics-job-1", bot.JobStatus.SUCCEEDED, {})
+    bot.claim(db, "metrics-job-2", PullRequestArgs("acme/metrics", 2, "b" * 40))
+    bot.finish_job(db, "metrics-job-2", bot.JobStatus.FAILED, {})
+    bot.claim(db, "metrics-job-3", PullRequestArgs("acme/metrics", 3, "c" * 40))  # still running: not counted
+    after = scrape(client)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    job = {"job": "pull_request"}
+    assert moved("kilolock_job_duration_seconds_count", **job, outcome="succeeded") == 1
+    assert moved("kilolock_job_duration_seconds_count", **job, outcome="failed") == 1
+    assert moved("kilolock_job_duration_seconds_bucket", **job, outcome="succeeded", le="+Inf") == 1
+    assert moved("kilolock_job_duration_seconds_bucket", **job, outcome="succeeded", le="5.0") == 1
+    assert 0 <= moved("kilolock_job_duration_seconds_sum", **job, outcome="succeeded") < 5

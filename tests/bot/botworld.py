@@ -29,9 +29,9 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 
 from app.config import Settings
-from app.github import GitHub
 from app.queue import QUEUE_NAME
-from runner import jobs
+from runner.bot import jobs
+from runner.bot.github import GitHub
 from tests.bot import webhooks
 from tests.bot.github_sim import APP_ID, GitHubSim
 from tests.conftest import kl_terraform_bin, terraform_env

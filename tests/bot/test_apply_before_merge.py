@@ -17,7 +17,7 @@ import requests
 
 from app.store import Database, pr_holds
 from app.store import bot as store
-from runner.comments import MARKER
+from runner.bot.render import MARKER
 from tests.bot.botworld import FILES, REPO, World, dump, git, slow, world_factory  # noqa: F401
 from tests.bot.golden import assert_golden, normalize
 
@@ -228,7 +228,7 @@ def test_a_merge_of_the_applied_files_does_not_apply_again_and_releases_the_hold
     w.run_jobs()
 
     assert w.serial() == 2 and reservations(w) == [] and holds_of(w, 1) == []
-    assert [j for j in jobs_of(w, "merge_apply") if j.project] == []
+    assert jobs_of(w, "apply_project") == []
     check = apply_check(w, merge)
     assert (check["conclusion"], check["output"]["title"]) == ("success", "applied: infra before merge at serial 2")
     body = marked(w, 1)
@@ -252,7 +252,7 @@ def test_a_merge_after_the_base_moved_applies_again(world_factory):  # noqa: F81
     merge = w.merge(1)
     w.run_jobs()
 
-    [child] = [j for j in jobs_of(w, "merge_apply") if j.project]
+    [child] = jobs_of(w, "apply_project")
     assert child.result["apply"]["status"] == "no_changes", child.result
     assert reservations(w) == [] and w.trunk()["terraform_data.db"] == "prod-app-db-v2"
     assert apply_check(w, merge)["output"]["title"] == "applied: no changes"

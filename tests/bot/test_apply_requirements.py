@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from app.domain.commands import parse_apply_args
+from app.domain.jobs import ReviewArgs
 from app.domain.webhooks import route
-from app.github import PullInfo, Review
-from runner.apply_requirements import approval_problem, unmet
-from runner.bot_holds import parse_apply_args
+from runner.bot.github import PullInfo, Review
+from runner.bot.requirements import approval_problem, unmet
 from tests.bot import webhooks
 
 HEAD, OLD = "a" * 40, "b" * 40
@@ -79,7 +80,7 @@ def test_apply_arguments_name_one_project_or_none():
 def test_submitted_and_dismissed_reviews_route_to_a_readiness_job_and_others_are_ignored():
     routed = route("pull_request_review", "d-1", webhooks.review_payload())
     [job] = routed.jobs
-    assert (job.kind, job.args) == ("pull_request_review", (webhooks.REPO, 2, webhooks.HEAD_SHA))
+    assert (job.kind, job.args) == ("pull_request_review", ReviewArgs(webhooks.REPO, 2, webhooks.HEAD_SHA))
     assert route("pull_request_review", "d-2", webhooks.review_payload(action="dismissed")).jobs
     edited = route("pull_request_review", "d-3", webhooks.review_payload(action="edited"))
     assert edited.jobs == () and "not handled" in edited.reason

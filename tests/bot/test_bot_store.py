@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 
@@ -148,7 +149,7 @@ def test_overlaps_name_the_other_prs_and_the_shared_globs(bot_db):
         store.save_footprint(bot_db, other)
 
     others = store.open_footprints(bot_db, REPO, "prod", exclude_number=5)
-    assert store.overlaps(mine, others) == [
+    assert pr_overlaps(mine, others) == [
         (1, ["aws_vpc.main"]),
         (2, ["module.app.* ∩ module.app.aws_instance.web[0]"]),
         (3, ["data.aws_ami.base"]),
@@ -233,3 +234,35 @@ def test_jobs_are_listed_per_repository_and_pull_request(bot_db):
     assert [j.id for j in store.list_jobs(bot_db, REPO)] == ["j1", "j2", "j3"]
     assert [j.id for j in store.list_jobs(bot_db, REPO, 2)] == ["j1", "j2"]
     assert store.get_job(bot_db, "missing") is None
+
+
+def test_rows_stored_before_arguments_were_kept_read_back_typed_after_the_migration(bot_db):
+    from pathlib import Path
+
+    from app.domain.jobs import ApplyProjectArgs, DriftCheckArgs, JobKind, MergeArgs, PushArgs
+
+    old = [  # as the worker stored them when the merge job still had one kind for both steps
+        ("m", "merge_apply", 7, "a" * 40, "", {"base": "b" * 40, "children": ["app"], "skipped": []}),
+        ("m-app", "merge_apply", 7, "a" * 40, "app", {"apply": {"status": "failed"}}),
+        ("p", "push", None, "c" * 40, "", {"skipped": "the push created or deleted the branch", "before": "d" * 40}),
+        ("dc", "drift_check", None, "e" * 40, "app", {"drift": {"window": 3600, "branch": "main"}}),
+    ]
+    with bot_db.transaction() as conn:
+        for id_, kind, number, sha, project, result in old:
+            conn.execute("INSERT INTO bot_jobs (id, kind, repo, number, sha, project, status, result) "
+                         "VALUES (%s, %s, %s, %s, %s, %s, 'failed', %s)",
+                         (id_, kind, REPO, number, sha, project, json.dumps(result)))
+    migration = (Path(__file__).resolve().parents[2] / "migrations" / "0014_bot_job_args.sql").read_text()
+    statements = [s for s in migration.split(";")
+                  if "\n".join(line for line in s.splitlines() if not line.startswith("--")).strip()
+                  .startswith("UPDATE")]
+    with bot_db.transaction() as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+    rows = {r.id: r for r in store.list_jobs(bot_db, REPO)}
+    assert (rows["m"].kind, rows["m"].args) == (JobKind.MERGE, MergeArgs(REPO, 7, "a" * 40))
+    assert (rows["m-app"].kind, rows["m-app"].args) == (
+        JobKind.APPLY_PROJECT, ApplyProjectArgs(REPO, 7, "a" * 40, "app", "b" * 40))
+    assert rows["p"].args == PushArgs(REPO, "c" * 40, "d" * 40)
+    assert rows["dc"].args == DriftCheckArgs(REPO, "app", 3600, "e" * 40, "main")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.botconfig import (
+from runner.bot.config import (
     DEFAULT_MERGE_WAIT,
     BotConfig,
     BotConfigError,
@@ -106,7 +106,7 @@ def test_every_problem_is_listed_at_once_with_what_to_change(repo: Path):
 ])
 def test_unreadable_files_say_where(text: str, problem: str):
     with pytest.raises(BotConfigError) as caught:
-        from runner.botconfig import RawConfig, validate
+        from runner.bot.config import RawConfig, validate
 
         validate(RawConfig(".kilolock.yml", parse(text)), Path("/nonexistent"))
     assert caught.value.problems[0].startswith(problem)

@@ -5,28 +5,30 @@ from __future__ import annotations
 
 import pytest
 
-from runner.comments import (
-    BODY_BUDGET,
-    GITHUB_LIMIT,
-    MARKER,
+from runner.bot.outcomes import (
     ApplyResult,
-    CommentView,
     FootprintOutcome,
     LiveConflict,
     Overlap,
     PreviewOutcome,
     ProjectFootprint,
     ProjectPreview,
-    apply_check,
     apply_from_json,
     compact_shared,
+    footprint_from_json,
+    preview_from_json,
+    to_json,
+)
+from runner.bot.render import (
+    BODY_BUDGET,
+    GITHUB_LIMIT,
+    MARKER,
+    CommentView,
+    apply_check,
     counts,
     footprint_check,
-    footprint_from_json,
     plan_check,
-    preview_from_json,
     render_comment,
-    to_json,
 )
 from tests.bot.golden import assert_golden
 

@@ -1,4 +1,4 @@
-"""app.github against GitHub's REST API simulated with ``responses``: every call is asserted.
+"""runner.bot.github against GitHub's REST API simulated with ``responses``: every call is asserted.
 
 PyGithub sends requests to ``https://api.github.com:443/...`` (explicit port), so mocks are registered
 with ``:443`` while URLs inside JSON bodies stay as GitHub writes them.
@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from app.config import Settings
-from app.github import COMMENT_LIMIT, OUTPUT_LIMIT, GitHub, GitHubError, PullInfo, forget_cached_installations
+from runner.bot.github import COMMENT_LIMIT, OUTPUT_LIMIT, GitHub, GitHubError, PullInfo, forget_cached_installations
 from tests.bot.webhooks import payload
 
 API = "https://api.github.com"

@@ -66,7 +66,7 @@ def test_a_merged_pull_request_is_applied_on_the_merge_commit_and_reported(world
     assert w.sim.writes()[before:] == [
         ("POST", f"/repos/{REPO}/check-runs"), ("PATCH", f"/repos/{REPO}/issues/comments/1002"),
         ("PATCH", f"/repos/{REPO}/check-runs/{check['id']}"), ("PATCH", f"/repos/{REPO}/issues/comments/1002")]
-    assert jobs_of(w, "merge_apply")[-1].result["apply"]["status"] == "committed"
+    assert jobs_of(w, "apply_project")[-1].result["apply"]["status"] == "committed"
     converged(w)
 
 
@@ -109,7 +109,7 @@ def test_a_rerequested_apply_check_retries_a_failed_apply(world_factory, tmp_pat
 
     assert w.trunk()["terraform_data.flaky"] == "v1"
     assert w.sim.runs("kilolock/apply", sha=merge)[-1]["conclusion"] == "success"
-    [child] = [j for j in jobs_of(w, "merge_apply") if j.project]
+    [child] = jobs_of(w, "apply_project")
     assert (child.attempts, child.status) == (2, "succeeded")
     assert "committed at serial 2" in w.sim.bot_comment(1)
 
@@ -174,7 +174,7 @@ def test_two_disjoint_merges_apply_at_the_same_time_on_two_forking_workers(world
     assert sorted([one["committed_serial"], two["committed_serial"]]) == [2, 3]
     assert w.trunk()["terraform_data.a"] == "a2" and w.trunk()["terraform_data.b"] == "b2"
     workers = {line.split("Worker ")[1].split(":")[0] for out in outputs for line in out.splitlines()
-               if "merge_apply" in line and "Worker " in line}
+               if "apply_project" in line and "Worker " in line}
     assert len(workers) >= 2, outputs
     assert [s["state"] for s in w.sim.statuses if s["context"] == "kilolock/apply"][-2:] == ["success", "success"]
     converged(w)
@@ -200,7 +200,7 @@ def test_two_overlapping_merges_apply_in_merge_order_the_second_waiting(world_fa
     assert [r["committed_serial"] for r in runs] == [2, 3]
     # Applied out of order, the first merge's slow.tf would have put y back to y1.
     assert (w.trunk()["terraform_data.x"], w.trunk()["terraform_data.y"]) == ("x2", "y2")
-    waited = {j.number: j.result["apply"]["waited_seconds"] for j in jobs_of(w, "merge_apply") if j.project}
+    waited = {j.number: j.result["apply"]["waited_seconds"] for j in jobs_of(w, "apply_project")}
     assert waited[2] > 2 > waited[1], waited
     converged(w)
 
@@ -219,7 +219,7 @@ def test_a_job_timeout_interrupts_terraform_and_ends_its_run(world_factory):  # 
     assert run["status"] == "failed" and w.serial() == serial, dump(run)
     reservations = __import__("requests").get(f"{w.server_url}/v1/engine/reservations?state=infra", timeout=10)
     assert reservations.json()["reservations"] == []
-    [child] = [j for j in jobs_of(w, "merge_apply") if j.project]
+    [child] = jobs_of(w, "apply_project")
     assert child.status == "failed" and "timed out after 12 s" in child.result["apply"]["error"]
     assert [s["state"] for s in w.sim.statuses if s["sha"] == merge and s["context"] == "kilolock/apply"][-1] == \
         "failure"
@@ -251,6 +251,6 @@ def test_squash_and_rebase_merges_apply_exactly_the_pull_requests_changes(world_
     assert (w.trunk()["terraform_data.db"], w.trunk()["terraform_data.queue"]) == ("prod-app-db-v2", "queue-v2")
     [run] = w.runs()
     assert run["status"] == "committed"
-    [child] = [j for j in jobs_of(w, "merge_apply") if j.project]
+    [child] = jobs_of(w, "apply_project")
     assert {a for a, _ in child.result["apply"]["actions"]} == {"terraform_data.db", "terraform_data.queue"}
     converged(w)

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from app.domain.webhooks import job_id
+from app.domain.commands import HELP
+from app.domain.jobs import job_id
 from app.store import bot as store
-from runner.comments import HELP
 from tests.bot.botworld import FILES, REPO, comment_globs, world_factory  # noqa: F401
 from tests.bot.golden import assert_golden, normalize
 
@@ -137,7 +137,7 @@ def test_a_redelivery_and_a_repeated_job_run_nothing_again(world_factory):  # no
     assert first.status_code == 202 and again.status_code == 200 and again.json()["status"] == "already processed"
     # The same job enqueued once more (a second hook, a retry): it finds its stored, posted outcome.
     pr = w.sim.prs[1]
-    w.queue().enqueue("runner.jobs.pull_request_footprint", REPO, 1, pr["head_sha"],
+    w.queue().enqueue("runner.bot.jobs.pull_request_footprint", REPO, 1, pr["head_sha"],
                       job_id=job_id("pull_request", REPO, 1, pr["head_sha"]))
     w.run_jobs()
 
@@ -272,7 +272,7 @@ def test_sensitive_values_never_reach_github(world_factory):  # noqa: F811
 def test_a_job_that_keeps_failing_reports_why_in_its_check_after_the_last_retry(world_factory):  # noqa: F811
     from dataclasses import replace
 
-    from runner import jobs
+    from runner.bot import jobs
     from tests.bot.botworld import fast_github
 
     w = world_factory()

@@ -17,9 +17,10 @@ import pytest
 from rq import Queue
 
 from app import queue
+from app.domain.jobs import DriftTickArgs
 from app.store import bot as store
-from runner import botdrift
-from runner.botconfig import BotConfigError, RawConfig, parse, validate
+from runner.bot import drift as botdrift
+from runner.bot.config import BotConfigError, RawConfig, parse, validate
 from tests.bot.botworld import REPO, SERIALIZER, World, world_factory  # noqa: F401  (fixture)
 from tests.fakecloud.cloud import Cloud
 from tests.fakecloud.install import Installed, install
@@ -55,7 +56,7 @@ def _next_window() -> int:
 
 
 def _tick(world: World, at: int) -> None:
-    queue.enqueue(world.connection(), "drift_tick", (at,), job_id=botdrift.tick_id(at) + "-test", timeout=600)
+    queue.enqueue(world.connection(), DriftTickArgs(at), job_id=botdrift.tick_id(at) + "-test", timeout=600)
 
 
 def _drift_jobs(world: World) -> list[store.BotJob]:
@@ -168,7 +169,7 @@ def test_two_forking_workers_post_the_window_check_exactly_once(world_factory: A
     # Two ticks racing could both push the id: put a second copy on the queue behind RQ's back.
     job = rq_queue.fetch_job(check)
     assert job is not None
-    rq_queue.enqueue(job.func_name, *job.args, job_id=check, job_timeout=600)
+    rq_queue.enqueue(job.func_name, kwargs=job.kwargs, job_id=check, job_timeout=600)
     assert rq_queue.get_job_ids().count(check) == 2
 
     workers = world.start_workers(2)

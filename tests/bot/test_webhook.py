@@ -23,7 +23,17 @@ import redis
 import responses
 from rq import Queue
 
-from app.domain.webhooks import job_id, route
+from app.domain.jobs import (
+    ClosedArgs,
+    CommentArgs,
+    JobKind,
+    MergeArgs,
+    PullRequestArgs,
+    PushArgs,
+    RerunArgs,
+    job_id,
+)
+from app.domain.webhooks import route
 from app.queue import JOBS, QUEUE_NAME
 from app.store import bot as store
 from app.web.metrics import REGISTRY
@@ -102,8 +112,9 @@ def test_a_signed_pull_request_opened_is_queued_as_a_footprint_job(bot_client, b
     assert response.status_code == 202
     assert response.get_json() == {"ok": True, "status": "queued", "delivery": delivery, "job_ids": [expected_id]}
     [job] = queued(redis_url)
-    assert (job.id, job.func_name, job.args) == (expected_id, JOBS["pull_request"], [REPO, 2, HEAD_SHA])
-    assert job.func_name == "runner.jobs.pull_request_footprint"
+    assert (job.id, job.func_name, job.kwargs) == (expected_id, JOBS[JobKind.PULL_REQUEST],
+                                                   PullRequestArgs(REPO, 2, HEAD_SHA).to_kwargs())
+    assert job.func_name == "runner.bot.jobs.pull_request_footprint"
     assert job.timeout == bot_client.application.extensions["kilolock"].settings.job_timeout
     recorded = store.get_delivery(bot_db, delivery)
     assert recorded is not None
@@ -291,7 +302,8 @@ def test_synchronize_queues_a_footprint_job_for_the_new_head(bot_client, redis_u
 
     [job] = queued(redis_url)
     assert response.status_code == 202
-    assert (job.func_name, job.args) == ("runner.jobs.pull_request_footprint", [REPO, 2, doc["after"]])
+    assert (job.func_name, job.kwargs) == ("runner.bot.jobs.pull_request_footprint",
+                                            PullRequestArgs(REPO, 2, doc["after"]).to_kwargs())
     assert job.id == job_id("pull_request", REPO, 2, doc["pull_request"]["head"]["sha"])
 
 
@@ -303,7 +315,7 @@ def test_reopened_queues_a_footprint_job_of_its_own(bot_client, redis_url):
     delivered(bot_client, "pull_request", doc, delivery=delivery)
 
     opened, reopened = queued(redis_url)
-    assert opened.args == reopened.args == [REPO, 2, HEAD_SHA]
+    assert opened.kwargs == reopened.kwargs == PullRequestArgs(REPO, 2, HEAD_SHA).to_kwargs()
     assert reopened.id == job_id("pull_request", REPO, 2, HEAD_SHA, delivery) != opened.id
 
 
@@ -315,17 +327,17 @@ def test_closed_without_merge_drops_the_footprint_even_though_merge_commit_sha_i
 
     [job] = queued(redis_url)
     assert response.status_code == 202
-    assert (job.func_name, job.args) == ("runner.jobs.pull_request_closed", [REPO, 2])
+    assert (job.func_name, job.kwargs) == ("runner.bot.jobs.pull_request_closed", ClosedArgs(REPO, 2).to_kwargs())
     assert job.id == job_id("pull_request_closed", REPO, 2, delivery)
 
 
-def test_closed_with_merged_true_queues_a_merge_apply_on_the_merge_commit(bot_client, redis_url):
+def test_closed_with_merged_true_queues_a_merge_on_the_merge_commit(bot_client, redis_url):
     response = delivered(bot_client, "pull_request", merged_payload())
 
     [job] = queued(redis_url)
     assert response.status_code == 202
-    assert (job.func_name, job.args) == ("runner.jobs.merge_apply", [REPO, 2, MERGE_SHA])
-    assert job.id == job_id("merge_apply", REPO, 2, MERGE_SHA)
+    assert (job.func_name, job.kwargs) == ("runner.bot.jobs.merge", MergeArgs(REPO, 2, MERGE_SHA).to_kwargs())
+    assert job.id == job_id(JobKind.MERGE, REPO, 2, MERGE_SHA)
 
 
 def test_a_merge_without_a_merge_commit_is_a_bad_payload_recorded_as_failed(bot_client, bot_db, redis_url):
@@ -348,7 +360,8 @@ def test_a_push_to_the_default_branch_queues_a_push_job(bot_client, redis_url):
 
     [job] = queued(redis_url)
     assert response.status_code == 202
-    assert (job.func_name, job.args) == ("runner.jobs.push_to_default_branch", [REPO, doc["after"], doc["before"]])
+    assert (job.func_name, job.kwargs) == ("runner.bot.jobs.push_to_default_branch",
+                                            PushArgs(REPO, doc["after"], doc["before"]).to_kwargs())
     assert job.id == job_id("push", REPO, doc["after"])
 
 
@@ -382,7 +395,8 @@ def test_check_run_rerequested_queues_a_rerun_from_the_external_id(bot_settings,
 
     [job] = queued(redis_url)
     assert response.status_code == 202
-    assert (job.func_name, job.args) == ("runner.jobs.rerun_check", [REPO, "pull_request-x-2-abc-1234", HEAD_SHA])
+    assert (job.func_name, job.kwargs) == ("runner.bot.jobs.rerun_check",
+                                            RerunArgs(REPO, "pull_request-x-2-abc-1234", HEAD_SHA).to_kwargs())
     assert job.id == job_id("rerun", REPO, 4242, delivery)
     assert other_app.status_code == 200 and "another GitHub App" in other_app.get_json()["reason"]
 
@@ -404,7 +418,8 @@ def test_a_kilolock_comment_on_a_pull_request_queues_a_comment_command(bot_clien
 
     [job] = queued(redis_url)
     assert response.status_code == 202
-    assert (job.func_name, job.args) == ("runner.jobs.comment_command", [REPO, 2, 77, "octocat", body])
+    assert (job.func_name, job.kwargs) == ("runner.bot.jobs.comment_command",
+                                            CommentArgs(REPO, 2, 77, "octocat", body).to_kwargs())
     assert job.id == job_id("comment", REPO, 2, 77)
 
 
@@ -426,7 +441,7 @@ def test_a_command_word_in_any_case_and_after_blank_lines_counts(bot_client, red
     response = delivered(bot_client, "issue_comment", issue_comment_payload("\n  KiloLock help"))
 
     assert response.status_code == 202
-    assert queued(redis_url)[0].func_name == "runner.jobs.comment_command"
+    assert queued(redis_url)[0].func_name == "runner.bot.jobs.comment_command"
 
 
 @pytest.mark.parametrize("event, doc", [
@@ -453,7 +468,7 @@ def test_a_form_encoded_delivery_is_read_from_its_payload_field(bot_client, redi
     response = bot_client.post(URL, data=body, headers=sent)
 
     assert response.status_code == 202
-    assert queued(redis_url)[0].args == [REPO, 2, HEAD_SHA]
+    assert queued(redis_url)[0].kwargs == PullRequestArgs(REPO, 2, HEAD_SHA).to_kwargs()
 
 
 def test_a_signed_body_that_is_not_json_is_a_400_recorded_as_failed(bot_client, bot_db, redis_url):
@@ -510,7 +525,7 @@ def test_every_routed_kind_is_a_known_job():
         route("issue_comment", "d", issue_comment_payload("kilolock help")).jobs[0].kind,
     }
     assert kinds <= set(JOBS)
-    assert kinds == {"pull_request", "pull_request_closed", "merge_apply", "push", "rerun", "comment"}
+    assert kinds == {"pull_request", "pull_request_closed", "merge", "push", "rerun", "comment"}
 
 
 def test_the_webhook_is_not_served_on_the_control_lane(settings):
@@ -528,4 +543,4 @@ def test_the_web_app_never_loads_the_github_client():
     code = "import app.web, sys, json; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     modules = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert "app.github" not in modules and "github" not in modules
+    assert "runner.bot.github" not in modules and "github" not in modules

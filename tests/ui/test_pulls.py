@@ -36,7 +36,7 @@ def test_open_pull_requests_show_footprints_overlaps_checks_and_last_apply(bot_u
     bot.save_footprint(db, bot.PrFootprint("acme/apps", 3, "web", "apps", "d" * 40, ("web.tf",), ("module.net.*",)))
     bot.claim_job(db, "pr-7", "pull_request", "acme/infra", number=7, sha="a" * 40)
     bot.finish_job(db, "pr-7", "succeeded", {"footprint": {"projects": [{"name": "network"}]}})
-    bot.claim_job(db, "apply-7", "merge_apply", "acme/infra", number=7, sha="e" * 40)
+    bot.claim_job(db, "apply-7", "apply_project", "acme/infra", number=7, sha="e" * 40)
     bot.finish_job(db, "apply-7", "failed", {"apply": {"status": "failed", "error": "terraform apply exited 1"}},
                    error="terraform apply exited 1")
     html = page(client, "/ui/pulls")
@@ -55,7 +55,7 @@ def test_open_pull_requests_show_footprints_overlaps_checks_and_last_apply(bot_u
     checks = rows[7].split('class="checks"', 1)[1].split("</td>", 1)[0]
     assert "pull_request" in checks and "succeeded" in checks and "1 project(s)" in checks
     last = rows[7].split('class="last-apply"', 1)[1].split("</td>", 1)[0]
-    assert "merge_apply" in last and "failed" in last and "terraform apply exited 1" in last
+    assert "apply_project" in last and "failed" in last and "terraform apply exited 1" in last
     assert "never applied" in rows[9]
     bot.drop_footprints(db, "acme/infra", 9)  # merged or closed: no longer open
     assert 'data-number="9"' not in page(client, "/ui/pulls")

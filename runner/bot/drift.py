@@ -3,7 +3,7 @@
 ``kilolock/drift`` check run (App mode) or commit status (token mode) on the default branch's head, plus,
 with ``issue: true``, one issue per project edited in place and closed when the drift clears.
 
-How a schedule runs. A **tick** job (``runner.jobs.drift_tick``) is scheduled with RQ's scheduler for
+How a schedule runs. A **tick** job (``runner.bot.jobs.drift_tick``) is scheduled with RQ's scheduler for
 each ``TICK_SECONDS`` boundary: ``kl worker`` schedules the next one when it starts, and every tick
 schedules its successor before it does anything else, so one tick is always pending while a worker with
 the scheduler runs. Ticks are deduplicated twice: by a Redis ``SET NX`` on the slot and by the job id
@@ -19,7 +19,7 @@ Terraform. The outcome is stored before it is posted, and posting happens under 
 while the row is not marked posted, so GitHub sees it once.
 
 Time enters as arguments only (the tick's ``at``, the check's ``window``; ``now`` for staleness), so
-tests drive windows without waiting. Must not: render Markdown (``runner.drifttext``), import RQ
+tests drive windows without waiting. Must not: render Markdown (``runner.bot.drifttext``), import RQ
 (``app.queue`` enqueues), or put attribute values anywhere (a drift outcome holds names only).
 """
 
@@ -27,24 +27,28 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import queue
-from app.domain.webhooks import job_id
-from app.github import GitHubError
+from app.domain.jobs import TICK_REPO, DriftCheckArgs, DriftTickArgs, JobKind, job_id
 from app.store import bot as store
-from app.store.bot import BotJob
-from runner import botflow, drifttext, git
-from runner.botconfig import BotConfigError, load
+from app.store.bot import BotJob, JobStatus
+from runner import git
+from runner.bot import drifttext, flow
+from runner.bot.config import BotConfigError, load
+from runner.bot.github import GitHubError
+from runner.bot.results import DriftResult
 from runner.config import ClientConfigError
 from runner.drift import DriftRequest, check_drift
 from runner.engine_client import EngineError
 from runner.plan import KlExit
 
+if TYPE_CHECKING:
+    from runner.bot.context import Context
+
 log = logging.getLogger("kilolock.drift")
 DRIFT_CHECK = "kilolock/drift"
 TICK_SECONDS = 300
-TICK_REPO = "-"  # ticks belong to no repository
 
 
 def window_start(at: int, every: int) -> int:
@@ -53,11 +57,11 @@ def window_start(at: int, every: int) -> int:
 
 
 def check_id(repo: str, project: str, window: int) -> str:
-    return job_id("drift_check", repo, project, window)
+    return job_id(JobKind.DRIFT_CHECK, repo, project, window)
 
 
 def tick_id(slot: int) -> str:
-    return job_id("drift_tick", TICK_REPO, slot)
+    return job_id(JobKind.DRIFT_TICK, TICK_REPO, slot)
 
 
 def schedule_tick(redis: Any, timeout: int, after: float) -> str | None:
@@ -66,11 +70,11 @@ def schedule_tick(redis: Any, timeout: int, after: float) -> str | None:
     slot = (int(after) // TICK_SECONDS + 1) * TICK_SECONDS
     if not redis.set(f"kilolock:drift-tick:{slot}", 1, nx=True, ex=4 * TICK_SECONDS):
         return None
-    return queue.enqueue_at(redis, datetime.fromtimestamp(slot, UTC), "drift_tick", (slot,), job_id=tick_id(slot),
+    return queue.enqueue_at(redis, datetime.fromtimestamp(slot, UTC), DriftTickArgs(slot), job_id=tick_id(slot),
                             timeout=timeout).job_id
 
 
-def tick(ctx: Any, at: int, *, now: float) -> list[str]:
+def tick(ctx: Context, at: int, *, now: float) -> list[str]:
     """One tick at time ``at``: schedule the next tick, then enqueue each due project check (their job
     ids are returned). A tick that ran more than two periods late (no scheduler ran for a while) only
     schedules the next one, so a worker coming back does not replay old windows."""
@@ -87,11 +91,11 @@ def tick(ctx: Any, at: int, *, now: float) -> list[str]:
     return enqueued
 
 
-def _enqueue_due(ctx: Any, repo: str, at: int) -> list[str]:
+def _enqueue_due(ctx: Context, repo: str, at: int) -> list[str]:
     gh = ctx.github(repo)
     branch = gh.default_branch()
-    sha = botflow.branch_head(ctx.bench, repo, branch, gh.clone_token())
-    with botflow.checkout(ctx.bench, repo, sha, gh.clone_token()) as root:
+    sha = flow.branch_head(ctx.bench, repo, branch, gh.clone_token())
+    with flow.checkout(ctx.bench, repo, sha, gh.clone_token()) as root:
         config = load(root)
     found: list[str] = []
     for project in config.projects:
@@ -100,16 +104,15 @@ def _enqueue_due(ctx: Any, repo: str, at: int) -> list[str]:
         window = window_start(at, project.drift.every)
         jid = check_id(repo, project.name, window)
         if ctx.redis.set(f"kilolock:drift-due:{jid}", 1, nx=True, ex=project.drift.every + TICK_SECONDS):
-            queue.enqueue(ctx.redis, "drift_check", (repo, project.name, window, sha, branch), job_id=jid,
+            queue.enqueue(ctx.redis, DriftCheckArgs(repo, project.name, window, sha, branch), job_id=jid,
                           timeout=ctx.settings.job_timeout)
             found.append(jid)
     return found
 
 
-def check(ctx: Any, repo: str, name: str, window: int, sha: str, branch: str) -> str:
+def check(ctx: Context, args: DriftCheckArgs) -> str:
     """The drift check of one project for one window (at most once: see the module docstring)."""
-    row, mine = store.claim_window(ctx.db, ctx.id, "drift_check", repo, sha=sha, project=name,
-                                   stale_seconds=ctx.settings.job_timeout + 60)
+    row, mine = store.claim_window(ctx.db, ctx.id, args, stale_seconds=ctx.settings.job_timeout + 60)
     if not mine:
         if row.is_finished:
             deliver(ctx, row)
@@ -117,42 +120,44 @@ def check(ctx: Any, repo: str, name: str, window: int, sha: str, branch: str) ->
         log.info("drift check %s is running on another worker", ctx.id)
         return "running elsewhere"
     try:
-        status, outcome = _run(ctx, repo, name, window, sha, branch)
+        status, outcome = _run(ctx, args.repo, args.project, args.window, args.sha, args.branch)
     except Exception:
         store.reset_job(ctx.db, ctx.id)  # unclaimed again: RQ's retry of this job may run it
         raise
-    store.finish_job(ctx.db, ctx.id, status, {"drift": outcome})
+    store.finish_job(ctx.db, ctx.id, status, DriftResult(drift=outcome).to_json())
     fresh = store.get_job(ctx.db, ctx.id)
     assert fresh is not None
     deliver(ctx, fresh)
-    return status
+    return status.value
 
 
-def _run(ctx: Any, repo: str, name: str, window: int, sha: str, branch: str) -> tuple[str, dict[str, Any]]:
+def _run(ctx: Context, repo: str, name: str, window: int, sha: str,
+         branch: str) -> tuple[JobStatus, dict[str, Any]]:
     outcome: dict[str, Any] = {"project": name, "sha": sha, "branch": branch, "window": window, "drifted": [],
                                "checked": 0, "serial": 0}
     gh = ctx.github(repo)
     try:
-        with botflow.checkout(ctx.bench, repo, sha, gh.clone_token()) as root:
+        with flow.checkout(ctx.bench, repo, sha, gh.clone_token()) as root:
             try:
                 config = load(root)
             except BotConfigError as exc:
-                return "failed", {**outcome, "error": str(exc)}
+                return JobStatus.FAILED, {**outcome, "error": str(exc)}
             project = config.project(name)
             if project is None or project.drift is None:
-                return "skipped", {**outcome, "skipped": f"project {name!r} has no drift schedule on {branch} now"}
+                return JobStatus.SKIPPED, {**outcome,
+                                           "skipped": f"project {name!r} has no drift schedule on {branch} now"}
             outcome.update(state=project.state, dir=project.shown_dir, every=project.drift.every,
                            issue=project.drift.issue)
             request = DriftRequest(state=project.state, config_dir=root / project.dir,
                                    actor=f"github:{repo}@{sha[:12]}/{name}:drift", data_dir=ctx.bench.data_dir,
-                                   lease_seconds=botflow.LEASE_SECONDS)
-            result = check_drift(botflow.engine_client(ctx.bench, root, project), botflow.terraform_context(ctx.bench),
+                                   lease_seconds=flow.LEASE_SECONDS)
+            result = check_drift(flow.engine_client(ctx.bench, root, project), flow.terraform_context(ctx.bench),
                                  request)
     except (KlExit, EngineError, ClientConfigError, git.GitError) as exc:
-        return "failed", {**outcome, "error": safe_error(str(exc))}
+        return JobStatus.FAILED, {**outcome, "error": safe_error(str(exc))}
     outcome.update(serial=result.serial, checked=result.checked, run_id=result.run_id,
                    drifted=[d.to_json() for d in result.drifted])
-    return "succeeded", outcome
+    return JobStatus.SUCCEEDED, outcome
 
 
 def safe_error(text: str) -> str:
@@ -165,15 +170,15 @@ def safe_error(text: str) -> str:
     return "\n".join(kept)[-2000:]
 
 
-def deliver(ctx: Any, row: BotJob) -> None:
+def deliver(ctx: Context, row: BotJob) -> None:
     """Post a stored drift outcome once: under a lock, re-read, and skipped when already posted. Raises
     GitHubError when GitHub fails (RQ retries the job; the retry posts the stored outcome)."""
     with ctx.redis.lock(f"kilolock:deliver:{row.id}", timeout=300, blocking_timeout=300):
         fresh = store.get_job(ctx.db, row.id) or row
         if fresh.posted:
             return
-        d = fresh.result.get("drift", {})
-        if fresh.status == "skipped" or not d:
+        d = dict(DriftResult.from_json(fresh.result).drift)
+        if fresh.status is JobStatus.SKIPPED or not d:
             log.info("drift check %s: %s", fresh.id, d.get("skipped") or fresh.result)
             store.mark_posted(ctx.db, fresh.id)
             return
@@ -182,16 +187,10 @@ def deliver(ctx: Any, row: BotJob) -> None:
         gh.set_check(d["sha"], DRIFT_CHECK, status="completed", conclusion=shown.conclusion, title=shown.title,
                      summary=shown.summary, text=shown.text, external_id=fresh.id)
         if d.get("issue") and not d.get("error"):
-            earlier = store.last_result(ctx.db, fresh.repo, "drift_check", fresh.project, "issue_number")
+            earlier = store.last_result(ctx.db, fresh.repo, JobKind.DRIFT_CHECK, fresh.project, "issue_number")
             number = gh.sync_issue(drifttext.issue_marker(fresh.project), drifttext.issue_title(d),
                                    drifttext.issue_body(d), open_=bool(d["drifted"]),
                                    number=int(earlier["issue_number"]) if earlier else None)
             if number is not None:
                 store.merge_result(ctx.db, fresh.id, {"issue_number": number})
         store.mark_posted(ctx.db, fresh.id)
-
-
-def rerun_args(row: BotJob) -> tuple[str | int, ...]:
-    """The arguments that run a drift check job again (its check run was re-requested)."""
-    d = row.result.get("drift", {})
-    return row.repo, row.project, int(d.get("window", 0)), row.sha, str(d.get("branch", ""))

@@ -2,7 +2,7 @@
 pull request fails right now, each with the reason and what to do.
 
 Pure: the pull request, its reviews and whether its head contains the base branch's tip come in; frozen
-results go out. Must not: talk to GitHub or git (``runner.bot_holds`` fetches), or read the requirements
+results go out. Must not: talk to GitHub or git (``runner.bot.holds`` fetches), or read the requirements
 from anywhere but the caller (the default branch's ``.kilolock.yml``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from app.github import PullInfo, Review
+from runner.bot.github import PullInfo, Review
 
 # Reviews that change a reviewer's verdict; COMMENTED and PENDING leave the earlier verdict standing,
 # as they do on GitHub.

@@ -2,12 +2,12 @@
 file-scoped plan preview, and the file-scoped apply of a merged change — on a private checkout of the
 commit, against the trunk on the Kilolock server.
 
-Owns the orchestration only: the checkout (``runner.git``), the project mapping (``runner.botconfig``),
+Owns the orchestration only: the checkout (``runner.git``), the project mapping (``runner.bot.config``),
 and the very functions ``kl plan --changed-from`` / ``kl apply -f --confirm-scope`` use
 (``runner.filescoped``: ``changed_selection``, ``derive_footprint``, ``plan_files``, ``apply_files``), with
-the engine client authenticated by ``KL_BOT_TOKEN``. Results are the outcome types of ``runner.comments``.
+the engine client authenticated by ``KL_BOT_TOKEN``. Results are the outcome types of ``runner.bot.outcomes``.
 
-Must not: talk to GitHub, RQ or the database (``runner.jobs`` does: it claims, stores and posts), or read
+Must not: talk to GitHub, RQ or the database (``runner.bot.jobs`` does: it claims, stores and posts), or read
 the environment (``runner.config.process_env`` does, once per job).
 """
 
@@ -24,8 +24,8 @@ from analyzer.globs import GlobError, conflicts, parse_glob
 from app.config import Settings
 from runner import git
 from runner.apply import ApplyOptions
-from runner.botconfig import BotConfig, Project, projects_for
-from runner.comments import ApplyResult, LiveConflict, ProjectFootprint, ProjectPreview
+from runner.bot.config import BotConfig, BotConfigError, Project, load, projects_for, read_raw
+from runner.bot.outcomes import ApplyResult, LiveConflict, ProjectFootprint, ProjectPreview
 from runner.config import ClientConfigError, data_dir, process_env, resolve
 from runner.engine_client import EngineClient, EngineError
 from runner.filescoped import (
@@ -95,6 +95,22 @@ def terraform_context(bench: Bench) -> TerraformContext:
         raise KlExit(3, str(exc)) from exc
     return TerraformContext(binary=binary, env=bench.env, plugin_cache=bench.data_dir / "plugin-cache",
                             echo=lambda line: log.info("%s", line), stream=False)
+
+
+def read_config(root: Path) -> tuple[BotConfig | None, tuple[str, ...]]:
+    """The checkout's validated ``.kilolock.yml``, or None and the problems that make it invalid."""
+    try:
+        return load(root), ()
+    except BotConfigError as exc:
+        return None, exc.problems
+
+
+def config_source(root: Path) -> str:
+    """Where the checkout's configuration was read from (for a report on an invalid one)."""
+    try:
+        return read_raw(root).source
+    except BotConfigError as exc:
+        return exc.source
 
 
 def changed_for(config: BotConfig, root: Path, base: str, head: str) -> dict[str, tuple[str, ...]]:
@@ -234,25 +250,25 @@ BeforeApply = Callable[[ScopedFootprint], float]
 
 def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: str, *, actor: str,
                   wait_seconds: float, before_apply: BeforeApply | None = None) -> ApplyResult:
-    """``kl apply --changed-from BASE --confirm-scope`` for one project on a checkout of ``sha``."""
+    """``kl apply --changed-from BASE --confirm-scope`` for one project on a checkout of ``sha``. The
+    footprint is derived once: ``before_apply`` sees it, the plan and the apply's workspace reuse it."""
     client: EngineClient | None = None
     try:
         selection = changed_selection(root / project.dir, base, against=sha)
         client = engine_client(bench, root, project)
         remaining, waited = wait_seconds, 0.0
+        scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
+                                  load_cache(bench.data_dir))
         if before_apply is not None:
-            cache = load_cache(bench.data_dir)
-            scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
-                                      cache)
             waiting = time.monotonic()
             remaining = before_apply(scoped)
             waited = time.monotonic() - waiting
         ctx = terraform_context(bench)
         spec = plan_files(client, ctx, state=project.state, config_dir=root / project.dir, selection=selection,
-                          var_args=(), data_dir=bench.data_dir)
+                          var_args=(), data_dir=bench.data_dir, scoped=scoped)
         options = ApplyOptions(actor=actor, wait_seconds=max(remaining, 0.0), dry_run=False, data_dir=bench.data_dir,
                                supplied_vars={}, lease_seconds=LEASE_SECONDS)
-        outcome = apply_files(client, ctx, spec, options, {})
+        outcome = apply_files(client, ctx, spec, options, {}, planned=scoped.footprint)
     except KlExit as exc:
         if exc.code == 0:
             return ApplyResult(project.name, project.state, sha, "no_changes")

@@ -8,11 +8,12 @@ Pure: holds and results in, Markdown out. Must not: talk to GitHub, the database
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from app.store.pr_holds import PrHold
-from runner.apply_requirements import Unmet
-from runner.comments import ApplyResult, counts
+from runner.bot.outcomes import ApplyResult
+from runner.bot.render import counts
+from runner.bot.requirements import Unmet
+from runner.bot.results import AppliedBefore
 
 FAILED_HINT = ("fix the change in this pull request and comment `kilolock apply` again; nothing was committed, so "
                "the trunk is unchanged")
@@ -110,7 +111,7 @@ def stale_check(held: Sequence[PrHold], head_sha: str) -> tuple[str, str]:
 
 def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
                   others: Mapping[str, Sequence[tuple[PrHold, Sequence[str]]]],
-                  closed: Sequence[Mapping[str, Any]]) -> list[str]:
+                  closed: Sequence[AppliedBefore]) -> list[str]:
     """The holds part of PR ``number``'s comment: its own holds (and whether the head moved since), other
     pull requests' holds its footprint meets, and the warning after a close without merge."""
     lines: list[str] = []
@@ -134,7 +135,7 @@ def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
                       "request also reserves; `kilolock apply` here is refused and the merge apply waits until #"
                       f"{hold.number} is merged or closed.", ""]
     if closed:
-        shown = ", ".join(f"{_code(str(c['project']))} at serial {c['serial']}" for c in closed)
+        shown = ", ".join(f"{_code(c.project)} at serial {c.serial}" for c in closed)
         lines += [f"**Closed without merging**: the change applied before merge ({shown}) is on the trunk but "
                   "**not on the default branch**. Its holds are released, so the next apply of those files from the "
                   "default branch will undo it: re-open and merge this pull request, or revert the trunk by "

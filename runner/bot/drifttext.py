@@ -1,5 +1,5 @@
 """The Markdown of scheduled drift checks: the ``kilolock/drift`` check run (or commit status) and the
-drift issue of a project, rendered from a stored drift outcome (``runner.botdrift``).
+drift issue of a project, rendered from a stored drift outcome (``runner.bot.drift``).
 
 Addresses and attribute **names** only: a stored outcome never holds values, and nothing here adds
 any. Must not: talk to GitHub, the database or Terraform.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from runner.comments import CheckOutput
+from runner.bot.render import CheckOutput
 
 MAX_ROWS = 200
 

@@ -27,7 +27,7 @@ The format::
         apply_on_comment: true  # default: the top-level value
 
 Comment applies read ``apply_on_comment`` and ``apply_requirements`` from the default branch's file only
-(``runner.bot_holds``), so a pull request cannot relax its own gate.
+(``runner.bot.holds``), so a pull request cannot relax its own gate.
 """
 
 from __future__ import annotations

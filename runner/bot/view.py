@@ -3,43 +3,49 @@
 pull requests' recorded footprints) and the results behind a merge's ``kilolock/apply`` check.
 
 Owns reading ``bot_jobs`` and ``pull_request_footprints`` (through ``app.store.bot``) into the types of
-``runner.comments``. Must not: compute anything new, post to GitHub, or touch RQ (``runner.jobs`` does).
+``runner.bot.outcomes`` and ``runner.bot.render.CommentView``. Must not: compute anything new, post to
+GitHub, or touch RQ (``runner.bot.jobs`` does).
 """
 
 from __future__ import annotations
 
+from app.domain.jobs import JobKind
+from app.domain.overlaps import pr_overlaps
 from app.store import Database, pr_holds
 from app.store import bot as store
 from app.store.bot import BotJob
-from runner import holdtext
-from runner.comments import (
-    ApplyResult,
-    CommentView,
-    FootprintOutcome,
-    Overlap,
-    apply_from_json,
-    compact_shared,
-    footprint_from_json,
-    preview_from_json,
+from runner.bot import holdtext
+from runner.bot.outcomes import ApplyResult, FootprintOutcome, Overlap, compact_shared
+from runner.bot.render import CommentView
+from runner.bot.results import (
+    AppliedBefore,
+    ApplyProjectResult,
+    ClosedResult,
+    FanOutResult,
+    FootprintResult,
+    PreviewResult,
+    result_of,
+    results_of,
 )
 
 
 def comment_view(db: Database, repo: str, number: int) -> CommentView:
     """Everything PR ``number``'s comment shows, from its stored job outcomes and the open PRs' footprints."""
     rows = store.list_jobs(db, repo, number)
-    footprints = [r for r in rows if r.kind == "pull_request" and r.is_finished and "footprint" in r.result]
-    fp = footprint_from_json(footprints[-1].result["footprint"]) if footprints else None
+    footprints = [f.footprint for f in results_of([r for r in rows if r.kind is JobKind.PULL_REQUEST
+                                                   and r.is_finished], FootprintResult) if f.footprint]
+    fp = footprints[-1] if footprints else None
     preview, pending = None, False
     if fp is not None:
-        previews = [r for r in rows if r.kind == "plan_preview" and r.sha == fp.head_sha]
-        done = [r for r in previews if r.is_finished and "preview" in r.result]
-        preview = preview_from_json(done[-1].result["preview"]) if done else None
+        previews = [r for r in rows if r.kind is JobKind.PLAN_PREVIEW and r.sha == fp.head_sha]
+        done = [p.preview for p in results_of([r for r in previews if r.is_finished], PreviewResult) if p.preview]
+        preview = done[-1] if done else None
         pending = not done or any(not r.is_finished for r in previews)
-    merges = [r for r in rows if r.kind == "merge_apply" and not r.project and r.is_finished]
+    merges = [r for r in rows if r.kind is JobKind.MERGE and r.is_finished]
     applies: list[ApplyResult] = []
-    if merges and "config_errors" in merges[-1].result:
-        applies = [ApplyResult(".kilolock.yml", "", merges[-1].sha, "failed",
-                               error="\n".join(merges[-1].result["config_errors"]),
+    last = result_of(merges[-1]) if merges else None
+    if isinstance(last, FanOutResult) and last.config_errors:
+        applies = [ApplyResult(".kilolock.yml", "", merges[-1].sha, "failed", error="\n".join(last.config_errors),
                                hint="fix .kilolock.yml, then re-run the kilolock/apply check")]
     elif merges:
         results, waiting = apply_results(db, merges[-1])
@@ -52,8 +58,8 @@ def comment_view(db: Database, repo: str, number: int) -> CommentView:
 
 def _hold_lines(db: Database, repo: str, number: int, fp: FootprintOutcome | None, rows: list[BotJob],
                 *, merged: bool) -> list[str]:
-    """The pull-request holds part of the comment (``runner.holdtext``)."""
-    from runner.bot_holds import blocking_holds
+    """The pull-request holds part of the comment (``runner.bot.holdtext``)."""
+    from runner.bot.holds import blocking_holds
 
     own = [h for h in pr_holds.of_pull_request(db, repo, number) if h.live]
     others = {}
@@ -63,8 +69,9 @@ def _hold_lines(db: Database, repo: str, number: int, fp: FootprintOutcome | Non
                 found = blocking_holds(db, repo, number, project.state, project.write_globs, project.read_globs)
                 if found:
                     others[project.name] = found
-    closes = [r for r in rows if r.kind == "pull_request_closed" and r.is_finished and r.result.get("applied_before")]
-    closed = closes[-1].result["applied_before"] if closes and not own and not merged else []
+    closes = [c for c in results_of([r for r in rows if r.kind is JobKind.PULL_REQUEST_CLOSED and r.is_finished],
+                                    ClosedResult) if c.applied_before]
+    closed: tuple[AppliedBefore, ...] = closes[-1].applied_before if closes and not own and not merged else ()
     return holdtext.comment_lines(number, fp.head_sha if fp is not None else None, own, others, closed)
 
 
@@ -77,7 +84,7 @@ def overlaps_of(db: Database, repo: str, number: int, fp: FootprintOutcome) -> d
         if mine is None:
             continue
         others = [r for r in rows if r.number != number]
-        shared = store.overlaps(mine, others)
+        shared = pr_overlaps(mine, others)
         if shared:
             found[project.name] = tuple(Overlap(n, compact_shared(g)) for n, g in shared)
     return found
@@ -85,8 +92,8 @@ def overlaps_of(db: Database, repo: str, number: int, fp: FootprintOutcome) -> d
 
 def states_of(db: Database, repo: str, number: int) -> set[str]:
     """The states every footprint PR ``number`` ever had touched (to find whom a change stops overlapping)."""
-    rows = [r for r in store.list_jobs(db, repo, number) if r.kind == "pull_request" and "footprint" in r.result]
-    return {p["state"] for r in rows for p in r.result["footprint"].get("projects", ())}
+    rows = [r for r in store.list_jobs(db, repo, number) if r.kind is JobKind.PULL_REQUEST]
+    return {p.state for f in results_of(rows, FootprintResult) if f.footprint for p in f.footprint.projects}
 
 
 def overlapping(db: Database, repo: str, number: int, states: set[str]) -> set[int]:
@@ -95,28 +102,31 @@ def overlapping(db: Database, repo: str, number: int, states: set[str]) -> set[i
     for state in states:
         rows = store.open_footprints(db, repo, state)
         for mine in (r for r in rows if r.number == number):
-            found.update(n for n, _ in store.overlaps(mine, [r for r in rows if r.number != number]))
+            found.update(n for n, _ in pr_overlaps(mine, [r for r in rows if r.number != number]))
     return found
 
 
 def apply_results(db: Database, parent: BotJob) -> tuple[list[ApplyResult], list[str]]:
     """A merge's (or push's) per-project results so far, and the projects still waiting or applying."""
     children = {j.project: j for j in store.list_jobs(db, parent.repo, parent.number)
-                if j.kind == "merge_apply" and j.project and j.sha == parent.sha}
-    results = [apply_from_json(s) for s in parent.result.get("skipped", ())]
+                if j.kind is JobKind.APPLY_PROJECT and j.sha == parent.sha}
+    fan = result_of(parent)
+    assert isinstance(fan, FanOutResult)
+    results = list(fan.not_applied)
     pending: list[str] = []
-    for name in parent.result.get("children", ()):
+    for name in fan.children:
         child = children.get(name)
-        if child is None or not child.is_finished or "apply" not in child.result:
+        done = result_of(child) if child is not None and child.is_finished else None
+        if not isinstance(done, ApplyProjectResult) or done.apply is None:
             pending.append(name)
         else:
-            results.append(apply_from_json(child.result["apply"]))
+            results.append(done.apply)
     return results, pending
 
 
 def merged_by_job(db: Database, repo: str, sha: str) -> int | None:
     """The PR whose merge job works on commit ``sha``, if any."""
     for row in store.list_jobs(db, repo):
-        if row.kind == "merge_apply" and row.sha == sha and row.number:
+        if row.kind is JobKind.MERGE and row.sha == sha and row.number:
             return row.number
     return None

@@ -3,7 +3,7 @@ holds they leave, and what merges, closes, pushes and reconciliation do with the
 
 A comment apply reads the gate (``apply_on_comment``, ``apply_requirements``) and the projects from the
 **default branch's** ``.kilolock.yml``, never from the pull request's head, checks every requirement
-(``runner.apply_requirements``), and runs the same file-scoped apply as a merge (``botflow.apply_project``)
+(``runner.bot.requirements``), and runs the same file-scoped apply as a merge (``flow.apply_project``)
 on the head. What it committed is then held for the pull request (``app.store.pr_holds``): write
 reservations under the holder ``owner/repo#N`` that no lease ends. A merge releases them and applies
 again only the projects whose files on the merge commit differ from the applied head's; a close releases
@@ -11,55 +11,47 @@ them and warns; ``kilolock unlock`` releases them; a push marks the apply check 
 never made are caught by :func:`reconcile`: it asks GitHub about every pull request that holds and runs
 the merge or close job that was missed.
 
-Owns: those decisions, on top of ``runner.jobs``' job context (``ctx``: settings, database, Redis, GitHub
-clients). Must not: render Markdown (``runner.holdtext``), or read the environment.
+Owns: those decisions, on top of the job context (``runner.bot.context``: settings, database, Redis,
+GitHub clients). Must not: render Markdown (``runner.bot.holdtext``), or read the environment.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from analyzer.globs import GlobError, conflicts, parse_glob
 from app import queue
 from app.config import AuthMode, Settings
+from app.domain.commands import ApplyArgs
+from app.domain.jobs import ClosedArgs, JobKind, MergeArgs, ReconcileArgs, job_id
 from app.domain.principal import Principal, default_principal
-from app.domain.webhooks import job_id
 from app.errors import ReservationConflictError
-from app.github import GitHub, PullInfo
 from app.store import Database, tenancy
+from app.store import bot as bot_store
 from app.store import pr_holds as holds_store
+from app.store.bot import JobStatus
 from app.store.pr_holds import PrHold
-from runner import apply_requirements, botflow, comments, git, holdtext
-from runner.botconfig import BotConfig, BotConfigError, Project, load
-from runner.comments import ApplyResult, to_json
+from runner import git
+from runner.bot import flow, holdtext, render
+from runner.bot import requirements as apply_requirements
+from runner.bot.config import BotConfig, BotConfigError, Project, load
+from runner.bot.github import GitHub, PullInfo
+from runner.bot.outcomes import ApplyResult
+from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
 from runner.filescoped import ScopedFootprint
 from runner.plan import KlExit
+
+if TYPE_CHECKING:
+    from runner.bot.context import Context
 
 log = logging.getLogger("kilolock.holds")
 APPLY_CHECK = "kilolock/apply"
 RECONCILE_EVERY = 300  # seconds between two reconciliations of one repository's holds
 APPLIED_BEFORE = "applied_before_merge"
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyArgs:
-    project: str | None
-    problem: str | None = None
-
-
-def parse_apply_args(words: Sequence[str]) -> ApplyArgs:
-    """``kilolock apply [-p NAME]``: the words after ``apply``."""
-    rest = list(words)
-    if not rest:
-        return ApplyArgs(None)
-    if rest[0] in ("-p", "--project") and len(rest) == 2 and rest[1]:
-        return ApplyArgs(rest[1])
-    return ApplyArgs(None, f"`kilolock apply {' '.join(rest)}` is not understood: use `kilolock apply` for every "
-                           "project the pull request touches, or `kilolock apply -p NAME` for one")
 
 
 def bot_principal(settings: Settings, db: Database) -> Principal:
@@ -76,31 +68,30 @@ def bot_principal(settings: Settings, db: Database) -> Principal:
 # --- kilolock apply ---------------------------------------------------------------------------------
 
 
-def comment_apply(ctx: Any, gh: GitHub, repo: str, number: int, login: str, words: Sequence[str]) -> dict[str, Any]:
-    """Run ``kilolock apply`` for a writer; the job stores the returned result (``reply`` always, and
+def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, args: ApplyArgs) -> CommentResult:
+    """Run ``kilolock apply`` for a writer; the job stores the returned result (the reply always, and
     ``pr_apply`` when something was attempted)."""
-    args = parse_apply_args(words)
     if args.problem:
-        return {"reply": f"@{login} {args.problem}", "command": "apply"}
+        return CommentResult(reply=f"@{login} {args.problem}", command="apply")
     pr = gh.pull_request(number)
     if pr.state != "open":
-        return {"reply": f"@{login} #{number} is {pr.state}: there is nothing to apply before merge.",
-                "command": "apply"}
+        return CommentResult(reply=f"@{login} #{number} is {pr.state}: there is nothing to apply before merge.",
+                             command="apply")
     branch = gh.default_branch()
     token = gh.clone_token()
-    with botflow.checkout(ctx.bench, repo, pr.head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
+    with flow.checkout(ctx.bench, repo, pr.head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
         tip, config, problems = _default_config(ctx, repo, head_root, branch, token)
         if config is None:
-            return {"reply": holdtext.config_invalid(login, branch, problems), "command": "apply"}
+            return CommentResult(reply=holdtext.config_invalid(login, branch, problems), command="apply")
         base = git.merge_base(head_root, tip, pr.head_sha)
-        touched = botflow.changed_for(config, head_root, base, pr.head_sha)
+        touched = flow.changed_for(config, head_root, base, pr.head_sha)
         names, refusal = _targets(config, touched, args.project, login, branch)
         if refusal:
-            return {"reply": refusal, "command": "apply"}
+            return CommentResult(reply=refusal, command="apply")
         unmet = _unmet(gh, config, pr, head_root, tip)
         if unmet:
-            return {"reply": holdtext.requirements_refused(login, unmet, branch), "command": "apply",
-                    "unmet": [u.name for u in unmet]}
+            return CommentResult(reply=holdtext.requirements_refused(login, unmet, branch), command="apply",
+                                 unmet=tuple(u.name for u in unmet))
         principal = bot_principal(ctx.settings, ctx.db)
         results: list[ApplyResult] = []
         for name in names:
@@ -110,15 +101,15 @@ def comment_apply(ctx: Any, gh: GitHub, repo: str, number: int, login: str, word
     held = holds_store.of_pull_request(ctx.db, repo, number)
     # Other open pull requests on these states re-render: their comments show the new hold.
     notify = _neighbours(ctx.db, repo, number, held)
-    return {"reply": holdtext.apply_reply(login, pr.head_sha, results, held), "command": "apply",
-            "pr_apply": {"head_sha": pr.head_sha, "results": [to_json(r) for r in results], "notify": notify}}
+    return CommentResult(reply=holdtext.apply_reply(login, pr.head_sha, results, held), command="apply",
+                         pr_apply=PrApply(pr.head_sha, tuple(results), tuple(notify)))
 
 
-def _default_config(ctx: Any, repo: str, head_root: Path, branch: str,
+def _default_config(ctx: Context, repo: str, head_root: Path, branch: str,
                     token: str) -> tuple[str, BotConfig | None, tuple[str, ...]]:
     """The default branch's tip and its validated ``.kilolock.yml`` (None and the problems when invalid)."""
     tip = git.resolve_commit(head_root, f"refs/heads/{branch}")
-    with botflow.checkout(ctx.bench, repo, tip, token) as main_root:
+    with flow.checkout(ctx.bench, repo, tip, token) as main_root:
         try:
             return tip, load(main_root), ()
         except BotConfigError as exc:
@@ -132,26 +123,28 @@ def _unmet(gh: GitHub, config: BotConfig, pr: PullInfo, head_root: Path,
                                     contains_base_tip=git.is_ancestor(head_root, tip, pr.head_sha))
 
 
-def review_readiness(ctx: Any, gh: GitHub, repo: str, number: int, head_sha: str) -> tuple[str, dict[str, Any]]:
+def review_readiness(ctx: Context, gh: GitHub, repo: str, number: int,
+                     head_sha: str) -> tuple[JobStatus, ReviewResult]:
     """A review was submitted or dismissed: whether ``kilolock apply`` may run on the head now, as the
     (status, result) of the job; the result's ``ready_check`` goes to the head's ``kilolock/apply`` check."""
     pr = gh.pull_request(number)
     if pr.state != "open" or pr.head_sha != head_sha:
-        return "skipped", {"skipped": f"#{number} is {pr.state} at {pr.head_sha[:12]}: the review came late"}
+        return JobStatus.SKIPPED, ReviewResult(
+            skipped=f"#{number} is {pr.state} at {pr.head_sha[:12]}: the review came late")
     if any(h.head_sha == head_sha for h in holds_store.of_pull_request(ctx.db, repo, number)):
-        return "skipped", {"skipped": f"{head_sha[:12]} is applied already"}
+        return JobStatus.SKIPPED, ReviewResult(skipped=f"{head_sha[:12]} is applied already")
     token = gh.clone_token()
-    with botflow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
+    with flow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
         tip, config, _ = _default_config(ctx, repo, head_root, gh.default_branch(), token)
         if config is None:
-            return "skipped", {"skipped": "the default branch's .kilolock.yml is invalid"}
-        touched = botflow.changed_for(config, head_root, git.merge_base(head_root, tip, head_sha), head_sha)
+            return JobStatus.SKIPPED, ReviewResult(skipped="the default branch's .kilolock.yml is invalid")
+        touched = flow.changed_for(config, head_root, git.merge_base(head_root, tip, head_sha), head_sha)
         names = [n for n in touched if (config.project(n) or _NO_PROJECT).apply_on_comment]
         if not names:
-            return "skipped", {"skipped": "no project of the pull request has apply_on_comment"}
+            return JobStatus.SKIPPED, ReviewResult(skipped="no project of the pull request has apply_on_comment")
         unmet = _unmet(gh, config, pr, head_root, tip)
     title, summary = holdtext.readiness(names, unmet)
-    return "succeeded", {"ready_check": {"sha": head_sha, "title": title, "summary": summary}}
+    return JobStatus.SUCCEEDED, ReviewResult(ready_check=ReadyCheck(head_sha, title, summary))
 
 
 def _targets(config: BotConfig, touched: dict[str, tuple[str, ...]], wanted: str | None, login: str,
@@ -174,7 +167,7 @@ def _targets(config: BotConfig, touched: dict[str, tuple[str, ...]], wanted: str
 _NO_PROJECT = Project(name="", dir="", state="", address=None, files=(), apply_on_merge=False)
 
 
-def _apply_project(ctx: Any, gh: GitHub, root: Path, project: Project, base: str, pr: PullInfo, repo: str,
+def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base: str, pr: PullInfo, repo: str,
                    principal: Principal) -> ApplyResult:
     """Apply one project of the head, then hold what it applied (plus what earlier comment applies of this
     pull request held there)."""
@@ -195,7 +188,7 @@ def _apply_project(ctx: Any, gh: GitHub, root: Path, project: Project, base: str
     for hold in previous:
         holds_store.release(ctx.db, hold, "re-applied from a new kilolock apply comment")
     actor = f"github:{repo}#{number}@{sha[:12]}/{project.name}"
-    result = botflow.apply_project(ctx.bench, root, project, base, sha, actor=actor, wait_seconds=0.0,
+    result = flow.apply_project(ctx.bench, root, project, base, sha, actor=actor, wait_seconds=0.0,
                                    before_apply=before_apply)
     if result.failed:
         result = replace(result, hint=holdtext.BLOCKED_HINT if "blocked" in footprint else holdtext.FAILED_HINT)
@@ -247,10 +240,11 @@ def blocking_holds(db: Database, repo: str, number: int, state: str, write_globs
 # --- kilolock unlock, close, merge, push ---------------------------------------------------------------
 
 
-def comment_unlock(ctx: Any, repo: str, number: int, login: str) -> dict[str, Any]:
+def comment_unlock(ctx: Context, repo: str, number: int, login: str) -> CommentResult:
     released = release_all(ctx.db, repo, number, f"released by @{login} with kilolock unlock")
-    return {"reply": holdtext.unlocked(login, number, released), "command": "unlock",
-            "released": [_hold_json(h) for h in released], "notify": _neighbours(ctx.db, repo, number, released)}
+    return CommentResult(reply=holdtext.unlocked(login, number, released), command="unlock",
+                         released=tuple(_released(h) for h in released),
+                         notify=tuple(_neighbours(ctx.db, repo, number, released)))
 
 
 def release_all(db: Database, repo: str, number: int, reason: str) -> list[PrHold]:
@@ -261,40 +255,41 @@ def release_all(db: Database, repo: str, number: int, reason: str) -> list[PrHol
     return found
 
 
-def released_on_close(ctx: Any, repo: str, number: int) -> dict[str, Any]:
-    """The pull request was closed unmerged: what it held is released; the result keeps it for the warning."""
+def released_on_close(ctx: Context, repo: str,
+                      number: int) -> tuple[tuple[Released, ...], tuple[AppliedBefore, ...], list[int]]:
+    """The pull request was closed unmerged: what it held is released (kept for the warning), what its
+    comment applies committed, and the other pull requests whose comments show the released holds."""
     released = release_all(ctx.db, repo, number, f"#{number} was closed without merging")
-    return {"released": [_hold_json(h) for h in released], "applied_before": applied_before(ctx.db, repo, number),
-            "released_notify": _neighbours(ctx.db, repo, number, released)}
+    return (tuple(_released(h) for h in released), applied_before(ctx.db, repo, number),
+            _neighbours(ctx.db, repo, number, released))
 
 
-def applied_before(db: Database, repo: str, number: int) -> list[dict[str, Any]]:
-    """Per project, the latest commit a comment apply of the pull request made (``project``, ``serial``)."""
-    from app.store import bot as bot_store
+def applied_before(db: Database, repo: str, number: int) -> tuple[AppliedBefore, ...]:
+    """Per project, the latest commit a comment apply of the pull request made."""
+    found: dict[str, AppliedBefore] = {}
+    rows = [r for r in bot_store.list_jobs(db, repo, number) if r.kind is JobKind.COMMENT and r.is_finished]
+    for result in results_of(rows, CommentResult):
+        if result.pr_apply is not None:
+            for r in result.pr_apply.results:
+                if r.status == "committed":
+                    found[r.project] = AppliedBefore(r.project, r.serial, r.state)
+    return tuple(found[k] for k in sorted(found))
 
-    found: dict[str, dict[str, Any]] = {}
-    for row in bot_store.list_jobs(db, repo, number):
-        if row.kind == "comment" and row.is_finished and "pr_apply" in row.result:
-            for r in row.result["pr_apply"]["results"]:
-                if r["status"] == "committed":
-                    found[r["project"]] = {"project": r["project"], "serial": r["serial"], "state": r["state"]}
-    return [found[k] for k in sorted(found)]
 
-
-def settle_merge(ctx: Any, root: Path, config: BotConfig, repo: str, number: int, merge_sha: str,
-                 touched: dict[str, tuple[str, ...]]) -> tuple[dict[str, tuple[str, ...]], list[dict[str, Any]]]:
+def settle_merge(ctx: Context, root: Path, config: BotConfig, repo: str, number: int, merge_sha: str,
+                 touched: dict[str, tuple[str, ...]]) -> tuple[dict[str, tuple[str, ...]], tuple[ApplyResult, ...]]:
     """A merged pull request's holds end. A held project whose files on the merge commit equal the applied
     head's is not applied again (reported as applied before merge); any other keeps its merge apply."""
     held = release_all(ctx.db, repo, number, f"#{number} was merged")
-    serials = {a["project"]: a["serial"] for a in applied_before(ctx.db, repo, number)}
+    serials = {a.project: a.serial for a in applied_before(ctx.db, repo, number)}
     remaining = dict(touched)
-    reported: list[dict[str, Any]] = []
+    reported: list[ApplyResult] = []
     for hold in held:
         project = config.project(hold.project)
         if project is None:
             continue
         try:
-            differs = hold.project in botflow.changed_for(config, root, hold.head_sha, merge_sha)
+            differs = hold.project in flow.changed_for(config, root, hold.head_sha, merge_sha)
         except git.GitError as exc:
             log.warning("cannot compare %s with the applied head %s (%s): applying the merge", merge_sha[:12],
                         hold.head_sha[:12], exc)
@@ -302,10 +297,10 @@ def settle_merge(ctx: Any, root: Path, config: BotConfig, repo: str, number: int
         if differs:
             continue
         remaining.pop(hold.project, None)
-        reported.append(to_json(ApplyResult(hold.project, hold.state_name, merge_sha, APPLIED_BEFORE,
-                                            serial=hold.applied_serial or serials.get(hold.project),
-                                            run_id=hold.applied_run_id)))
-    return remaining, reported
+        reported.append(ApplyResult(hold.project, hold.state_name, merge_sha, APPLIED_BEFORE,
+                                    serial=hold.applied_serial or serials.get(hold.project),
+                                    run_id=hold.applied_run_id))
+    return remaining, tuple(reported)
 
 
 def holds_heads(db: Database, repo: str, number: int) -> tuple[str, ...]:
@@ -324,49 +319,45 @@ def mark_stale(gh: GitHub, db: Database, repo: str, number: int, head_sha: str) 
                  external_id=job_id("stale", repo, number, head_sha))
 
 
-def deliver_apply(gh: GitHub, number: int, result: dict[str, Any], external_id: str) -> list[int]:
+def deliver_apply(gh: GitHub, applied: PrApply, external_id: str) -> list[int]:
     """The ``kilolock/apply`` check of a comment apply on the head; returns the other PRs to refresh."""
-    applied = result["pr_apply"]
-    results = [comments.apply_from_json(r) for r in applied["results"]]
-    check = comments.apply_check(results)
+    check = render.apply_check(applied.results)
     title = check.title.replace("applied: ", "applied before merge: ", 1)
-    gh.set_check(applied["head_sha"], APPLY_CHECK, status="completed", conclusion=check.conclusion, title=title,
+    gh.set_check(applied.head_sha, APPLY_CHECK, status="completed", conclusion=check.conclusion, title=title,
                  summary=check.summary, text=check.text, external_id=external_id)
-    return [int(n) for n in applied.get("notify", ())]
+    return list(applied.notify)
 
 
 def _neighbours(db: Database, repo: str, number: int, released: Sequence[PrHold]) -> list[int]:
-    from app.store import bot as bot_store
-
     states = {h.state_name for h in released}
     return sorted({f.number for s in states for f in bot_store.open_footprints(db, repo, s)} - {number})
 
 
-def _hold_json(hold: PrHold) -> dict[str, Any]:
-    return {"project": hold.project, "state": hold.state_name, "serial": hold.applied_serial,
-            "run_id": hold.applied_run_id, "head_sha": hold.head_sha, "write_globs": list(hold.write_globs)}
+def _released(hold: PrHold) -> Released:
+    return Released(hold.project, hold.state_name, hold.applied_serial, hold.applied_run_id, hold.head_sha,
+                    tuple(hold.write_globs))
 
 
 # --- reconciliation -----------------------------------------------------------------------------------
 
 
-def maybe_reconcile(ctx: Any, repo: str) -> None:
+def maybe_reconcile(ctx: Context, repo: str) -> None:
     """At most every RECONCILE_EVERY seconds per repository, and only while some pull request holds:
     enqueue :func:`reconcile` (called as each delivery's job finishes)."""
     if not holds_store.of_repo(ctx.db, repo):
         return
     if ctx.redis.set(f"kilolock:reconcile:{repo}", 1, nx=True, ex=RECONCILE_EVERY):
-        queue.enqueue(ctx.redis, "reconcile_holds", (repo,), job_id=job_id("reconcile_holds", repo, ctx.id),
+        queue.enqueue(ctx.redis, ReconcileArgs(repo), job_id=job_id(JobKind.RECONCILE_HOLDS, repo, ctx.id),
                       timeout=ctx.settings.job_timeout)
 
 
-def reconcile(ctx: Any, gh: GitHub, repo: str) -> list[int]:
+def reconcile(ctx: Context, gh: GitHub, repo: str) -> list[int]:
     """Ask GitHub about every pull request that holds; for each one merged or closed, enqueue the merge or
     close job its missed delivery would have. Returns those numbers."""
     return _reconcile_numbers(ctx, gh, repo, {h.number for h in holds_store.of_repo(ctx.db, repo)})
 
 
-def _reconcile_numbers(ctx: Any, gh: GitHub, repo: str, numbers: set[int]) -> list[int]:
+def _reconcile_numbers(ctx: Context, gh: GitHub, repo: str, numbers: set[int]) -> list[int]:
     ended: list[int] = []
     for number in sorted(numbers):
         pr = gh.pull_request(number)
@@ -375,13 +366,13 @@ def _reconcile_numbers(ctx: Any, gh: GitHub, repo: str, numbers: set[int]) -> li
         ended.append(number)
         if pr.merged and pr.merge_commit_sha:
             # The id the merge delivery routes to: a merge job that did run is not run twice.
-            queue.enqueue(ctx.redis, "merge_apply", (repo, number, pr.merge_commit_sha),
-                          job_id=job_id("merge_apply", repo, number, pr.merge_commit_sha),
+            queue.enqueue(ctx.redis, MergeArgs(repo, number, pr.merge_commit_sha),
+                          job_id=job_id(JobKind.MERGE, repo, number, pr.merge_commit_sha),
                           timeout=ctx.settings.job_timeout)
         else:
             held = "-".join(h.run_id for h in holds_store.of_pull_request(ctx.db, repo, number))
-            queue.enqueue(ctx.redis, "pull_request_closed", (repo, number),
-                          job_id=job_id("pull_request_closed", repo, number, "reconciled", held),
+            queue.enqueue(ctx.redis, ClosedArgs(repo, number),
+                          job_id=job_id(JobKind.PULL_REQUEST_CLOSED, repo, number, "reconciled", held),
                           timeout=ctx.settings.job_timeout)
         log.info("reconciling holds of %s#%s: it is %s", repo, number, "merged" if pr.merged else "closed")
     return ended

@@ -1,0 +1,202 @@
+"""The bot's job contract: the kinds of job, one frozen argument type per kind, and the stable job id.
+
+The webhook router (``app.domain.webhooks``) builds these, ``app.queue`` enqueues them (by dotted path,
+arguments passed by keyword) and ``runner.bot.jobs`` runs them; ``bot_jobs.args`` keeps them, so a re-run
+reads the arguments back instead of rebuilding them. Arguments are str/int only (RQ's JSON serializer).
+Pure: no I/O. Must not: import RQ, Redis or anything in ``runner``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
+from typing import Any, ClassVar
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+class JobKind(StrEnum):
+    """What a job does; the value is what ``bot_jobs.kind`` stores and what job ids start with."""
+
+    PULL_REQUEST = "pull_request"  # predict the footprint of a pull request's head
+    PLAN_PREVIEW = "plan_preview"  # the file-scoped plan of that head
+    PULL_REQUEST_CLOSED = "pull_request_closed"
+    MERGE = "merge"  # a merged pull request: fan out one apply_project per touched project
+    APPLY_PROJECT = "apply_project"  # one project's apply of a merge or a push
+    PUSH = "push"  # a push to the default branch that is not a merge: analyze, maybe fan out
+    RERUN = "rerun"  # a re-requested check run
+    COMMENT = "comment"  # a `kilolock …` comment command
+    RECONCILE_HOLDS = "reconcile_holds"
+    PULL_REQUEST_REVIEW = "pull_request_review"
+    DRIFT_TICK = "drift_tick"
+    DRIFT_CHECK = "drift_check"
+
+
+@dataclass(frozen=True, slots=True)
+class JobArgs:
+    """Base of every kind's arguments. ``subject`` is what the job's ``bot_jobs`` row is about: the
+    fields ``SUBJECT`` names hold its repository, pull request, SHA and project ("" for none)."""
+
+    kind: ClassVar[JobKind]
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "", "")
+
+    def to_kwargs(self) -> dict[str, str | int]:
+        return dict(asdict(self))
+
+    def subject(self) -> Subject:
+        repo, number, sha, project = (getattr(self, f) if f else "" for f in self.SUBJECT)
+        return Subject(str(repo) or TICK_REPO, int(number) if number else None, str(sha), str(project))
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """The columns of a ``bot_jobs`` row: repository, pull request (None for pushes), SHA, project."""
+
+    repo: str
+    number: int | None
+    sha: str
+    project: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequestArgs(JobArgs):
+    kind: ClassVar[JobKind] = JobKind.PULL_REQUEST
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "head_sha", "")
+    repo: str
+    number: int
+    head_sha: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewArgs(PullRequestArgs):
+    kind: ClassVar[JobKind] = JobKind.PLAN_PREVIEW
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewArgs(PullRequestArgs):
+    kind: ClassVar[JobKind] = JobKind.PULL_REQUEST_REVIEW
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedArgs(JobArgs):
+    kind: ClassVar[JobKind] = JobKind.PULL_REQUEST_CLOSED
+    repo: str
+    number: int
+
+
+@dataclass(frozen=True, slots=True)
+class MergeArgs(JobArgs):
+    kind: ClassVar[JobKind] = JobKind.MERGE
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "merge_sha", "")
+    repo: str
+    number: int
+    merge_sha: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyProjectArgs(JobArgs):
+    """One project of a merge (``number`` > 0) or a push (0), diffed from ``base``."""
+
+    kind: ClassVar[JobKind] = JobKind.APPLY_PROJECT
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "sha", "project")
+    repo: str
+    number: int
+    sha: str
+    project: str
+    base: str
+
+    def parent_id(self) -> str:
+        """The id of the merge or push job that fanned this one out."""
+        if self.number:
+            return job_id(JobKind.MERGE, self.repo, self.number, self.sha)
+        return job_id(JobKind.PUSH, self.repo, self.sha)
+
+
+@dataclass(frozen=True, slots=True)
+class PushArgs(JobArgs):
+    kind: ClassVar[JobKind] = JobKind.PUSH
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "after", "")
+    repo: str
+    after: str
+    before: str
+
+
+@dataclass(frozen=True, slots=True)
+class RerunArgs(JobArgs):
+    kind: ClassVar[JobKind] = JobKind.RERUN
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "head_sha", "")
+    repo: str
+    external_id: str
+    head_sha: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommentArgs(JobArgs):
+    kind: ClassVar[JobKind] = JobKind.COMMENT
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "comment_id", "")
+    repo: str
+    number: int
+    comment_id: int
+    login: str
+    body: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileArgs(JobArgs):
+    kind: ClassVar[JobKind] = JobKind.RECONCILE_HOLDS
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "", "")
+    repo: str
+
+
+@dataclass(frozen=True, slots=True)
+class DriftTickArgs(JobArgs):
+    kind: ClassVar[JobKind] = JobKind.DRIFT_TICK
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("", "", "", "")
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
+class DriftCheckArgs(JobArgs):
+    """The scheduled drift check of one project for the window starting at ``window`` (epoch seconds)."""
+
+    kind: ClassVar[JobKind] = JobKind.DRIFT_CHECK
+    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "sha", "project")
+    repo: str
+    project: str
+    window: int
+    sha: str
+    branch: str
+
+
+TICK_REPO = "-"  # drift ticks belong to no repository
+
+ARGS: dict[JobKind, type[JobArgs]] = {
+    cls.kind: cls for cls in (PullRequestArgs, PreviewArgs, ReviewArgs, ClosedArgs, MergeArgs, ApplyProjectArgs,
+                              PushArgs, RerunArgs, CommentArgs, ReconcileArgs, DriftTickArgs, DriftCheckArgs)
+}
+
+
+def args_from_json(kind: JobKind, doc: Mapping[str, Any]) -> JobArgs | None:
+    """The arguments a ``bot_jobs`` row kept; None when it kept none (a comment job stored before
+    arguments were kept)."""
+    cls = ARGS[kind]
+    names = [f.name for f in fields(cls)]
+    if not doc or any(n not in doc for n in names):
+        return None
+    return cls(**{n: doc[n] for n in names})
+
+
+def job_id(kind: str, repo: str, *parts: str | int) -> str:
+    """The stable job id for ``kind`` on ``repo`` and ``parts`` (PR number, SHA…).
+
+    RQ accepts only ``[A-Za-z0-9_-]`` in ids, so the readable part replaces anything else with ``_``
+    (``Codertocat/Hello-World`` → ``Codertocat_Hello-World``); the trailing digest of the exact
+    values keeps ids of repositories that differ only there (``a/b.c``, ``a/b_c``) apart.
+    """
+    exact = "\x1f".join([kind, repo, *(str(p) for p in parts)])
+    digest = hashlib.blake2b(exact.encode(), digest_size=4).hexdigest()
+    readable = "-".join(_UNSAFE.sub("_", str(p)) for p in (kind, repo, *parts))
+    return f"{readable}-{digest}"

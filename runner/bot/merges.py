@@ -1,0 +1,307 @@
+"""The merge and push jobs: the fan-out ``merge`` (a merged pull request) and ``push`` (a push to the
+default branch) find the projects a change touches and enqueue one ``apply_project`` each; an
+``apply_project`` applies one project file-scoped, after every earlier overlapping merge.
+
+A project's apply first waits for every earlier merge (its commit an ancestor of ours) whose footprint
+overlaps it and that has not finished, so overlapping merges apply in merge order while disjoint ones run
+in parallel on different workers; then Terraform runs with the rest of ``merge_wait`` as the reservation
+wait. A job timeout (RQ's ``JobTimeoutException``) stops Terraform with SIGINT and a grace period
+(``runner.terraform.run``), closes the job's apply runs so their reservations end now, and reports the
+failure. Each job is a run (returning a typed result for ``runner.bot.jobs`` to store) and a deliver.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from rq import Queue, get_current_job
+from rq.job import Job
+from rq.job import JobStatus as RqStatus
+from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+from rq.timeouts import JobTimeoutException
+
+from app import queue
+from app.domain.jobs import ApplyProjectArgs, JobArgs, JobKind, MergeArgs, PushArgs, args_from_json, job_id
+from app.domain.overlaps import shared_globs
+from app.store import bot as store
+from app.store.bot import BotJob, JobStatus, PrFootprint
+from runner import git
+from runner.bot import flow, holds, render, view
+from runner.bot.config import BotConfig
+from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, Context, complete, refresh
+from runner.bot.github import GitHub
+from runner.bot.outcomes import ApplyResult, FootprintOutcome
+from runner.bot.results import ApplyProjectResult, FanOutResult, JobResult, result_of
+from runner.filescoped import ScopedFootprint
+from runner.plan import KlExit
+
+log = logging.getLogger("kilolock.jobs")
+ZERO_SHA = "0" * 40
+POLL_SECONDS = 1.0
+Outcome = tuple[JobStatus, JobResult]
+_KIND_OF = {path: kind for kind, path in queue.JOBS.items()}
+_DONE = frozenset({RqStatus.FINISHED, RqStatus.FAILED, RqStatus.CANCELED, RqStatus.STOPPED})
+
+
+# --- the fan-out ------------------------------------------------------------------------------------
+
+
+def merge(ctx: Context, args: MergeArgs) -> Outcome:
+    """A merged PR: find the projects the change touches and enqueue one apply job each."""
+    repo, number, merge_sha = args.repo, args.number, args.merge_sha
+    notify = tuple(sorted(view.overlapping(ctx.db, repo, number, view.states_of(ctx.db, repo, number))))
+    store.drop_footprints(ctx.db, repo, number)
+    gh = ctx.github(repo)
+    pr = gh.pull_request(number)
+    applied = holds.holds_heads(ctx.db, repo, number)
+    with flow.checkout(ctx.bench, repo, merge_sha, gh.clone_token(),
+                       also=(pr.base_sha, pr.head_sha, *applied)) as root:
+        config, errors = flow.read_config(root)
+        if config is None:
+            holds.release_all(ctx.db, repo, number, f"#{number} was merged")
+            return JobStatus.FAILED, FanOutResult(config_errors=errors, notify=notify)
+        base = flow.merge_diff_base(root, merge_sha, pr.base_sha, pr.head_sha)
+        touched = flow.changed_for(config, root, base, merge_sha)
+        # The pull request's holds end here; what it applied before merge is not applied twice.
+        touched, before = holds.settle_merge(ctx, root, config, repo, number, merge_sha, touched)
+    children, skipped = _fan_out(ctx, config, repo, number, merge_sha, base, touched, config.apply_on_merge,
+                                 "apply on merge is off in .kilolock.yml")
+    return JobStatus.SUCCEEDED, FanOutResult(base=base, children=children, not_applied=skipped + before,
+                                             notify=notify)
+
+
+def push(ctx: Context, args: PushArgs) -> Outcome:
+    """A push to the default branch that is not a merged PR: analyze it, and apply it when
+    ``apply_on_push`` says so."""
+    repo, after, before = args.repo, args.after, args.before
+    if before == ZERO_SHA or after == ZERO_SHA:
+        return JobStatus.SKIPPED, FanOutResult(skipped="the push created or deleted the branch", before=before)
+    gh = ctx.github(repo)
+    merged = view.merged_by_job(ctx.db, repo, after)
+    if merged is not None:
+        return JobStatus.SKIPPED, FanOutResult(skipped=f"the merge of #{merged}: its merge job applies it",
+                                               before=before)
+    with flow.checkout(ctx.bench, repo, after, gh.clone_token(), want=(before,), refresh=True) as root:
+        branch = gh.default_branch()
+        if not git.is_ancestor(root, after, f"refs/heads/{branch}"):
+            return JobStatus.SKIPPED, FanOutResult(skipped=f"{after[:12]} is not on {branch}", before=before)
+        number = _merged_pull_request(git.commit_subject(root, after))
+        if number is not None:
+            return JobStatus.SKIPPED, FanOutResult(skipped=f"the merge of #{number}: its merge job applies it",
+                                                   before=before)
+        config, errors = flow.read_config(root)
+        if config is None:
+            outcome = FootprintOutcome(after, before, config_errors=errors, config_source=flow.config_source(root))
+            return JobStatus.FAILED, FanOutResult(footprint=outcome, before=before)
+        outcome = FootprintOutcome(after, before, flow.footprint(ctx.bench, root, config, before, after),
+                                   config_source=config.source)
+        touched = {p.name: p.changed for p in outcome.projects}
+    children, skipped = _fan_out(ctx, config, repo, 0, after, before, touched, config.apply_on_push,
+                                 "apply_on_push is off in .kilolock.yml (pushes are analyzed only)")
+    return (JobStatus.FAILED if outcome.failed else JobStatus.SUCCEEDED,
+            FanOutResult(footprint=outcome, before=before, base=before, children=children, not_applied=skipped))
+
+
+def _fan_out(ctx: Context, config: BotConfig, repo: str, number: int, sha: str, base: str,
+             touched: dict[str, tuple[str, ...]], enabled: bool,
+             why_off: str) -> tuple[tuple[str, ...], tuple[ApplyResult, ...]]:
+    children: list[str] = []
+    skipped: list[ApplyResult] = []
+    for name in touched:
+        project = config.project(name)
+        assert project is not None
+        if not enabled or not project.apply_on_merge:
+            reason = why_off if not enabled else f"apply_on_merge is off for project {name}"
+            skipped.append(ApplyResult(name, project.state, sha, "skipped", error=reason))
+            continue
+        ctx.enqueue(ApplyProjectArgs(repo, number, sha, name, base),
+                    job_id(JobKind.APPLY_PROJECT, repo, number, sha, name))
+        children.append(name)
+    return tuple(children), tuple(skipped)
+
+
+def _merged_pull_request(subject: str) -> int | None:
+    """GitHub's own subjects for a merge commit (``Merge pull request #12 from …``) and a squash merge
+    (``Title (#12)``)."""
+    found = re.match(r"Merge pull request #(\d+) ", subject) or re.search(r"\(#(\d+)\)$", subject.strip())
+    return int(found.group(1)) if found else None
+
+
+# --- one project's apply ------------------------------------------------------------------------------
+
+
+def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
+    """Apply one project of a merge or push on its commit, after every earlier overlapping merge."""
+    repo, number, sha, name = args.repo, args.number, args.sha, args.project
+    gh = ctx.github(repo)
+    actor = f"github:{repo}#{number}@{sha[:12]}/{name}" if number else f"github:{repo}@{sha[:12]}/{name}"
+    with flow.checkout(ctx.bench, repo, sha, gh.clone_token(), want=(args.base,)) as root:
+        config, errors = flow.read_config(root)
+        project = config.project(name) if config is not None else None
+        if config is None or project is None:
+            why = "; ".join(errors) or f"project {name!r} is no longer in .kilolock.yml"
+            result = ApplyResult(name, "", sha, "failed", error=why, hint="fix .kilolock.yml and re-run the "
+                                 "kilolock/apply check")
+            return JobStatus.FAILED, ApplyProjectResult(apply=result)
+        deadline = time.monotonic() + config.merge_wait
+        state = project.state
+        try:
+            result = flow.apply_project(
+                ctx.bench, root, project, args.base, sha, actor=actor, wait_seconds=config.merge_wait,
+                before_apply=lambda scoped: _wait_for_earlier_merges(root, repo, sha, state, scoped, deadline))
+        except JobTimeoutException:
+            ended = flow.end_live_runs(ctx.bench, root, project, actor, "the bot job timed out")
+            result = ApplyResult(name, project.state, sha, "failed", run_id=ended[0] if ended else None,
+                                 error=f"the apply job timed out after {ctx.settings.job_timeout} s; Terraform "
+                                       "was interrupted and nothing was committed",
+                                 hint="raise KL_JOB_TIMEOUT or make the change smaller, then re-run the "
+                                      "kilolock/apply check")
+    return (JobStatus.FAILED if result.failed else JobStatus.SUCCEEDED), ApplyProjectResult(apply=result)
+
+
+def crash_result(args: ApplyProjectArgs, error: str) -> ApplyProjectResult:
+    """What an apply job that kept crashing stores: a failed apply, reported in the merge's check with
+    the others."""
+    return ApplyProjectResult(apply=ApplyResult(
+        args.project, "", args.sha, "failed", error=error,
+        hint="re-run the kilolock/apply check once the cause is fixed"))
+
+
+def _wait_for_earlier_merges(root: Path, repo: str, sha: str, state: str, scoped: ScopedFootprint,
+                             deadline: float) -> float:
+    """Block while an unfinished apply job of an earlier merge (an ancestor of ``sha``) may overlap ours;
+    return the seconds left until ``deadline``. Our footprint goes into the RQ job's meta for later merges
+    to read; an earlier job that has not published its own yet counts as overlapping."""
+    current = get_current_job()
+    if current is None:
+        return max(deadline - time.monotonic(), 0.0)
+    current.meta["kilolock"] = {"repo": repo, "sha": sha, "state": state, "write_globs": list(scoped.write_globs),
+                                "read_globs": list(scoped.read_globs)}
+    current.save_meta()
+    mine = PrFootprint(repo, 0, "", state, sha, (), scoped.write_globs, scoped.read_globs)
+    while True:
+        blocking = [j for j in _pending_merge_jobs(current) if _blocks(root, repo, sha, mine, j)]
+        if not blocking:
+            return max(deadline - time.monotonic(), 0.0)
+        if time.monotonic() >= deadline:
+            raise KlExit(2, "an earlier merge that overlaps this one has not finished applying (job "
+                            f"{blocking[0][0].id}); applying now could undo it")
+        log.info("apply of %s waits for earlier merge job(s): %s", sha[:12], ", ".join(j.id for j, _ in blocking))
+        time.sleep(POLL_SECONDS)
+
+
+def _pending_merge_jobs(current: Job) -> list[tuple[Job, JobArgs]]:
+    """The unfinished merge, push and apply jobs on the queue, with their typed arguments."""
+    ids: set[str] = set()
+    q = Queue(current.origin, connection=current.connection, serializer=current.serializer)
+    ids.update(q.get_job_ids())
+    for registry in (StartedJobRegistry(queue=q), ScheduledJobRegistry(queue=q), DeferredJobRegistry(queue=q)):
+        ids.update(registry.get_job_ids())
+    ids.discard(current.id)
+    found = Job.fetch_many(sorted(ids), connection=current.connection, serializer=current.serializer)
+    wanted = (JobKind.MERGE, JobKind.PUSH, JobKind.APPLY_PROJECT)
+    pending: list[tuple[Job, JobArgs]] = []
+    for job in found:
+        kind = _KIND_OF.get(job.func_name or "") if job is not None else None
+        if job is None or kind not in wanted or job.get_status() in _DONE:
+            continue
+        assert kind is not None
+        args = args_from_json(kind, job.kwargs)
+        if args is not None:
+            pending.append((job, args))
+    return pending
+
+
+def _commit_of(args: JobArgs) -> str:
+    if isinstance(args, MergeArgs):
+        return args.merge_sha
+    if isinstance(args, PushArgs):
+        return args.after
+    assert isinstance(args, ApplyProjectArgs)
+    return args.sha
+
+
+def _blocks(root: Path, repo: str, sha: str, mine: PrFootprint, other: tuple[Job, JobArgs]) -> bool:
+    job, args = other
+    if args.subject().repo != repo:
+        return False
+    other_sha = _commit_of(args)
+    if other_sha == sha:
+        return False
+    try:
+        if not git.is_ancestor(root, other_sha, sha):
+            return False
+    except git.GitError:
+        return False  # not in our history (another branch, or not fetched): not an earlier merge of ours
+    published: dict[str, Any] | None = job.meta.get("kilolock")
+    if not published:
+        return True  # a fan-out, or an apply that has not computed its footprint yet
+    theirs = PrFootprint(repo, 1, "", str(published["state"]), other_sha, (), tuple(published["write_globs"]),
+                         tuple(published["read_globs"]))
+    return bool(shared_globs(mine, theirs))
+
+
+# --- delivering -----------------------------------------------------------------------------------------
+
+
+def deliver_merge(ctx: Context, row: BotJob, result: JobResult) -> None:
+    """The merge's apply check, and the pull request's comment (and those it overlapped)."""
+    assert isinstance(result, FanOutResult)
+    gh = ctx.github(row.repo)
+    report_apply(ctx, gh, row)
+    _refresh_pull_request(ctx, gh, row, result)
+
+
+def deliver_push(ctx: Context, row: BotJob, result: JobResult) -> None:
+    assert isinstance(result, FanOutResult)
+    gh = ctx.github(row.repo)
+    if result.footprint is not None:
+        complete(gh, row.sha, FOOTPRINT_CHECK, render.footprint_check(result.footprint, {}), row.id)
+    if result.children or result.not_applied:
+        report_apply(ctx, gh, row)
+
+
+def deliver_apply(ctx: Context, row: BotJob, result: JobResult) -> None:
+    """One project finished: the merge's (or push's) apply check again, and the pull request's comment."""
+    assert isinstance(row.args, ApplyProjectArgs)
+    gh = ctx.github(row.repo)
+    parent = store.get_job(ctx.db, row.args.parent_id())
+    if parent is not None:
+        report_apply(ctx, gh, parent)
+    _refresh_pull_request(ctx, gh, row, result)
+
+
+def _refresh_pull_request(ctx: Context, gh: GitHub, row: BotJob, result: JobResult) -> None:
+    """A merge's comment (a push has no pull request), and those of the pull requests it overlapped."""
+    if row.number:
+        refresh(ctx, gh, row.repo, row.number)
+        for other in result.notify:
+            refresh(ctx, gh, row.repo, other)
+
+
+def report_apply(ctx: Context, gh: GitHub, parent: BotJob) -> None:
+    """The ``kilolock/apply`` check of a merge or push: all its projects, in progress until each is done.
+    Under a lock, and read inside it: a later report always sees at least what an earlier one saw."""
+    with ctx.redis.lock(f"kilolock:apply-check:{parent.id}", timeout=300, blocking_timeout=300):
+        fresh = store.get_job(ctx.db, parent.id) or parent
+        _report_apply_locked(ctx, gh, fresh)
+
+
+def _report_apply_locked(ctx: Context, gh: GitHub, parent: BotJob) -> None:
+    fan = result_of(parent)
+    if isinstance(fan, FanOutResult) and fan.config_errors:
+        complete(gh, parent.sha, APPLY_CHECK, render.CheckOutput(
+            "failure", ".kilolock.yml is invalid: nothing was applied",
+            "\n".join(f"- {e}" for e in fan.config_errors)), parent.id)
+        return
+    results, pending = view.apply_results(ctx.db, parent)
+    if pending:
+        gh.set_check(parent.sha, APPLY_CHECK, status="in_progress", title=f"applying {', '.join(pending)}",
+                     summary=f"Waiting for reservations or applying: {', '.join(pending)}", external_id=parent.id)
+        return
+    if results:
+        complete(gh, parent.sha, APPLY_CHECK, render.apply_check(results), parent.id)

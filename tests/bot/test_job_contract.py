@@ -1,0 +1,59 @@
+"""The bot's job contract without services: every kind has a job function, typed arguments that survive
+the round trip through RQ's keyword arguments and ``bot_jobs.args``, and comment commands parse once."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import fields
+
+import pytest
+
+from app.domain import commands
+from app.domain.commands import CommandName
+from app.domain.jobs import ARGS, JobKind, args_from_json
+from app.queue import JOBS
+
+
+def _example(kind: JobKind):  # type: ignore[no-untyped-def]
+    cls = ARGS[kind]
+    return cls(**{f.name: 7 if f.type in ("int", int) else f"{f.name}-x" for f in fields(cls)})
+
+
+@pytest.mark.parametrize("kind", list(JobKind))
+def test_every_kind_has_a_job_function_taking_its_arguments_by_keyword(kind):
+    module, _, name = JOBS[kind].rpartition(".")
+    function = getattr(importlib.import_module(module), name)
+    args = _example(kind)
+    assert list(args.to_kwargs()) == [p for p in function.__code__.co_varnames[:function.__code__.co_argcount]]
+    assert args_from_json(kind, args.to_kwargs()) == args
+
+
+def test_a_row_that_kept_no_arguments_reads_as_none():
+    assert args_from_json(JobKind.COMMENT, {}) is None
+
+
+def test_stored_kinds_have_a_runner_and_a_deliverer_and_a_result_type():
+    from runner.bot.jobs import HANDLERS
+    from runner.bot.results import RESULTS
+
+    assert set(HANDLERS) <= set(RESULTS)
+    assert set(JobKind) - set(HANDLERS) == {JobKind.RERUN, JobKind.RECONCILE_HOLDS, JobKind.DRIFT_TICK,
+                                            JobKind.DRIFT_CHECK}
+
+
+@pytest.mark.parametrize("body, word, name, project, problem", [
+    ("kilolock plan", "plan", CommandName.PLAN, None, False),
+    ("KiloLock   Apply -p prod", "apply", CommandName.APPLY, "prod", False),
+    ("kilolock apply now please", "apply", CommandName.APPLY, None, True),
+    ("kilolock", "help", CommandName.HELP, None, False),
+    ("kilolock unlock", "unlock", CommandName.UNLOCK, None, False),
+    ("kilolock destroy", "destroy", None, None, False),
+])
+def test_comment_commands_are_parsed_once_into_a_typed_command(body, word, name, project, problem):
+    command = commands.parse(body)
+    assert command is not None and (command.word, command.name) == (word, name)
+    assert command.apply.project == project and bool(command.apply.problem) == problem
+
+
+def test_comments_not_addressed_to_kilolock_are_no_command():
+    assert commands.parse("LGTM, kilolock plan later") is None and commands.parse("") is None

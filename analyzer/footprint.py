@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from analyzer.addresses import AddressError, parse_instance_address, parse_module_path
+from analyzer.addresses import AddressError, declared_address, parse_instance_address, parse_module_path
 from analyzer.consumers import Consumers
 from analyzer.footprint_checks import Checks, labels_valid
 from analyzer.footprint_rules import (
@@ -44,7 +44,6 @@ from analyzer.footprint_rules import (
     HANDLED,
     Diagnostic,
     GlobCover,
-    declared_address,
     is_local_source,
     is_override_file,
     json_document_declarations,

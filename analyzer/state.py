@@ -22,12 +22,10 @@ paths against each other.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +38,7 @@ from analyzer.addresses import (
     quote_hcl_string,
     resource_address,
 )
+from analyzer.gcpause import gc_paused
 
 try:
     import orjson
@@ -171,9 +170,9 @@ def parse_state(raw: bytes) -> ParsedState | EncryptedState:
 
     Raises StateFormatError when the body is not JSON, not a v4 state, or structurally broken.
     Unknown fields are ignored here but kept inside each row's ``instance_json``. The cyclic garbage
-    collector is paused while it runs (see ``_gc_paused``).
+    collector is paused while it runs (see ``analyzer.gcpause``).
     """
-    with _gc_paused():
+    with gc_paused():
         return _parse_any(raw, accelerated=orjson is not None)
 
 
@@ -233,7 +232,7 @@ def assemble_state(
     (address, deposed) pair given twice, or an ``instance_json`` whose key or deposed field disagrees with
     its row.
     """
-    with _gc_paused():
+    with gc_paused():
         return _assemble_state(serial, lineage, terraform_version, instances, outputs)
 
 
@@ -289,24 +288,6 @@ def _dump_like_terraform(doc: dict[str, Any], *, ensure_ascii: bool) -> str:
         if raw in text:
             text = text.replace(raw, escaped)
     return text
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a state is taken apart or built.
-
-    A 50,000-instance state is millions of small dicts and lists, none of them cyclic, and each burst of
-    allocations triggers full collections that find nothing: with the collector running, parsing takes
-    about 2.5 times as long. Reference counting still frees everything. The collector is switched back on
-    only if it was on, so nested or concurrent callers never leave it off.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _invalid(problem: str) -> StateFormatError:

@@ -114,7 +114,8 @@ def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
         return Scope(checked=globs, read=(), targets=target_addresses(globs))
     if not request.files:
         return Scope(checked=("*",), read=(), targets=())
-    from runner.filescoped import Selection, derive_footprint, described_in, gc_paused, load_cache, read_configuration
+    from analyzer.gcpause import gc_paused
+    from runner.filescoped import Selection, derive_footprint, described_in, load_cache, read_configuration
 
     files = read_configuration(request.config_dir)
     with gc_paused():

@@ -9,14 +9,12 @@ sliced-apply path (``runner.apply``) for reserving, applying and committing.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 from analyzer.configuration import is_described
 from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.footprint import Footprint, compute_footprint
+from analyzer.gcpause import gc_paused
 from analyzer.globs import matches, parse_glob
 from analyzer.hcl import HclError, ParseCache, content_digest
 from analyzer.plan import PlanFormatError, analyze_plan
@@ -73,20 +72,6 @@ def _read_tf(directory: Path) -> dict[str, str]:
 
 def _cache_path(data_dir: Path) -> Path:
     return data_dir / "hcl-cache.pickle"
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector around building large, acyclic object graphs (a parse
-    cache of a few hundred files, the footprint's index): it otherwise runs dozens of full passes
-    over objects that can never be garbage, about half the footprint's time on large configurations."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def load_cache(data_dir: Path) -> ParseCache:

@@ -23,6 +23,7 @@ from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, assemble_state, parse_state
 from app.domain.commit import commit_delta, parse_globs, unreserved_read
+from app.domain.reservations import LIVE_STATUSES
 from runner import workspace
 from runner.cli_support import counts_line
 from runner.engine_client import EngineClient, EngineError
@@ -308,7 +309,7 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
     holder = meta["holder"]
     target = run_id
     status = client.get_run(run_id)["run"]["status"]
-    if status not in ("reserved", "running"):
+    if status not in LIVE_STATUSES:
         holder = actor or holder
         try:
             opened = client.open_run(meta["state"], actor=holder, reservations=[

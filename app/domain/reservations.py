@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from analyzer.globs import Glob, GlobError, canonical, parse_glob
 from app.domain.globindex import GlobIndex
-from app.domain.locking import rfc3339
+from app.domain.locking import LockInfo, lock_holder, rfc3339
 from app.errors import BadRequestError
 
 DEFAULT_LEASE = timedelta(minutes=15)
@@ -48,7 +48,12 @@ class RunStatus(StrEnum):
 
     @property
     def is_live(self) -> bool:
-        return self in (RunStatus.RESERVED, RunStatus.RUNNING)
+        return self in LIVE_STATUSES
+
+
+# The statuses of a run that holds its reservations: the one list of them (the store spells it in SQL,
+# matching the partial index of live runs).
+LIVE_STATUSES: tuple[RunStatus, ...] = (RunStatus.RESERVED, RunStatus.RUNNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,12 @@ class Held:
 
     def is_expired(self, now: datetime) -> bool:
         return self.expires_at is not None and self.expires_at <= now
+
+
+def terraform_lock_hold(lock: LockInfo, acquired_at: datetime) -> Held:
+    """Terraform's state lock as a reservation: a write on ``*`` without a lease (it ends at UNLOCK)."""
+    return Held(glob=EVERYTHING, mode=Mode.WRITE, holder=lock_holder(lock), run_id="", acquired_at=acquired_at,
+                expires_at=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from analyzer.globs import Glob, GlobError, canonical, parse_glob
+from app.domain.durations import format_duration as format_duration  # re-exported: its old home
 from app.domain.globindex import GlobIndex
 from app.domain.locking import LockInfo, lock_holder, rfc3339
 from app.errors import BadRequestError
@@ -200,18 +201,6 @@ def lease_for(seconds: float | None) -> timedelta:
             f"lease_seconds must be between {int(MIN_LEASE.total_seconds())} and {int(MAX_LEASE.total_seconds())}"
         )
     return timedelta(seconds=seconds)
-
-
-def format_duration(delta: timedelta) -> str:
-    """``14m48s``, ``12s``, ``2h03m``: what an operator reads at a glance."""
-    seconds = max(int(delta.total_seconds()), 0)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 # A pull-request hold is an apply run whose lease is decades long: it ends at merge, close or unlock, never

@@ -22,11 +22,20 @@ from typing import Any
 
 from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.globs import Glob, GlobError, GlobKind, matches, parse_glob
-from analyzer.state import ParsedState, assemble_state, parse_state
+from analyzer.state import ParsedState, parse_state
 from runner import workspace
 from runner.apply import CONFLICT_CODES, Heartbeat
 from runner.engine_client import EngineClient, EngineError
-from runner.plan import PLAN_FILE, KlExit, TerraformContext, init, terraform
+from runner.plan import (
+    PLAN_FILE,
+    KlExit,
+    TerraformContext,
+    described_part,
+    fetch_rows,
+    fetch_snapshot,
+    init,
+    terraform,
+)
 
 EXIT_CLEAN, EXIT_FAILED, EXIT_DRIFTED = 0, 1, 2
 
@@ -128,23 +137,13 @@ def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
 
 def fetch(client: EngineClient, state: str, scope: Scope) -> Slice:
     """The trunk rows the workspace starts from (the whole state for ``*``)."""
-    try:
-        raw = client.assembled(state) if scope.checked == ("*",) else client.slice(state, list(scope.slice_globs))
-    except EngineError as exc:
-        if exc.code == "state_not_found":
-            raise KlExit(3, f"state {state!r} has no versions yet: there is nothing to check") from exc
-        raise
-    parsed = parse_state(raw)
-    if not isinstance(parsed, ParsedState):
-        raise KlExit(3, f"state {state!r} is encrypted (OpenTofu state encryption): kl cannot refresh it")
+    whole = scope.checked == ("*",)
+    snapshot = fetch_snapshot(client, state) if whole else fetch_rows(client, state, scope.slice_globs)
     if scope.footprint is not None:
-        from analyzer.configuration import is_described
-
-        rows = [r for r in parsed.instances if is_described(r.address, scope.described)]
-        raw = assemble_state(serial=parsed.serial, lineage=parsed.lineage,
-                             terraform_version=parsed.terraform_version, instances=rows, outputs=parsed.outputs)
-        parsed = ParsedState(parsed.serial, parsed.lineage, parsed.terraform_version, tuple(rows), parsed.outputs)
-    return Slice(raw, parsed, tuple(sorted({r.address for r in parsed.instances})))
+        snapshot = described_part(snapshot, scope.described)
+    if snapshot.raw is None or snapshot.parsed is None:
+        raise KlExit(3, f"state {state!r} has no versions yet: there is nothing to check")
+    return Slice(snapshot.raw, snapshot.parsed, tuple(snapshot.addresses))
 
 
 def _covered(scope: Scope) -> Any:

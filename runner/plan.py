@@ -17,7 +17,8 @@ from analyzer.configuration import described_resources, is_described, orphans
 from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.globs import Glob, canonical
 from analyzer.plan import PlanAnalysis, PlanFormatError, analyze_plan
-from analyzer.state import ParsedState, assemble_state, parse_state
+from analyzer.state import ParsedState, parse_state
+from analyzer.state_assembly import assemble_state
 from runner import workspace
 from runner.engine_client import EngineClient, EngineError
 from runner.spec import PinnedVar, PlanSpec

@@ -9,7 +9,8 @@ import psycopg
 
 from analyzer.addresses import AddressError, has_prefix, parse_instance_address
 from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
-from analyzer.state import InstanceRow, assemble_state
+from analyzer.state import InstanceRow
+from analyzer.state_assembly import assemble_state
 from app.domain.principal import Principal
 from app.errors import BadRequestError, NotFoundError, StateNotFoundError
 from app.store import assembly, resources, states

@@ -60,16 +60,24 @@ def assemble_state(
     its row.
     """
     with gc_paused():
-        return _assemble_state(serial, lineage, terraform_version, instances, outputs)
+        resources = _resources(instances)
+        doc = {
+            "version": STATE_VERSION,
+            "terraform_version": terraform_version,
+            "serial": serial,
+            "lineage": lineage,
+            "outputs": {output.name: _output_object(output) for output in sorted(outputs, key=_output_name)},
+            "resources": resources,
+            "check_results": None,
+        }
+        try:
+            return _dump_like_terraform(doc, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            # Only a lone surrogate gets here; escaping all non-ASCII beats writing invalid UTF-8.
+            return _dump_like_terraform(doc, ensure_ascii=True).encode()
 
 
-def _assemble_state(
-    serial: int,
-    lineage: str,
-    terraform_version: str,
-    instances: Iterable[InstanceRow],
-    outputs: Iterable[OutputRow],
-) -> bytes:
+def _resources(instances: Iterable[InstanceRow]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str, str, str], tuple[str, list[InstanceRow]]] = {}
     for row in instances:
         group_key = (row.module, row.mode, row.type, row.name)
@@ -92,21 +100,7 @@ def _assemble_state(
         resource.update(mode=mode, type=type_, name=name, provider=provider)
         resource["instances"] = _instance_objects(rows)
         resources.append(resource)
-
-    doc = {
-        "version": STATE_VERSION,
-        "terraform_version": terraform_version,
-        "serial": serial,
-        "lineage": lineage,
-        "outputs": {output.name: _output_object(output) for output in sorted(outputs, key=_output_name)},
-        "resources": resources,
-        "check_results": None,
-    }
-    try:
-        return _dump_like_terraform(doc, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        # Only a lone surrogate gets here; escaping all non-ASCII beats writing invalid UTF-8.
-        return _dump_like_terraform(doc, ensure_ascii=True).encode()
+    return resources
 
 
 def _dump_like_terraform(doc: dict[str, Any], *, ensure_ascii: bool) -> str:

@@ -12,7 +12,6 @@ from analyzer.state import parse_state
 from runner.cli_support import parse_duration
 from runner.plan import Snapshot, described_part, given_var_flags
 
-
 PROVIDER = 'provider["terraform.io/builtin/terraform"]'
 
 

@@ -1,15 +1,11 @@
-"""The runner core's single owners: -var flags, the trunk's described part, duration arguments."""
+"""The runner core's single owners: -var flags and the trunk's described part."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-import pytest
-
 from analyzer.state import parse_state
-from runner.cli_support import parse_duration
 from runner.plan import Snapshot, described_part, given_var_flags
 
 PROVIDER = 'provider["terraform.io/builtin/terraform"]'
@@ -37,8 +33,3 @@ def test_the_described_part_keeps_the_described_instances_and_every_output() -> 
     assert part.raw is not None and json.loads(part.raw)["outputs"] == {"o": {"value": 1, "type": "number"}}
     assert described_part(Snapshot(None, None), frozenset({"terraform_data.a"})).addresses == []
 
-
-def test_a_duration_argument_is_read_by_the_one_parser_and_refused_as_usage() -> None:
-    assert parse_duration("1h30m") == 5400.0
-    with pytest.raises(argparse.ArgumentTypeError, match="invalid duration 'soon'"):
-        parse_duration("soon")

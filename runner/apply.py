@@ -22,7 +22,7 @@ from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, parse_state
 from app.domain.commit import commit_delta, parse_globs, unreserved_read
-from app.domain.reservations import LIVE_STATUSES
+from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
 from runner import workspace
 from runner.cli_support import counts_line
 from runner.engine_client import EngineClient, EngineError
@@ -47,7 +47,7 @@ class ApplyOptions:
     dry_run: bool
     data_dir: Path
     supplied_vars: Mapping[str, str]  # sensitive values given again at apply time
-    lease_seconds: float = 900.0
+    lease_seconds: float = DEFAULT_LEASE.total_seconds()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from typing import Any
 from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.globs import Glob, GlobError, GlobKind, matches, parse_glob
 from analyzer.state import ParsedState, parse_state
+from app.domain.reservations import DEFAULT_LEASE
 from runner import workspace
 from runner.apply import CONFLICT_CODES, Heartbeat
 from runner.engine_client import EngineClient, EngineError
@@ -51,7 +52,7 @@ class DriftRequest:
     actor: str = "kl"
     data_dir: Path = Path(".kilolock")
     wait_seconds: float | None = None
-    lease_seconds: float = 900.0
+    lease_seconds: float = DEFAULT_LEASE.total_seconds()
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ __all__ = [
     "AddressError",
     "InstanceAddress",
     "ModuleStep",
+    "declared_address",
     "format_index_key",
     "format_module_path",
     "has_prefix",
@@ -135,6 +136,23 @@ def resource_address(module: str, mode: str, type_: str, name: str) -> str:
     else:
         raise ValueError(f"resource mode must be {MANAGED!r} or {DATA!r}, not {mode!r}")
     return f"{module}.{local}" if module else local
+
+
+def declared_address(type_: str, labels: tuple[str, ...], alias: str = "") -> str:
+    """The configuration address a block header declares: ``T.N`` for a resource, ``data.T.N``,
+    ``ephemeral.T.N`` and ``action.T.N``, ``var.N``, ``local.N`` (a local's ``locals`` entry), ``provider.N``
+    or ``provider.N.ALIAS``, else the type and labels joined (``module.N``, ``output.N``, ``check.N``)."""
+    if len(labels) == 2 and type_ == "resource":
+        return f"{labels[0]}.{labels[1]}"
+    if len(labels) == 2 and type_ in ("data", "ephemeral", "action"):
+        return f"{type_}.{labels[0]}.{labels[1]}"
+    if labels and type_ == "variable":
+        return f"var.{labels[0]}"
+    if labels and type_ == "locals":
+        return f"local.{labels[0]}"
+    if labels and type_ == "provider":
+        return f"provider.{labels[0]}.{alias}" if alias else f"provider.{labels[0]}"
+    return ".".join((type_, *labels))
 
 
 def instance_address(module: str, mode: str, type_: str, name: str, index_key: InstanceKey) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from lark import Token, Tree
 
+from analyzer.addresses import declared_address
 from analyzer.references import (
     ExpressionReader,
     Reference,
@@ -183,7 +184,7 @@ class _BlockReader:
             type=type_,
             labels=labels,
             span=self._span(node),
-            address=_address(type_, labels, str(self.fields.get("alias", ""))),
+            address=declared_address(type_, labels, str(self.fields.get("alias", ""))),
             references=tuple(self.references),
             functions=tuple(self.functions),
             provider=provider,
@@ -354,18 +355,6 @@ def _body(node: Tree[Token]) -> Tree[Token]:
         if isinstance(child, Tree) and child.data == "body":
             return child
     raise AssertionError("a block without a body")
-
-
-def _address(type_: str, labels: tuple[str, ...], alias: str) -> str:
-    if type_ == "resource" and len(labels) == 2:
-        return f"{labels[0]}.{labels[1]}"
-    if type_ in ("data", "ephemeral", "action") and len(labels) == 2:
-        return f"{type_}.{labels[0]}.{labels[1]}"
-    if type_ == "variable" and labels:
-        return f"var.{labels[0]}"
-    if type_ == "provider" and labels:
-        return f"provider.{labels[0]}.{alias}" if alias else f"provider.{labels[0]}"
-    return ".".join((type_, *labels))
 
 
 def _literal(expression: Tree[Token]) -> str | None:

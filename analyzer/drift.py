@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.addresses import AddressError, parse_instance_address
-from analyzer.state import InstanceRow, ParsedState, assemble_state
+from analyzer.state import InstanceRow, ParsedState
+from analyzer.state_assembly import assemble_state
 
 
 class DriftFormatError(ValueError):

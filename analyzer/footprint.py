@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from analyzer.addresses import AddressError, parse_instance_address, parse_module_path
+from analyzer.addresses import AddressError, declared_address, parse_instance_address, parse_module_path
 from analyzer.consumers import Consumers
 from analyzer.footprint_checks import Checks, labels_valid
 from analyzer.footprint_rules import (
@@ -44,7 +44,6 @@ from analyzer.footprint_rules import (
     HANDLED,
     Diagnostic,
     GlobCover,
-    declared_address,
     is_local_source,
     is_override_file,
     json_document_declarations,
@@ -273,26 +272,11 @@ class _Footprinter(Checks):
             if not path.endswith(".tf"):
                 continue
             if path in self.selected:
-                try:
-                    analysis = analyze_file(path, text, cache=self.cache)
-                except HclError as exc:
-                    self._parse_failure(path, exc)
-                    continue
-                for block in analysis.blocks:
-                    if self._valid_labels(path, block.span.start_line, block.type, block.labels):
-                        self._add(_Def(path, block=block), block.type, block.labels)
-                        selected_blocks.append(block)
+                selected_blocks += self._index_parsed(path, text)
                 continue
             headers, complete, bad = self._prescan(path, text)
             if not complete:
-                try:
-                    analysis = analyze_file(path, text, cache=self.cache)
-                except HclError as exc:
-                    self._parse_failure(path, exc)
-                    continue
-                for block in analysis.blocks:
-                    if self._valid_labels(path, block.span.start_line, block.type, block.labels):
-                        self._add(_Def(path, block=block), block.type, block.labels)
+                self._index_parsed(path, text)
                 continue
             for index, header in enumerate(headers):
                 if index in bad:
@@ -300,6 +284,21 @@ class _Footprinter(Checks):
                 else:
                     self._add(_Def(path, header=header), header.type, header.labels)
         return selected_blocks
+
+    def _index_parsed(self, path: str, text: str) -> list[Block]:
+        """Parse a whole file and index its blocks whose labels are valid; those blocks (none when the
+        file does not parse: that is diagnosed)."""
+        try:
+            analysis = analyze_file(path, text, cache=self.cache)
+        except HclError as exc:
+            self._parse_failure(path, exc)
+            return []
+        indexed: list[Block] = []
+        for block in analysis.blocks:
+            if self._valid_labels(path, block.span.start_line, block.type, block.labels):
+                self._add(_Def(path, block=block), block.type, block.labels)
+                indexed.append(block)
+        return indexed
 
     def _prescan(self, path: str, text: str) -> tuple[tuple[BlockHeader, ...], bool, frozenset[int]]:
         """The file's headers, whether the scan was complete, and which headers carry labels Terraform rejects

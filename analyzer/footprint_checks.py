@@ -11,7 +11,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from analyzer.footprint_rules import FILE_FUNCTIONS, declared_address, is_local_source, json_document_declarations
+from analyzer.addresses import declared_address
+from analyzer.footprint_rules import FILE_FUNCTIONS, is_local_source, json_document_declarations
 from analyzer.hcl import HclError, analyze_file
 
 __all__ = ["Checks", "labels_valid"]

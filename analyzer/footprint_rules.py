@@ -29,7 +29,6 @@ __all__ = [
     "GlobCover",
     "Rule",
     "covers",
-    "declared_address",
     "is_local_source",
     "is_override_file",
     "json_declarations",
@@ -277,19 +276,6 @@ def _covers(wide: Glob, narrow: Glob) -> bool:
 def _steps_cover(wide: tuple[ModuleStep, ...], narrow: tuple[ModuleStep, ...]) -> bool:
     # A keyless step covers any key; a keyed step covers only itself (not the keyless "any key" step).
     return all(w.name == n.name and (w.key is None or w.key == n.key) for w, n in zip(wide, narrow, strict=False))
-
-
-def declared_address(type_: str, labels: tuple[str, ...]) -> str:
-    """The address a top-level declaration gets (``Block.address`` without parsing; ``local.NAME`` for locals)."""
-    if type_ == "resource" and len(labels) == 2:
-        return f"{labels[0]}.{labels[1]}"
-    if type_ in ("data", "ephemeral", "action") and len(labels) == 2:
-        return f"{type_}.{labels[0]}.{labels[1]}"
-    if type_ == "variable" and labels:
-        return f"var.{labels[0]}"
-    if type_ == "locals" and labels:
-        return f"local.{labels[0]}"
-    return ".".join((type_, *labels))
 
 
 def json_document_declarations(text: str) -> list[tuple[str, tuple[str, ...]]] | None:

@@ -17,7 +17,6 @@ Pure: callers hand in file texts; nothing here touches the filesystem. Must not 
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import re
@@ -30,6 +29,7 @@ from lark import Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 
 from analyzer.blocks import Block, FileAnalysis, HclError, LocalDef, Span, implicit_provider, read_blocks
+from analyzer.gcpause import gc_paused
 from analyzer.prescan import BlockHeader, scan
 from analyzer.references import ExpressionReader, Reference, UnreadableExpressionError
 
@@ -143,10 +143,9 @@ def _parse(path: str, text: str, *, line_offset: int = 0) -> Tree[Token]:
     # break, which keeps the text's length and line count (Terraform itself validates the original text).
     if "\n" in text:
         text = _CONTINUED.sub(lambda m: m.group(1) + m.group(3) + m.group(2), text)
-    was_enabled = gc.isenabled()
-    gc.disable()
     try:
-        return hcl2.parses_to_tree(text)
+        with gc_paused():
+            return hcl2.parses_to_tree(text)
     except (UnexpectedCharacters, UnexpectedToken) as exc:
         found = getattr(exc, "token", None) or getattr(exc, "char", "?")
         raise HclError(f"{path}:{exc.line + line_offset}: cannot parse HCL: unexpected {str(found)!r} "
@@ -158,9 +157,6 @@ def _parse(path: str, text: str, *, line_offset: int = 0) -> Tree[Token]:
         raise HclError(f"{path}:{1 + line_offset}: cannot parse HCL: {exc}") from exc
     except RecursionError as exc:
         raise HclError(f"{path}:{1 + line_offset}: cannot parse HCL: an expression is nested too deeply") from exc
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 _CONTINUED = re.compile(r"([\w\])\"])([ \t]*\n[ \t\n]*)(\.[A-Za-z_][\w-]*|=>)")

@@ -15,10 +15,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from analyzer.addresses import AddressError, declared_address, parse_instance_address, resource_address
 from analyzer.footprint import Footprint
 from analyzer.footprint_rules import FILE_FUNCTIONS, is_local_source
 from analyzer.gitdiff import ChangeScope, WidenKind
-from analyzer.globs import intersects, matches, parse_glob
+from analyzer.globs import Glob, GlobError, intersects, matches, parse_glob
 from analyzer.hcl import ParseCache, analyze_file, tfvars_values
 from analyzer.prescan import scan
 
@@ -62,15 +63,27 @@ class Selection:
 
 def deleted_globs(deleted: Mapping[str, str]) -> tuple[str, ...]:
     """What the deleted files declared (their destruction is part of the write footprint). Data sources are
-    left out: Terraform drops them from the state without a planned change, a read on every path."""
+    left out: Terraform drops them from the state without a planned change, a read on every path; ephemeral
+    resources and actions never have state rows."""
     globs: set[str] = set()
     for text in deleted.values():
         for header in scan(text).headers:
-            if header.type == "resource" and len(header.labels) == 2:
-                globs.add(f"{header.labels[0]}.{header.labels[1]}.*")
-            elif header.type == "module" and header.labels:
-                globs.add(f"module.{header.labels[0]}.*")
+            address = _header_address(header.type, header.labels)
+            if address is not None and header.type in ("resource", "module"):
+                globs.add(address + ".*")
     return tuple(sorted(globs))
+
+
+# How many labels a declaration with an address of its own carries.
+_ADDRESS_LABELS = {"resource": 2, "data": 2, "ephemeral": 2, "action": 2, "module": 1}
+
+
+def _header_address(type_: str, labels: tuple[str, ...]) -> str | None:
+    """The root-level address a block header declares (``T.N``, ``data.T.N``, ``module.N`` …), else None."""
+    count = _ADDRESS_LABELS.get(type_)
+    if count is None or len(labels) < count:
+        return None
+    return declared_address(type_, labels[:count])
 
 
 def output_globs(names: Iterable[str]) -> tuple[str, ...]:
@@ -99,15 +112,17 @@ def described_in(fp: Footprint, extra: Iterable[str] = ()) -> tuple[str, ...]:
     for glob in (*fp.write_globs, *fp.read_globs, *extra):
         if glob.startswith("output."):
             continue
-        if glob.startswith("module."):
-            names.add("module." + glob.split(".")[1].split("[")[0] + ".*")
-        else:
-            names.add(_keyless(glob[:-2] if glob.endswith(".*") else glob))
+        try:
+            parsed: Glob | None = parse_glob(glob)
+        except GlobError:
+            parsed = None
+        if parsed is not None and parsed.module:
+            names.add(f"module.{parsed.module[0].name}.*")
+        elif parsed is not None and parsed.resource is not None:
+            names.add(resource_address("", *parsed.resource))
+        else:  # ``*``: kept as written, it names no configuration address
+            names.add((glob[:-2] if glob.endswith(".*") else glob).split("[", 1)[0])
     return tuple(sorted(names))
-
-
-def _keyless(address: str) -> str:
-    return address.split("[", 1)[0]
 
 
 def declaring_files(files: Mapping[str, str]) -> dict[str, str]:
@@ -117,19 +132,20 @@ def declaring_files(files: Mapping[str, str]) -> dict[str, str]:
         if not name.endswith(".tf"):
             continue
         for header in scan(text).headers:
-            if header.type == "resource" and len(header.labels) == 2:
-                found[f"{header.labels[0]}.{header.labels[1]}"] = name
-            elif header.type == "data" and len(header.labels) == 2:
-                found[f"data.{header.labels[0]}.{header.labels[1]}"] = name
-            elif header.type == "module" and header.labels:
-                found[f"module.{header.labels[0]}"] = name
+            address = _header_address(header.type, header.labels)
+            if address is not None:
+                found[address] = name
     return found
 
 
 def _declared_by(address: str, declarations: Mapping[str, str]) -> str | None:
-    if address.startswith("module."):
-        return declarations.get("module." + address.split(".")[1].split("[")[0])
-    return declarations.get(_keyless(address))
+    try:
+        parsed = parse_instance_address(address)
+    except AddressError:
+        return None
+    if parsed.module:
+        return declarations.get(f"module.{parsed.module[0].name}")
+    return declarations.get(parsed.resource_address)
 
 
 def dependents_to_add(edges: Iterable[tuple[str, str]], write_globs: Sequence[str],

@@ -1,9 +1,9 @@
 """Terraform state files (format version 4) to instance rows and back.
 
-Owns the translation between a v4 state body and Kilolock's row shapes: one ``InstanceRow`` per resource
-instance object (current or deposed), one ``OutputRow`` per root output, and the reverse assembly into a
-state file that Terraform reads as its own, sorted and indented the way Terraform writes it. Also owns the
-canonical JSON text and the content hash that tell a real change from re-serialisation noise.
+Owns the translation of a v4 state body into Kilolock's row shapes: one ``InstanceRow`` per resource
+instance object (current or deposed) and one ``OutputRow`` per root output (the reverse, rows into a state
+file Terraform reads as its own, is ``analyzer.state_assembly``). Also owns the canonical JSON text and the
+content hash that tell a real change from re-serialisation noise.
 
 Must not do I/O or talk to a database, and must not interpret instance attributes: an instance object is
 kept whole as canonical JSON so that fields it does not know (``private``, ``identity``, future ones)
@@ -22,12 +22,10 @@ paths against each other.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +38,7 @@ from analyzer.addresses import (
     quote_hcl_string,
     resource_address,
 )
+from analyzer.gcpause import gc_paused
 
 try:
     import orjson
@@ -52,7 +51,6 @@ __all__ = [
     "OutputRow",
     "ParsedState",
     "StateFormatError",
-    "assemble_state",
     "canonical_json",
     "parse_state",
 ]
@@ -78,32 +76,6 @@ _ORJSON_FLOAT_MIN = 1e-4
 _FLOAT_MAX = sys.float_info.max
 
 _Canonical = Callable[[object], tuple[str, bytes]]
-
-# Terraform's instanceObjectStateV4 field order, so an assembled state reads like one Terraform wrote.
-_INSTANCE_FIELD_ORDER = (
-    "index_key",
-    "status",
-    "deposed",
-    "schema_version",
-    "attributes",
-    "attributes_flat",
-    "sensitive_attributes",
-    "identity_schema_version",
-    "identity",
-    "private",
-    "dependencies",
-    "create_before_destroy",
-)
-# Go's encoding/json escapes these inside strings. None of them can occur outside a JSON string, so a plain
-# text replacement after dumping escapes them exactly where Terraform would.
-_GO_ESCAPES = (
-    ("<", "\\u003c"),
-    (">", "\\u003e"),
-    ("&", "\\u0026"),
-    ("\u2028", "\\u2028"),
-    ("\u2029", "\\u2029"),
-)
-
 
 class StateFormatError(ValueError):
     """An uploaded state body that is not a usable v4 state; the message says what is wrong and what to do."""
@@ -171,9 +143,9 @@ def parse_state(raw: bytes) -> ParsedState | EncryptedState:
 
     Raises StateFormatError when the body is not JSON, not a v4 state, or structurally broken.
     Unknown fields are ignored here but kept inside each row's ``instance_json``. The cyclic garbage
-    collector is paused while it runs (see ``_gc_paused``).
+    collector is paused while it runs (see ``analyzer.gcpause``).
     """
-    with _gc_paused():
+    with gc_paused():
         return _parse_any(raw, accelerated=orjson is not None)
 
 
@@ -215,98 +187,6 @@ def _parse_state(raw: bytes, *, accelerated: bool) -> ParsedState | EncryptedSta
         instances=_parse_resources(doc.get("resources"), canonical),
         outputs=_parse_outputs(doc.get("outputs"), canonical),
     )
-
-
-def assemble_state(
-    *,
-    serial: int,
-    lineage: str,
-    terraform_version: str,
-    instances: Iterable[InstanceRow],
-    outputs: Iterable[OutputRow],
-) -> bytes:
-    """Build a v4 state file from rows, ordered, indented and escaped the way Terraform writes one.
-
-    Resources sort by module, mode, type and name; instances by key (none, then ints, then strings), the
-    current object before deposed ones. Resources without rows are not written (Terraform prunes them).
-    Raises ValueError when rows contradict each other: one resource with two providers, an
-    (address, deposed) pair given twice, or an ``instance_json`` whose key or deposed field disagrees with
-    its row.
-    """
-    with _gc_paused():
-        return _assemble_state(serial, lineage, terraform_version, instances, outputs)
-
-
-def _assemble_state(
-    serial: int,
-    lineage: str,
-    terraform_version: str,
-    instances: Iterable[InstanceRow],
-    outputs: Iterable[OutputRow],
-) -> bytes:
-    groups: dict[tuple[str, str, str, str], tuple[str, list[InstanceRow]]] = {}
-    for row in instances:
-        group_key = (row.module, row.mode, row.type, row.name)
-        group = groups.get(group_key)
-        if group is None:
-            groups[group_key] = (row.provider, [row])
-        elif group[0] != row.provider:
-            raise ValueError(
-                f"{row.resource_address} has instances with two providers: {group[0]} and {row.provider}"
-            )
-        else:
-            group[1].append(row)
-
-    resources: list[dict[str, Any]] = []
-    for (module, mode, type_, name), (provider, rows) in sorted(groups.items(), key=lambda item: item[0]):
-        rows.sort(key=_instance_order)
-        resource: dict[str, Any] = {}
-        if module:
-            resource["module"] = module
-        resource.update(mode=mode, type=type_, name=name, provider=provider)
-        resource["instances"] = _instance_objects(rows)
-        resources.append(resource)
-
-    doc = {
-        "version": STATE_VERSION,
-        "terraform_version": terraform_version,
-        "serial": serial,
-        "lineage": lineage,
-        "outputs": {output.name: _output_object(output) for output in sorted(outputs, key=_output_name)},
-        "resources": resources,
-        "check_results": None,
-    }
-    try:
-        return _dump_like_terraform(doc, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        # Only a lone surrogate gets here; escaping all non-ASCII beats writing invalid UTF-8.
-        return _dump_like_terraform(doc, ensure_ascii=True).encode()
-
-
-def _dump_like_terraform(doc: dict[str, Any], *, ensure_ascii: bool) -> str:
-    text = json.dumps(doc, indent=2, ensure_ascii=ensure_ascii) + "\n"
-    for raw, escaped in _GO_ESCAPES:
-        if raw in text:
-            text = text.replace(raw, escaped)
-    return text
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a state is taken apart or built.
-
-    A 50,000-instance state is millions of small dicts and lists, none of them cyclic, and each burst of
-    allocations triggers full collections that find nothing: with the collector running, parsing takes
-    about 2.5 times as long. Reference counting still frees everything. The collector is switched back on
-    only if it was on, so nested or concurrent callers never leave it off.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _invalid(problem: str) -> StateFormatError:
@@ -596,43 +476,6 @@ def _canonical_or_fail(value: object, where: str, canonical: _Canonical) -> str:
         return canonical(value)[0]
     except ValueError as exc:
         raise _invalid(f"{where} holds a value JSON cannot carry ({exc})") from exc
-
-
-def _instance_order(row: InstanceRow) -> tuple[int, int, str, str]:
-    key = row.index_key
-    if key is None:
-        return (0, 0, "", row.deposed)
-    if isinstance(key, int):
-        return (1, key, "", row.deposed)
-    return (2, 0, key, row.deposed)
-
-
-def _instance_objects(rows: list[InstanceRow]) -> list[dict[str, Any]]:
-    objects = []
-    previous: tuple[str, str] | None = None
-    for row in rows:
-        identity = (row.address, row.deposed)
-        if identity == previous:
-            raise ValueError(f"{row.address} (deposed {row.deposed!r}) appears twice among the rows")
-        previous = identity
-        instance = json.loads(row.instance_json)
-        if instance.get("index_key") != row.index_key or (instance.get("deposed") or "") != row.deposed:
-            raise ValueError(f"{row.address}: instance_json disagrees with the row's index_key or deposed")
-        ordered = {field: instance[field] for field in _INSTANCE_FIELD_ORDER if field in instance}
-        ordered.update(instance)
-        objects.append(ordered)
-    return objects
-
-
-def _output_object(output: OutputRow) -> dict[str, Any]:
-    obj: dict[str, Any] = {"value": json.loads(output.value_json), "type": json.loads(output.type_json)}
-    if output.sensitive:
-        obj["sensitive"] = True
-    return obj
-
-
-def _output_name(output: OutputRow) -> str:
-    return output.name
 
 
 def _kind(value: object) -> str:

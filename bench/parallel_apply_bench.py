@@ -225,7 +225,7 @@ _wrap(runner.spec.PlanSpec, "load", "read plan file, resolve server (HCL parse),
 _wrap(runner.apply, "check_spec", "check_spec (config hash, pinned inputs)")
 _wrap(runner.engine_client.EngineClient, "open_run", "open run (reserve)")
 _wrap(runner.apply, "fetch_snapshot", "snapshot fetch (GET assembled + parse)")
-_wrap(runner.apply, "_slice", "slice the snapshot")
+_wrap(runner.apply, "described_part", "slice the snapshot")
 _wrap(runner.workspace, "build", "workspace build (copy config, write slice)")
 _wrap(runner.plan, "run", _tf_label)
 _wrap(runner.apply, "analyze_plan", "analyze the re-plan")

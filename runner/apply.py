@@ -18,15 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzer.configuration import is_described
 from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
-from analyzer.state import ParsedState, assemble_state, parse_state
+from analyzer.state import ParsedState, parse_state
 from app.domain.commit import commit_delta, parse_globs, unreserved_read
+from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
 from runner import workspace
 from runner.cli_support import counts_line
 from runner.engine_client import EngineClient, EngineError
-from runner.plan import KlExit, TerraformContext, fetch_snapshot, plan_in_workspace, terraform, var_flags
+from runner.plan import (
+    KlExit,
+    TerraformContext,
+    described_part,
+    fetch_snapshot,
+    plan_in_workspace,
+    terraform,
+    var_flags,
+)
 from runner.spec import PlanSpec
 
 CONFLICT_CODES = {"reservation_conflict", "stale_plan", "wait_ticket_expired"}
@@ -39,7 +47,7 @@ class ApplyOptions:
     dry_run: bool
     data_dir: Path
     supplied_vars: Mapping[str, str]  # sensitive values given again at apply time
-    lease_seconds: float = 900.0
+    lease_seconds: float = DEFAULT_LEASE.total_seconds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,18 +125,6 @@ class Heartbeat:
                 self._echo(f"kl: warning: lease renewal failed ({exc}); retrying")
 
 
-def _slice(snapshot_parsed: ParsedState | None, spec: PlanSpec) -> tuple[bytes | None, list[str]]:
-    """The trunk instances the configuration describes, as a state file, and their addresses."""
-    if snapshot_parsed is None:
-        return None, []
-    described = frozenset(spec.described_resources)
-    rows = [r for r in snapshot_parsed.instances if is_described(r.address, described)]
-    raw = assemble_state(serial=snapshot_parsed.serial, lineage=snapshot_parsed.lineage,
-                         terraform_version=snapshot_parsed.terraform_version, instances=rows,
-                         outputs=snapshot_parsed.outputs)
-    return raw, sorted({r.address for r in rows})
-
-
 def _save_recovery(data_dir: Path, run_id: str, spec: PlanSpec, holder: str, result: bytes,
                    slice_addresses: list[str], reason: str) -> Path:
     where = data_dir / "runs" / run_id
@@ -159,8 +155,8 @@ def full_builder(client: EngineClient, spec: PlanSpec, config_dir: Path) -> Buil
         # writes it: starting from the head would re-plan, and revert, other runs' commits the
         # checkout does not know about. The server diffs against the same base serial.
         snapshot = fetch_snapshot(client, spec.state, serial=spec.base_serial or None)
-        slice_raw, slice_addresses = _slice(snapshot.parsed, spec)
-        return Prepared(workspace.build(config_dir, dest, slice_raw), slice_raw, slice_addresses)
+        part = described_part(snapshot, frozenset(spec.described_resources))
+        return Prepared(workspace.build(config_dir, dest, part.raw), part.raw, part.addresses)
 
     return build
 
@@ -308,7 +304,7 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
     holder = meta["holder"]
     target = run_id
     status = client.get_run(run_id)["run"]["status"]
-    if status not in ("reserved", "running"):
+    if status not in LIVE_STATUSES:
         holder = actor or holder
         try:
             opened = client.open_run(meta["state"], actor=holder, reservations=[

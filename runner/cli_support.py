@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from app.domain import durations
+
 EXIT_OK, EXIT_FAILED, EXIT_CONFLICT, EXIT_USAGE = 0, 1, 2, 3
 
 
@@ -207,15 +209,11 @@ def json_mode(args: argparse.Namespace) -> Any:
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``5m``, ``1h30m`` → seconds."""
-    import re
-
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = re.findall(r"(\d+)([hms])", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 30s, 5m or 1h")
-    return float(sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts))
+    """``90``, ``90s``, ``5m``, ``1h30m`` → seconds (``app.domain.durations``), as an argparse type."""
+    try:
+        return durations.parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def package_version() -> str:

@@ -22,11 +22,21 @@ from typing import Any
 
 from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.globs import Glob, GlobError, GlobKind, matches, parse_glob
-from analyzer.state import ParsedState, assemble_state, parse_state
+from analyzer.state import ParsedState, parse_state
+from app.domain.reservations import DEFAULT_LEASE
 from runner import workspace
 from runner.apply import CONFLICT_CODES, Heartbeat
 from runner.engine_client import EngineClient, EngineError
-from runner.plan import PLAN_FILE, KlExit, TerraformContext, init, terraform
+from runner.plan import (
+    PLAN_FILE,
+    KlExit,
+    TerraformContext,
+    described_part,
+    fetch_rows,
+    fetch_snapshot,
+    init,
+    terraform,
+)
 
 EXIT_CLEAN, EXIT_FAILED, EXIT_DRIFTED = 0, 1, 2
 
@@ -42,7 +52,7 @@ class DriftRequest:
     actor: str = "kl"
     data_dir: Path = Path(".kilolock")
     wait_seconds: float | None = None
-    lease_seconds: float = 900.0
+    lease_seconds: float = DEFAULT_LEASE.total_seconds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +124,8 @@ def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
         return Scope(checked=globs, read=(), targets=target_addresses(globs))
     if not request.files:
         return Scope(checked=("*",), read=(), targets=())
-    from runner.filescoped import Selection, derive_footprint, described_in, gc_paused, load_cache, read_configuration
+    from analyzer.gcpause import gc_paused
+    from runner.filescoped import Selection, derive_footprint, described_in, load_cache, read_configuration
 
     files = read_configuration(request.config_dir)
     with gc_paused():
@@ -127,23 +138,13 @@ def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
 
 def fetch(client: EngineClient, state: str, scope: Scope) -> Slice:
     """The trunk rows the workspace starts from (the whole state for ``*``)."""
-    try:
-        raw = client.assembled(state) if scope.checked == ("*",) else client.slice(state, list(scope.slice_globs))
-    except EngineError as exc:
-        if exc.code == "state_not_found":
-            raise KlExit(3, f"state {state!r} has no versions yet: there is nothing to check") from exc
-        raise
-    parsed = parse_state(raw)
-    if not isinstance(parsed, ParsedState):
-        raise KlExit(3, f"state {state!r} is encrypted (OpenTofu state encryption): kl cannot refresh it")
+    whole = scope.checked == ("*",)
+    snapshot = fetch_snapshot(client, state) if whole else fetch_rows(client, state, scope.slice_globs)
     if scope.footprint is not None:
-        from analyzer.configuration import is_described
-
-        rows = [r for r in parsed.instances if is_described(r.address, scope.described)]
-        raw = assemble_state(serial=parsed.serial, lineage=parsed.lineage,
-                             terraform_version=parsed.terraform_version, instances=rows, outputs=parsed.outputs)
-        parsed = ParsedState(parsed.serial, parsed.lineage, parsed.terraform_version, tuple(rows), parsed.outputs)
-    return Slice(raw, parsed, tuple(sorted({r.address for r in parsed.instances})))
+        snapshot = described_part(snapshot, scope.described)
+    if snapshot.raw is None or snapshot.parsed is None:
+        raise KlExit(3, f"state {state!r} has no versions yet: there is nothing to check")
+    return Slice(snapshot.raw, snapshot.parsed, tuple(snapshot.addresses))
 
 
 def _covered(scope: Scope) -> Any:

@@ -9,21 +9,18 @@ sliced-apply path (``runner.apply``) for reserving, applying and committing.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
-from analyzer.configuration import is_described
 from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.footprint import Footprint, compute_footprint
+from analyzer.gcpause import gc_paused
 from analyzer.globs import matches, parse_glob
 from analyzer.hcl import HclError, ParseCache, content_digest
 from analyzer.plan import PlanFormatError, analyze_plan
@@ -40,18 +37,21 @@ from analyzer.scoping import (
     output_globs,
     selection_from_changes,
 )
-from analyzer.state import ParsedState, assemble_state, parse_state
 from runner import workspace
 from runner.apply import ApplyOptions, ApplyOutcome, Builder, Prepared, apply_spec, check_spec
 from runner.engine_client import EngineClient, EngineError
 from runner.git import work_tree_root
 from runner.plan import (
     KlExit,
+    Snapshot,
     TerraformContext,
     auto_var_files,
-    pin_variables,
+    changed_outputs,
+    described_part,
+    fetch_rows,
+    given_var_flags,
     plan_in_workspace,
-    sensitive_variables,
+    spec_from_plan,
 )
 from runner.spec import PlanSpec
 
@@ -73,20 +73,6 @@ def _read_tf(directory: Path) -> dict[str, str]:
 
 def _cache_path(data_dir: Path) -> Path:
     return data_dir / "hcl-cache.pickle"
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector around building large, acyclic object graphs (a parse
-    cache of a few hundred files, the footprint's index): it otherwise runs dozens of full passes
-    over objects that can never be garbage, about half the footprint's time on large configurations."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def load_cache(data_dir: Path) -> ParseCache:
@@ -240,21 +226,12 @@ def carried_files(config_dir: Path, fp: Footprint) -> list[Path]:
 
 
 def fetch_slice(client: EngineClient, state: str, globs: Sequence[str],
-                described: frozenset[str]) -> tuple[bytes | None, list[str], ParsedState | None]:
-    """The trunk rows under ``globs`` that the workspace describes, as a state file."""
-    try:
-        raw = client.slice(state, list(globs))
-    except EngineError as exc:
-        if exc.code == "state_not_found":
-            return None, [], None
-        raise
-    parsed = parse_state(raw)
-    if not isinstance(parsed, ParsedState):
-        raise KlExit(3, f"state {state!r} is encrypted: kl cannot slice it")
-    rows = [r for r in parsed.instances if is_described(r.address, described)]
-    kept = assemble_state(serial=parsed.serial, lineage=parsed.lineage, terraform_version=parsed.terraform_version,
-                          instances=rows, outputs=parsed.outputs)
-    return kept, sorted({r.address for r in rows}), parsed
+                described: frozenset[str]) -> tuple[bytes | None, list[str], Snapshot]:
+    """The trunk rows under ``globs`` that the workspace describes, as a state file, their addresses, and the
+    slice as fetched."""
+    snapshot = fetch_rows(client, state, globs)
+    part = described_part(snapshot, described)
+    return part.raw, part.addresses, snapshot
 
 
 def _hash_tree(config_dir: Path, fp: Footprint, layout: Layout) -> dict[str, str]:
@@ -340,7 +317,7 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
                                | set(fp.read_globs) | set(fp.validation_globs)))
     described = described_in(fp, gone)
     slice_raw, slice_addresses, snapshot = fetch_slice(client, state, slice_globs, frozenset(described))
-    flags = _var_flags(var_args, fp)
+    flags = given_var_flags(var_args, _declared_variables(fp))
     layout = module_layout(config_dir, fp, cache, work_tree_root(config_dir))
     with tempfile.TemporaryDirectory(prefix="kl-plan-f-") as tmp:
         ws = build_minimal(config_dir, files, fp, Path(tmp) / "ws", slice_raw, layout)
@@ -357,24 +334,22 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
     warnings = widened + [f"{d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics]
     warnings += drift_warnings(drift_in_plan(plan)) if refresh else []
     write_set = tuple(sorted(analysis.write_set))
-    return PlanSpec(
-        state=state, address=client.config.base_url, lineage=snapshot.lineage if snapshot else None,
-        base_serial=snapshot.serial if snapshot else 0, terraform_version=analysis.terraform_version,
-        config_dir=str(config_dir.resolve()), config_hash="", created_at=datetime.now(UTC).isoformat(),
-        write_set=write_set, read_set=tuple(sorted(set(slice_addresses) - set(write_set))),
-        write_globs=write_globs, read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))),
-        actions={c.address: c.summary for c in analysis.changes if c.address in analysis.write_set},
-        described_resources=described, orphans=(), warnings=tuple(warnings),
-        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan), config_dir),
+    spec = spec_from_plan(
+        client, ctx, state=state, config_dir=config_dir, snapshot=snapshot, plan=plan, analysis=analysis,
+        var_args=var_args, config_hash="", write_set=write_set,
+        read_set=tuple(sorted(set(slice_addresses) - set(write_set))), write_globs=write_globs,
+        read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))), described=described,
+        warnings=tuple(warnings),
         # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a
         # file-scoped commit never prunes outputs, so those are not changes of this plan.
-        output_changes={n: "-".join(a) for n, a in analysis.output_changes.items()
-                        if tuple(a) not in (("no-op",), ("delete",))},
-        mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, layout),
+        output_changes=changed_outputs(analysis, frozenset({("no-op",), ("delete",)})), refresh=refresh,
+    )
+    return replace(
+        spec, mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, layout),
         seed_variables=selection.variables,
         deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},
         deleted_globs=gone, validation_globs=tuple(fp.validation_globs), slice_globs=slice_globs,
-        diagnostics=tuple(asdict(d) for d in fp.diagnostics), refresh=refresh,
+        diagnostics=tuple(asdict(d) for d in fp.diagnostics),
     )
 
 
@@ -390,18 +365,8 @@ def check_files(spec: PlanSpec, config_dir: Path) -> None:
             raise KlExit(2, f"{path.name} appeared since kl plan -f (Terraform loads it by itself): re-run kl plan -f")
 
 
-def _var_flags(var_args: Sequence[tuple[str, str]], fp: Footprint) -> list[str]:
-    """-var and -var-file flags as given; a -var for a variable the workspace does not declare is left out
-    (nothing in the workspace reads it, and Terraform rejects -var for an undeclared variable)."""
-    declared = {b.name[len("var."):] for b in fp.blocks if b.type == "variable"}
-    flags: list[str] = []
-    for kind, raw in var_args:
-        if kind == "var":
-            if raw.partition("=")[0].strip() in declared:
-                flags.append(f"-var={raw}")
-        else:
-            flags.append(f"-var-file={Path(raw).resolve()}")
-    return flags
+def _declared_variables(fp: Footprint) -> frozenset[str]:
+    return frozenset(b.name[len("var."):] for b in fp.blocks if b.type == "variable")
 
 
 def files_builder(client: EngineClient, spec: PlanSpec, config_dir: Path, data_dir: Path,

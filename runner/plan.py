@@ -7,17 +7,18 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from analyzer.configuration import described_resources, orphans
+from analyzer.configuration import described_resources, is_described, orphans
 from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.globs import Glob, canonical
-from analyzer.plan import PlanFormatError, analyze_plan
+from analyzer.plan import PlanAnalysis, PlanFormatError, analyze_plan
 from analyzer.state import ParsedState, parse_state
+from analyzer.state_assembly import assemble_state
 from runner import workspace
 from runner.engine_client import EngineClient, EngineError
 from runner.spec import PinnedVar, PlanSpec
@@ -60,11 +61,25 @@ class Snapshot:
     def lineage(self) -> str | None:
         return self.parsed.lineage if self.parsed else None
 
+    @property
+    def addresses(self) -> list[str]:
+        """The instance addresses it holds, sorted, each once (deposed objects share theirs)."""
+        return sorted({r.address for r in self.parsed.instances}) if self.parsed else []
+
 
 def fetch_snapshot(client: EngineClient, state: str, serial: int | None = None) -> Snapshot:
     """The trunk at its head, or as it was at ``serial``."""
+    return _fetch(state, lambda: client.assembled(state, serial=serial))
+
+
+def fetch_rows(client: EngineClient, state: str, globs: Sequence[str]) -> Snapshot:
+    """The trunk's rows under ``globs`` (and the outputs), as the server slices them."""
+    return _fetch(state, lambda: client.slice(state, list(globs)))
+
+
+def _fetch(state: str, read: Callable[[], bytes]) -> Snapshot:
     try:
-        raw = client.assembled(state, serial=serial)
+        raw = read()
     except EngineError as exc:
         if exc.code == "state_not_found":
             return Snapshot(None, None)
@@ -73,6 +88,18 @@ def fetch_snapshot(client: EngineClient, state: str, serial: int | None = None) 
     if not isinstance(parsed, ParsedState):
         raise KlExit(3, f"state {state!r} is encrypted (OpenTofu state encryption): kl cannot slice it")
     return Snapshot(raw, parsed)
+
+
+def described_part(snapshot: Snapshot, described: frozenset[str]) -> Snapshot:
+    """The snapshot's instances the workspace's configuration describes (``is_described``), with the
+    outputs, re-assembled as a state file: what a workspace starts from."""
+    parsed = snapshot.parsed
+    if parsed is None:
+        return snapshot
+    rows = tuple(r for r in parsed.instances if is_described(r.address, described))
+    raw = assemble_state(serial=parsed.serial, lineage=parsed.lineage, terraform_version=parsed.terraform_version,
+                         instances=rows, outputs=parsed.outputs)
+    return Snapshot(raw, ParsedState(parsed.serial, parsed.lineage, parsed.terraform_version, rows, parsed.outputs))
 
 
 def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str], *, quiet: bool = False,
@@ -95,6 +122,19 @@ def init(ctx: TerraformContext, ws: workspace.Workspace) -> None:
     cache = workspace.plugin_cache(ctx.env, ctx.plugin_cache)
     with workspace.plugin_cache_lock(cache, exclusive=workspace.may_install_providers(ws, cache)):
         terraform(ctx, ws, ["init", "-input=false", "-no-color"], quiet=True)
+
+
+def given_var_flags(var_args: Sequence[tuple[str, str]], declared: Container[str] | None = None) -> list[str]:
+    """``-var`` and ``-var-file`` flags as given (a file's path made absolute: Terraform runs in the workspace).
+    With ``declared``, a -var for a variable not in it is left out: nothing in the workspace reads it, and
+    Terraform rejects -var for an undeclared variable."""
+    flags: list[str] = []
+    for kind, raw in var_args:
+        if kind != "var":
+            flags.append(f"-var-file={Path(raw).resolve()}")
+        elif declared is None or raw.partition("=")[0].strip() in declared:
+            flags.append(f"-var={raw}")
+    return flags
 
 
 def var_flags(variables: Sequence[PinnedVar], supplied: Mapping[str, str]) -> list[str]:
@@ -187,8 +227,7 @@ def make_plan(
     snapshot = fetch_snapshot(client, state)
     with tempfile.TemporaryDirectory(prefix="kl-plan-") as tmp:
         ws = workspace.build(config_dir, Path(tmp) / "ws", snapshot.raw)
-        flags = [f"-var={raw}" if kind == "var" else f"-var-file={Path(raw).resolve()}" for kind, raw in var_args]
-        plan = plan_in_workspace(ctx, ws, flags, targets, refresh=refresh)
+        plan = plan_in_workspace(ctx, ws, given_var_flags(var_args), targets, refresh=refresh)
     described = described_resources(plan)
     edges, addresses = state_edges(snapshot)
     try:
@@ -203,20 +242,42 @@ def make_plan(
             f"alone (another change may own them): {', '.join(sorted(left_alone)[:10])}"
         )
     write_set = tuple(sorted(analysis.write_set - left_alone))
-    output_changes = {name: "-".join(actions) for name, actions in analysis.output_changes.items()
-                      if tuple(actions) != ("no-op",)}
+    output_changes = changed_outputs(analysis)
+    return spec_from_plan(
+        client, ctx, state=state, config_dir=config_dir, snapshot=snapshot, plan=plan, analysis=analysis,
+        var_args=var_args, config_hash=workspace.config_hash(config_dir), write_set=write_set,
+        read_set=tuple(sorted(analysis.read_set - left_alone)),
+        write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes))),
+        read_globs=tuple(analysis.read_globs), described=tuple(sorted(described)), warnings=tuple(warnings),
+        output_changes=output_changes, refresh=refresh, left_alone=tuple(sorted(left_alone)), targets=tuple(targets),
+    )
+
+
+def changed_outputs(analysis: PlanAnalysis, ignored: frozenset[tuple[str, ...]] = frozenset({("no-op",)})
+                    ) -> dict[str, str]:
+    """Root output name → its actions (``create``, ``delete-create`` …), without those in ``ignored``."""
+    return {name: "-".join(actions) for name, actions in analysis.output_changes.items()
+            if tuple(actions) not in ignored}
+
+
+def spec_from_plan(
+    client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, snapshot: Snapshot,
+    plan: Mapping[str, Any], analysis: PlanAnalysis, var_args: Sequence[tuple[str, str]], config_hash: str,
+    write_set: tuple[str, ...], read_set: tuple[str, ...], write_globs: tuple[str, ...],
+    read_globs: tuple[str, ...], described: tuple[str, ...], warnings: tuple[str, ...],
+    output_changes: dict[str, str], refresh: bool, left_alone: tuple[str, ...] = (), targets: tuple[str, ...] = (),
+) -> PlanSpec:
+    """The kl-plan.json of a plan over ``snapshot``: where and when it was made, its sets and reservations,
+    each written address's action, and every input it used (file-scoped plans add their fields to it)."""
     return PlanSpec(
         state=state, address=client.config.base_url, lineage=snapshot.lineage, base_serial=snapshot.serial,
         terraform_version=analysis.terraform_version, config_dir=str(config_dir.resolve()),
-        config_hash=workspace.config_hash(config_dir), created_at=datetime.now(UTC).isoformat(),
-        write_set=write_set, read_set=tuple(sorted(analysis.read_set - left_alone)),
-        write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes))),
-        read_globs=tuple(analysis.read_globs),
+        config_hash=config_hash, created_at=datetime.now(UTC).isoformat(),
+        write_set=write_set, read_set=read_set, write_globs=write_globs, read_globs=read_globs,
         actions={c.address: c.summary for c in analysis.changes if c.address in write_set},
-        described_resources=tuple(sorted(described)), orphans=tuple(sorted(left_alone)), warnings=tuple(warnings),
-        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan), config_dir), targets=tuple(targets),
-        output_changes=output_changes,
-        refresh=refresh,
+        described_resources=described, orphans=left_alone, warnings=warnings,
+        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan), config_dir), targets=targets,
+        output_changes=output_changes, refresh=refresh,
     )
 
 

@@ -1,4 +1,5 @@
-"""Terraform state-lock rules: LockInfo parsing, the unlock shapes, and the write-lock matrix.
+"""Terraform state-lock rules: LockInfo parsing (of a LOCK body and of a stored lock), the unlock shapes,
+and the write-lock matrix.
 
 Pure functions over bytes and strings. The store holds the state row lock while it calls them.
 """
@@ -8,9 +9,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from app.errors import InvalidLockInfoError, StateLockedError
+
+# Who holds a Terraform state lock whose LockInfo names nobody.
+TERRAFORM_HOLDER = "terraform"
 
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
 
@@ -62,12 +66,36 @@ def parse_lock_info(body: bytes, now: datetime) -> LockInfo:
     if not isinstance(created, str) or not _RFC3339.fullmatch(created):
         doc["Created"] = rfc3339(now)
         raw = json.dumps(doc).encode()
-    return LockInfo(
-        id=lock_id,
-        who=str(doc.get("Who") or ""),
-        operation=str(doc.get("Operation") or ""),
-        raw=raw,
-    )
+    return _lock_info(lock_id, doc, raw)
+
+
+def stored_lock(lock_id: str, raw: bytes) -> LockInfo:
+    """The lock a state row holds, read back from its stored LockInfo bytes. Bytes that are not a JSON
+    object (a lock taken before bodies were validated) name no holder and never fail the reader."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    return _lock_info(lock_id, doc if isinstance(doc, dict) else {}, raw)
+
+
+def _lock_info(lock_id: str, doc: dict[str, object], raw: bytes) -> LockInfo:
+    return LockInfo(id=lock_id, who=str(doc.get("Who") or ""), operation=str(doc.get("Operation") or ""), raw=raw)
+
+
+def lock_holder(lock: LockInfo) -> str:
+    """Who to show as the lock's holder: its ``Who``, else ``terraform``."""
+    return lock.who or TERRAFORM_HOLDER
+
+
+def lock_created(lock: LockInfo, default: datetime) -> datetime:
+    """When the lock was taken, from its ``Created`` (naive times read as UTC), else ``default``."""
+    try:
+        doc = json.loads(lock.raw)
+        created = datetime.fromisoformat(doc.get("Created", "").replace("Z", "+00:00")[:32])
+    except (ValueError, AttributeError):
+        return default
+    return created if created.tzinfo is not None else created.replace(tzinfo=UTC)
 
 
 def classify_unlock(body: bytes, query_id: str | None) -> UnlockRequest:

@@ -12,8 +12,6 @@ from typing import Protocol
 
 from analyzer.globs import READ, WRITE, Glob, GlobError, conflicts, parse_glob
 
-EVERYTHING = "*"
-
 
 class PredictedFootprint(Protocol):
     """What the rule reads of a PR's footprint on one state (``app.store.bot.PrFootprint`` is one)."""

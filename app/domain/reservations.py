@@ -16,8 +16,9 @@ from enum import StrEnum
 from functools import lru_cache
 
 from analyzer.globs import Glob, GlobError, canonical, parse_glob
+from app.domain.durations import format_duration as format_duration  # re-exported: its old home
 from app.domain.globindex import GlobIndex
-from app.domain.locking import rfc3339
+from app.domain.locking import LockInfo, lock_holder, rfc3339
 from app.errors import BadRequestError
 
 DEFAULT_LEASE = timedelta(minutes=15)
@@ -48,7 +49,12 @@ class RunStatus(StrEnum):
 
     @property
     def is_live(self) -> bool:
-        return self in (RunStatus.RESERVED, RunStatus.RUNNING)
+        return self in LIVE_STATUSES
+
+
+# The statuses of a run that holds its reservations: the one list of them (the store spells it in SQL,
+# matching the partial index of live runs).
+LIVE_STATUSES: tuple[RunStatus, ...] = (RunStatus.RESERVED, RunStatus.RUNNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,12 @@ class Held:
 
     def is_expired(self, now: datetime) -> bool:
         return self.expires_at is not None and self.expires_at <= now
+
+
+def terraform_lock_hold(lock: LockInfo, acquired_at: datetime) -> Held:
+    """Terraform's state lock as a reservation: a write on ``*`` without a lease (it ends at UNLOCK)."""
+    return Held(glob=EVERYTHING, mode=Mode.WRITE, holder=lock_holder(lock), run_id="", acquired_at=acquired_at,
+                expires_at=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,18 +201,6 @@ def lease_for(seconds: float | None) -> timedelta:
             f"lease_seconds must be between {int(MIN_LEASE.total_seconds())} and {int(MAX_LEASE.total_seconds())}"
         )
     return timedelta(seconds=seconds)
-
-
-def format_duration(delta: timedelta) -> str:
-    """``14m48s``, ``12s``, ``2h03m``: what an operator reads at a glance."""
-    seconds = max(int(delta.total_seconds()), 0)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 # A pull-request hold is an apply run whose lease is decades long: it ends at merge, close or unlock, never

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from analyzer.globs import parse_glob
+from app.domain.locking import lock_created
 from app.domain.principal import Principal
 from app.domain.reservations import (
     Conflict,
@@ -34,6 +35,7 @@ from app.domain.reservations import (
     find_conflicts,
     glob_root,
     shown_conflicts,
+    terraform_lock_hold,
 )
 from app.errors import ReservationConflictError, StateNotFoundError, TicketExpiredError
 from app.store import events, holds, states
@@ -130,14 +132,7 @@ def _held_by_terraform_lock(row: states.StateRow) -> list[Held]:
     held = row.held_lock
     if held is None:
         return []
-    try:
-        created = datetime.fromisoformat(json.loads(held.raw).get("Created", "").replace("Z", "+00:00")[:32])
-    except (ValueError, AttributeError):
-        created = datetime.now(UTC)
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=UTC)
-    return [Held(glob="*", mode=Mode.WRITE, holder=held.who or "terraform", run_id="", acquired_at=created,
-                 expires_at=None)]
+    return [terraform_lock_hold(held, lock_created(held, datetime.now(UTC)))]
 
 
 def _try_grant(

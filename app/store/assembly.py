@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from analyzer.state import assemble_state
+from analyzer.state_assembly import assemble_state
 from app.errors import NotFoundError
 from app.store import resources
 from app.store.db import Database

@@ -8,7 +8,6 @@ instance, and outputs with sensitive values replaced by NULL before they leave t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,19 +15,20 @@ from typing import Any
 from psycopg.rows import class_row
 
 from app.domain.jobs import JobKind
+from app.domain.locking import lock_holder, stored_lock
 from app.domain.principal import Principal
 from app.errors import NotFoundError, StateNotFoundError
 from app.store import states
-from app.store.db import Database
+from app.store.db import LIVE_STATUSES_SQL, Database
 from app.store.tenancy import AuthenticatedToken, hash_secret
 
-_OVERVIEWS = """
+_OVERVIEWS = f"""
 SELECT s.name, s.current_serial, s.lock_info, s.locked_at, v.created_at AS last_write_at,
        v.actor AS last_writer, v.source AS last_source,
        (SELECT count(*) FROM resources r WHERE r.state_id = s.id AND r.delete_serial IS NULL) AS resources,
        (SELECT count(*) FROM resource_reservations x WHERE x.state_id = s.id AND x.expires_at > %(now)s)
            AS live_reservations,
-       (SELECT count(*) FROM apply_runs a WHERE a.state_id = s.id AND a.status IN ('reserved', 'running'))
+       (SELECT count(*) FROM apply_runs a WHERE a.state_id = s.id AND a.status IN {LIVE_STATUSES_SQL})
            AS live_runs
 FROM states s LEFT JOIN state_versions v ON v.id = s.head_version_id
 WHERE s.tenant_id = %(tenant)s AND s.scope = %(scope)s
@@ -185,13 +185,7 @@ class RunEvent:
 
 
 def _lock_holder(lock_info: bytes | None) -> str | None:
-    if lock_info is None:
-        return None
-    try:
-        doc = json.loads(bytes(lock_info))
-    except ValueError:
-        return "terraform"
-    return str(doc.get("Who") or "terraform") if isinstance(doc, dict) else "terraform"
+    return None if lock_info is None else lock_holder(stored_lock("", bytes(lock_info)))
 
 
 def state_overviews(db: Database, principal: Principal, *, now: datetime) -> list[StateOverview]:

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from app.domain.reservations import LIVE_STATUSES
 from app.errors import ServiceUnavailableError, UnstorableValueError
 
 log = logging.getLogger("kilolock.store")
+
+
+def sql_text_list(values: Iterable[str]) -> str:
+    """``('a', 'b')``: string constants of the code itself (enum values) as a SQL list, spelled out so the
+    planner can match a partial index's predicate. A request's values always go in parameters instead."""
+    return "(" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + ")"
+
+
+# ``status IN LIVE_STATUSES_SQL``: a run that holds its reservations (the apply_runs_live_ix predicate).
+LIVE_STATUSES_SQL = sql_text_list(LIVE_STATUSES)
 
 
 class Database:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.store.db import Database
+from app.store.db import LIVE_STATUSES_SQL, Database
 
 _RESERVATIONS = """
 SELECT count(*) FILTER (WHERE expires_at > %(now)s), count(*) FILTER (WHERE expires_at <= %(now)s)
@@ -18,8 +18,8 @@ FROM resource_reservations
 """
 # apply_runs is read whole: runs are few compared with resource rows, and a scrape every 15 s or
 # so is cheap next to the writes that create them.
-_RUNS = """
-SELECT status, count(*), min(created_at) FILTER (WHERE status IN ('reserved', 'running'))
+_RUNS = f"""
+SELECT status, count(*), min(created_at) FILTER (WHERE status IN {LIVE_STATUSES_SQL})
 FROM apply_runs GROUP BY status
 """
 _LOCKS = "SELECT count(*), min(locked_at) FROM states WHERE lock_id IS NOT NULL"

@@ -9,7 +9,8 @@ import psycopg
 
 from analyzer.addresses import AddressError, has_prefix, parse_instance_address
 from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
-from analyzer.state import InstanceRow, assemble_state
+from analyzer.state import InstanceRow
+from analyzer.state_assembly import assemble_state
 from app.domain.principal import Principal
 from app.errors import BadRequestError, NotFoundError, StateNotFoundError
 from app.store import assembly, resources, states
@@ -160,9 +161,8 @@ def glob_lookup(globs: Iterable[Glob]) -> GlobLookup:
         exact.add(stem)
         prefixes.update((stem + ".", stem + "["))
         # A keyless module step also covers keyed instances: module.web.* covers module.web["a"].x
-        first = stem.split(".", 2)
-        if first[0] == "module" and len(first) > 1:
-            prefixes.add(f"module.{first[1].split('[', 1)[0]}[")
+        if glob.module:
+            prefixes.add(f"module.{glob.module[0].name}[")
     return GlobLookup(tuple(sorted(exact)), tuple(sorted(prefixes)), False)
 
 

@@ -14,6 +14,7 @@ from app.domain.principal import Principal
 from app.domain.reservations import Held, Mode, RunStatus
 from app.errors import StalePlanError
 from app.store import events, resources
+from app.store.db import LIVE_STATUSES_SQL
 
 _CANDIDATES = """
 SELECT r.glob, r.mode, r.holder, r.run_id, r.acquired_at, r.expires_at
@@ -28,10 +29,10 @@ ORDER BY r.acquired_at, r.id LIMIT %s
 _EXPIRED_RUNS = """
 SELECT DISTINCT run_id FROM resource_reservations WHERE state_id = %s AND expires_at <= %s
 """
-_EXPIRE_RUN = """
+_EXPIRE_RUN = f"""
 UPDATE apply_runs SET status = 'expired', finished_at = %s,
        error_summary = coalesce(error_summary, 'lease expired; reservations reclaimed')
-WHERE id = %s AND status IN ('reserved', 'running')
+WHERE id = %s AND status IN {LIVE_STATUSES_SQL}
 RETURNING actor
 """
 _DROP_RUN_RESERVATIONS = "DELETE FROM resource_reservations WHERE run_id = %s"

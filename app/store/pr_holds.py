@@ -24,14 +24,14 @@ from app.domain.principal import Principal
 from app.domain.reservations import HOLD_LEASE, Mode, RunStatus, Wanted, parse_wanted
 from app.errors import RunClosedError, RunNotFoundError
 from app.store import runs
-from app.store.db import Database
+from app.store.db import LIVE_STATUSES_SQL, Database
 
 # Holds end by events, not by time: a lease this long never lapses in practice, and still fits the
 # integer lease_seconds column (60 years < 2**31 seconds).
 
-_FIELDS = """
+_FIELDS = f"""
 h.repo, h.number, h.project, h.tenant_id, h.scope, h.token_name, h.state_name, h.run_id, h.head_sha, h.applied_serial,
-h.applied_run_id, h.write_globs, h.created_at, (r.status IN ('reserved', 'running')) AS live
+h.applied_run_id, h.write_globs, h.created_at, (r.status IN {LIVE_STATUSES_SQL}) AS live
 """
 _INSERT = """
 INSERT INTO pull_request_holds (repo, number, project, tenant_id, scope, token_name, state_name, run_id,

@@ -24,14 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from app.store.db import Database
+from app.store.db import LIVE_STATUSES_SQL, Database
 
 BATCH = 50
 
 _STATES = "SELECT id FROM states ORDER BY id"
 _LOCK_STATE = "SELECT head_version_id FROM states WHERE id = %s FOR UPDATE"
 # The version a run's base serial resolves to is the newest at or below it (states.version_at).
-_CANDIDATES = """
+_CANDIDATES = f"""
 WITH ranked AS (
     SELECT v.id, v.serial, v.created_at, coalesce(v.size_bytes, 0) AS size_bytes,
            v.raw_state IS NOT NULL AS has_bytes,
@@ -41,7 +41,7 @@ WITH ranked AS (
     SELECT (SELECT w.id FROM state_versions w
             WHERE w.state_id = %(state)s AND w.serial <= a.base_serial ORDER BY w.serial DESC LIMIT 1) AS id
     FROM apply_runs a
-    WHERE a.state_id = %(state)s AND a.status IN ('reserved', 'running') AND a.base_serial IS NOT NULL
+    WHERE a.state_id = %(state)s AND a.status IN {LIVE_STATUSES_SQL} AND a.base_serial IS NOT NULL
 )
 SELECT r.id, r.size_bytes FROM ranked r
 WHERE r.has_bytes AND r.id <> %(head)s

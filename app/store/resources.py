@@ -7,16 +7,15 @@ from ``opencache`` when it holds the state's exact head, else from the table.
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
 
+from analyzer.gcpause import gc_paused
 from analyzer.state import InstanceRow, OutputRow
 from app.domain.lifecycle import LifecycleDelta, OpenRow, lifecycle_delta
 from app.store.opencache import OPEN_SETS, HeadKey, OpenSet
@@ -137,9 +136,9 @@ def project(
     transaction then makes the head (``states.write_state``). The open set comes from ``OPEN_SETS``
     when it holds the current head; the new one is stored there under the head this transaction
     creates, where only a transaction that finds it committed can use it (see ``app.store.opencache``).
-    The cyclic garbage collector is paused while it runs (see ``_gc_paused``).
+    The cyclic garbage collector is paused while it runs (see ``analyzer.gcpause``).
     """
-    with _gc_paused():
+    with gc_paused():
         return _project(conn, tenant_id, state_id, serial, tuple(instances))
 
 
@@ -205,24 +204,6 @@ def _following_open_set(
         for key in [key for key in following if key not in live]:
             del following[key]
     return following
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a big open set is diffed and rebuilt.
-
-    The diff allocates a key per instance and the open set one row object per live row, none of them
-    cyclic; with the collector running, that burst triggers collections that traverse the whole heap
-    (the cached open sets included) and find nothing: at 50,000 instances they cost about as much as
-    the diff itself. Reference counting still frees everything. Switched back on only if it was on.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def database_identity(conn: psycopg.Connection) -> str:

@@ -23,8 +23,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
+from app.domain.locking import stored_lock
 from app.domain.principal import Principal
-from app.domain.reservations import RunStatus, Wanted
+from app.domain.reservations import RunStatus, Wanted, terraform_lock_hold
 from app.errors import (
     BadRequestError,
     LeaseExpiredError,
@@ -363,10 +364,7 @@ def list_reservations(
             found = cur.execute(_LIST_RESERVATIONS, params).fetchall()
         locks = conn.execute(_LOCKS, params).fetchall()
     for name, info, locked_at in locks:
-        try:
-            who = str(json.loads(bytes(info)).get("Who") or "terraform")
-        except ValueError:
-            who = "terraform"
-        found.append(ReservationView(state=name, glob="*", mode="write", holder=who, run_id=None,
-                                     acquired_at=locked_at, expires_at=None))
+        held = terraform_lock_hold(stored_lock("", bytes(info or b"{}")), locked_at)
+        found.append(ReservationView(state=name, glob=held.glob, mode=held.mode.value, holder=held.holder,
+                                     run_id=None, acquired_at=held.acquired_at, expires_at=held.expires_at))
     return sorted(found, key=lambda r: (r.state, r.acquired_at))

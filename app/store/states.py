@@ -16,7 +16,7 @@ from psycopg.rows import class_row
 
 from analyzer.jsontext import INT64_MAX, may_hold_unstorable, unstorable_path
 from analyzer.state import EncryptedState, ParsedState, StateFormatError, parse_state
-from app.domain.locking import LockInfo, UnlockRequest, check_lock_for_write, parse_lock_info
+from app.domain.locking import LockInfo, UnlockRequest, check_lock_for_write, parse_lock_info, stored_lock
 from app.domain.principal import Principal
 from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
@@ -77,13 +77,7 @@ class StateRow:
     def held_lock(self) -> LockInfo | None:
         if self.lock_id is None:
             return None
-        raw = bytes(self.lock_info or b"{}")
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            doc = {}
-        return LockInfo(id=self.lock_id, who=str(doc.get("Who") or ""),
-                        operation=str(doc.get("Operation") or ""), raw=raw)
+        return stored_lock(self.lock_id, bytes(self.lock_info or b"{}"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from app.domain.reservations import RunStatus
 from app.errors import (
     KlError,
     LeaseExpiredError,
@@ -169,8 +170,8 @@ class _StoreGauges:
                                 value=snap.lapsed_reservations)
         runs = GaugeMetricFamily("kilolock_apply_runs", "Apply runs in the database by status.", labels=["status"])
         known = dict(snap.runs_by_status)
-        for status in ("reserved", "running", "committed", "failed", "aborted", "expired"):
-            runs.add_metric([status], known.get(status, 0))
+        for status in RunStatus:
+            runs.add_metric([status.value], known.get(status.value, 0))
         yield runs
         yield GaugeMetricFamily("kilolock_oldest_live_run_age_seconds",
                                 "Age of the oldest reserved or running apply run (0 when none).",

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from app.domain.reservations import LIVE_STATUSES
+
 ROW_HEIGHT = 26
 BAR_HEIGHT = 18
 AXIS_HEIGHT = 24
@@ -19,7 +21,6 @@ MIN_WIDTH = 0.6  # percent: a run that lasted a blink still shows
 _STEPS = tuple(timedelta(seconds=s) for s in (
     1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800))
 _MAX_TICKS = 8
-_LIVE = frozenset({"reserved", "running"})
 
 
 class RunWindow(Protocol):
@@ -98,7 +99,7 @@ def layout(runs: Sequence[RunWindow], now: datetime) -> Chart:
     ordered = sorted(runs, key=lambda r: (r.created_at, r.id))
     if not ordered:
         return Chart(start=now, end=now, bars=(), ticks=(), height=AXIS_HEIGHT)
-    ends = [(r.finished_at or now) if r.status not in _LIVE else now for r in ordered]
+    ends = [(r.finished_at or now) if r.status not in LIVE_STATUSES else now for r in ordered]
     start = min(r.created_at for r in ordered)
     end = max(max(ends), start + timedelta(seconds=1))
     span = (end - start) * 1.02  # a little room after the last bar
@@ -110,7 +111,7 @@ def layout(runs: Sequence[RunWindow], now: datetime) -> Chart:
             run_id=run.id, status=shown_status(run.status, run.info), actor=run.actor, row=row, x=round(x, 3),
             width=round(width, 3),
             y=AXIS_HEIGHT + row * ROW_HEIGHT + (ROW_HEIGHT - BAR_HEIGHT) // 2, start=run.created_at, end=finish,
-            live=run.status in _LIVE, committed_serial=run.committed_serial,
+            live=run.status in LIVE_STATUSES, committed_serial=run.committed_serial,
         ))
     step = _step(span)
     first = datetime.fromtimestamp((start.timestamp() // step.total_seconds() + 1) * step.total_seconds(), start.tzinfo)

@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from analyzer.hcl import HclError, ParseCache, find_http_backend
+from app.domain.durations import parse_duration
 from runner.config import ClientConfigError, read_tf_files, split_backend_address
 
 CONFIG_NAMES = (".kilolock.yml", ".kilolock.yaml")
@@ -386,21 +387,24 @@ def _requirements(value: Any, problems: list[str]) -> tuple[str, ...]:
 
 def _duration(value: Any, key: str, problems: list[str]) -> int:
     """Seconds, or text such as ``90s``, ``10m``, ``1h30m``."""
-    seconds: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        seconds = value
-    elif isinstance(value, str):
-        text = value.strip()
-        if text.isdigit():
-            seconds = int(text)
-        else:
-            parts = re.findall(r"(\d+)([hms])", text)
-            if parts and "".join(n + u for n, u in parts) == text:
-                seconds = sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    seconds = _whole_seconds(value)
     if seconds is None or not 0 <= seconds <= MAX_MERGE_WAIT:
         problems.append(f"{key} must be a duration between 0 and 6h such as 600, 90s, 10m or 1h, got {value!r}")
         return DEFAULT_MERGE_WAIT
     return seconds
+
+
+def _whole_seconds(value: Any) -> int | None:
+    """A whole number of seconds, or a duration text (``app.domain.durations``) of whole seconds; else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        return None
+    return int(seconds) if seconds.is_integer() else None
 
 
 def drift_schedule(value: Any, where: str, problems: list[str]) -> DriftSchedule | None:
@@ -427,16 +431,7 @@ def drift_schedule(value: Any, where: str, problems: list[str]) -> DriftSchedule
 def parse_every(value: Any) -> int | None:
     """Seconds of a drift window (``90m``, ``6h``, ``1d``, ``1h30m`` or a number of seconds), None when it is
     not a duration or out of range."""
-    seconds: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        seconds = value
-    elif isinstance(value, str):
-        text = value.strip()
-        parts = re.findall(r"(\d+)([dhms])", text)
-        if text.isdigit():
-            seconds = int(text)
-        elif parts and "".join(n + u for n, u in parts) == text:
-            seconds = sum(int(n) * {"d": 86400, "h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    seconds = _whole_seconds(value)
     if seconds is None or not MIN_DRIFT_EVERY <= seconds <= MAX_DRIFT_EVERY:
         return None
     return seconds

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from analyzer.globs import GlobError, conflicts, parse_glob
 from app.config import Settings
+from app.domain.reservations import LIVE_STATUSES
 from runner import git
 from runner.apply import ApplyOptions
 from runner.bot.config import BotConfig, BotConfigError, Project, load, projects_for, read_raw
@@ -325,7 +326,7 @@ def end_live_runs(bench: Bench, root: Path, project: Project, actor: str, reason
     except EngineError:
         return ended
     for run in runs:
-        if run.get("actor") == actor and run.get("status") in ("reserved", "running"):
+        if run.get("actor") == actor and run.get("status") in LIVE_STATUSES:
             try:
                 client.run_action(str(run["id"]), "close", {"holder": actor, "status": "failed",
                                                              "error_summary": reason})

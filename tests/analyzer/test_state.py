@@ -21,11 +21,11 @@ from analyzer.state import (
     InstanceRow,
     ParsedState,
     StateFormatError,
-    assemble_state,
     canonical_json,
     normalize_instance,
     parse_state,
 )
+from analyzer.state_assembly import assemble_state
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "states"
 

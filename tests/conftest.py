@@ -209,6 +209,92 @@ class Terraform:
         return path
 
 
+HTTP_BACKEND = """terraform {{
+  backend "http" {{
+    address        = "{url}"
+    lock_address   = "{url}"
+    unlock_address = "{url}"
+    lock_method    = "LOCK"
+    unlock_method  = "UNLOCK"
+  }}
+}}
+"""
+# The start of the trunk the end-to-end suites share: a variable, a local and resources referring across files.
+TRUNK_FILES = {
+    "variables.tf": 'variable "env" {\n  type    = string\n  default = "prod"\n}\n\n'
+                    'locals {\n  prefix = "${var.env}-app"\n}\n',
+    "network.tf": 'resource "terraform_data" "net" {\n  input = "${local.prefix}-net-v1"\n}\n',
+    "web.tf": 'resource "terraform_data" "web" {\n  count = 2\n'
+              '  input = "${local.prefix}-web-${count.index}-${terraform_data.net.output}"\n}\n',
+}
+
+
+def http_backend(url: str) -> str:
+    """A ``terraform`` block pointing Terraform's http backend (and its lock) at a Kilolock state URL."""
+    return HTTP_BACKEND.format(url=url)
+
+
+def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run git with a fixed author and no signing; fails the test with git's output when git fails."""
+    proc = subprocess.run(["git", "-c", "user.name=Dev", "-c", "user.email=dev@example.com", "-c",
+                           "commit.gpgsign=false", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stdout}{proc.stderr}"
+    return proc.stdout.strip()
+
+
+class Workdir:
+    """A Terraform configuration directory against one Kilolock state URL, run with one environment: its files,
+    vanilla Terraform (the embedded ``kl-terraform``), ``kl`` and git."""
+
+    def __init__(self, root: Path, url: str, env: dict[str, str]) -> None:
+        self.dir, self.url, self.env = root, url, env
+        root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, name: str, text: str) -> None:
+        path = self.dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def edit(self, name: str, old: str, new: str) -> None:
+        text = (self.dir / name).read_text()
+        assert old in text, (name, old)
+        self.write(name, text.replace(old, new))
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(list(args), cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=180)
+        assert not check or proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def tf(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run(kl_terraform_bin(), *args, check=check)
+
+    def kl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run(str(Path(sys.executable).with_name("kl")), *args, check=False)
+
+    def kl_popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([str(Path(sys.executable).with_name("kl")), *args], cwd=self.dir, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def git(self, *args: str) -> str:
+        return git(self.dir, *args, env=self.env)
+
+    def seed(self, files: dict[str, str]) -> None:
+        """Write ``backend.tf`` and ``files``, then init and apply them: the trunk every scenario starts from."""
+        self.write("backend.tf", http_backend(self.url))
+        for name, text in files.items():
+            self.write(name, text)
+        self.tf("init", "-input=false")
+        self.tf("apply", "-auto-approve", "-input=false")
+
+    def converged(self, *, reinit: bool = False) -> None:
+        """Vanilla Terraform over the whole configuration plans no changes."""
+        if reinit:
+            self.tf("init", "-input=false", "-reconfigure")
+        plan = self.tf("plan", "-detailed-exitcode", "-input=false", check=False)
+        assert plan.returncode == 0, "vanilla terraform plan shows changes:\n" + plan.stdout[-3000:] + plan.stderr
+
+
 def terraform_env(home: Path) -> dict[str, str]:
     rc = home / "terraformrc"
     rc.write_text("")
@@ -238,5 +324,23 @@ def terraform_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
         workdir = tmp_path / name
         workdir.mkdir(exist_ok=True)
         return Terraform(workdir=workdir, env=dict(env))
+
+    return make
+
+
+@pytest.fixture
+def workdir_env(tmp_path: Path, terraform_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The environment ``Workdir``s of one test share: one Terraform home, ``KL_DATA_DIR`` and ``HOME``."""
+    env = dict(terraform_factory("home").env)
+    env.update(KL_DATA_DIR=str(tmp_path / "kl-data"), PATH=os.environ["PATH"], HOME=str(tmp_path))
+    return env
+
+
+@pytest.fixture
+def workdir_factory(tmp_path: Path, workdir_env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """Make ``Workdir``s under tmp_path against a state URL: ``make("repo", url)``."""
+
+    def make(name: str, url: str) -> Workdir:
+        return Workdir(tmp_path / name, url, workdir_env)
 
     return make

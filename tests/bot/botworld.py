@@ -34,27 +34,13 @@ from app.queue import QUEUE_NAME
 from runner import jobs
 from tests.bot import webhooks
 from tests.bot.github_sim import APP_ID, GitHubSim
-from tests.conftest import kl_terraform_bin, terraform_env
+from tests.conftest import TRUNK_FILES, Workdir, git, terraform_env
 
 REPO = "octo-org/infra"
 SERIALIZER = "rq.serializers.JSONSerializer"
-BACKEND = """terraform {{
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
-"""
 # The trunk every scenario starts from (terraform_data only; provisioners make applies slow or fail on purpose).
 FILES = {
-    "variables.tf": 'variable "env" {\n  type    = string\n  default = "prod"\n}\n\n'
-                    'locals {\n  prefix = "${var.env}-app"\n}\n',
-    "network.tf": 'resource "terraform_data" "net" {\n  input = "${local.prefix}-net-v1"\n}\n',
-    "web.tf": 'resource "terraform_data" "web" {\n  count = 2\n'
-              '  input = "${local.prefix}-web-${count.index}-${terraform_data.net.output}"\n}\n',
+    **TRUNK_FILES,
     "db.tf": 'resource "terraform_data" "db" {\n  input = "${local.prefix}-db-v1"\n}\n\n'
              '# Backups are kept for a week.\n\n'
              'resource "terraform_data" "db_backup" {\n  input = "backup-v1"\n}\n',
@@ -67,13 +53,6 @@ def slow(name: str, version: str, seconds: float | str, *, fail: bool = False) -
     command = "exit 1" if fail else f"sleep {seconds}"
     return (f'resource "terraform_data" "{name}" {{\n  triggers_replace = "{version}"\n'
             f'  provisioner "local-exec" {{\n    command = "{command}"\n  }}\n}}\n')
-
-
-def git(cwd: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-c", "user.name=Dev", "-c", "user.email=dev@example.com", "-c",
-                           "commit.gpgsign=false", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stdout}{proc.stderr}"
-    return proc.stdout.strip()
 
 
 @dataclass
@@ -303,18 +282,11 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
             monkeypatch.setenv(key, tf_env[key])
         work = tmp_path / "work"
         work.mkdir()
-        (work / "backend.tf").write_text(BACKEND.format(url=server.state_url("infra")))
-        for name, text in (files or FILES).items():
-            path = work / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        if kilolock_yml is not None:
-            (work / ".kilolock.yml").write_text(kilolock_yml)
         env = {**tf_env, "PATH": os.environ["PATH"], "HOME": str(tmp_path)}
-        for args in (["init", "-input=false"], ["apply", "-auto-approve", "-input=false"]):
-            proc = subprocess.run([kl_terraform_bin(), *args], cwd=work, env=env, capture_output=True, text=True,
-                                  timeout=180)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
+        workdir = Workdir(work, server.state_url("infra"), env)
+        if kilolock_yml is not None:
+            workdir.write(".kilolock.yml", kilolock_yml)
+        workdir.seed(files or FILES)
         (work / ".gitignore").write_text(".terraform/\n.terraform.lock.hcl\n*.tfstate*\n")
         git(work, "init", "-q", "-b", "main")
         git(work, "add", "-A")

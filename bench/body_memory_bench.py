@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -39,18 +38,20 @@ import requests
 from psycopg import sql
 
 from app.store.migrate import migrate
-from bench.backend_bench import (
-    _free_port,
-    _with_dbname,
+from bench.common import (
+    DEFAULT_OUT,
+    BenchError,
     bench_parser,
+    free_port,
     machine_info,
     stop_cleanly_on_signals,
     table,
+    with_dbname,
+    write_section,
 )
 from tests.helpers import instance, resource, state
 
 SECTION = "## Large request bodies"
-DEFAULT_OUT = Path("docs/benchmarks.md")
 TARGET_RATIO = 3.0
 NOTE_MET = ("Reading: the target of 3x the body is met. The server never holds the whole parsed state: "
             "`analyzer/statestream.py` reads the body instance by instance (json's C scanner on a 4 MB window of "
@@ -62,21 +63,6 @@ NOTE_MET = ("Reading: the target of 3x the body is met. The server never holds t
 NOTE_MISSED = ("Reading: the target of 3x the body is not met on this run; the body (1x) and the rows (each "
                "instance's canonical JSON, address and hash) are held until the database write ends.")
 LOG = Path(tempfile.gettempdir()) / f"kl-body-bench-{os.getpid()}.log"
-
-
-class BenchError(RuntimeError):
-    pass
-
-
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of ``path`` (or append it), leaving the others alone."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.write_text(doc.rstrip("\n") + "\n")
 
 
 def big_state(target_bytes: int, serial: int = 1) -> bytes:
@@ -140,7 +126,7 @@ class Server:
 
 
 def start_server(database_url: str, *, max_large_bodies: int, large_body_bytes: int) -> Server:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "KL_DATABASE_URL": database_url, "KL_AUTO_MIGRATE": "false", "KL_LOG_LEVEL": "WARNING",
            "KL_MAX_BODY_BYTES": str(400 * 1024 * 1024), "KL_MAX_LARGE_BODIES": str(max_large_bodies),
            "KL_LARGE_BODY_BYTES": str(large_body_bytes),
@@ -202,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join([".venv/bin/python", "-m", "bench.body_memory_bench",
                           *(sys.argv[1:] if argv is None else argv)])
     dbname = f"kl_bench_body_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    url = _with_dbname(args.database_url, dbname)
+    url = with_dbname(args.database_url, dbname)
     with psycopg.connect(args.database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     results: dict[str, object] = {}
@@ -295,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     if out is not None:
-        write_section(out, section)
+        write_section(out, SECTION, section)
     return 0
 
 

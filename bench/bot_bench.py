@@ -53,13 +53,22 @@ from werkzeug.serving import make_server
 
 from app.config import Settings
 from app.web import create_app
-from bench.backend_bench import DEFAULT_DATABASE_URL, BenchError, Harness, machine_info, stop_cleanly_on_signals, table
+from bench.backend_bench import Harness
+from bench.common import (
+    DEFAULT_OUT,
+    BenchError,
+    bench_parser,
+    load_average,
+    machine_info,
+    stop_cleanly_on_signals,
+    table,
+    write_section,
+)
 from tests.bot import webhooks
 from tests.bot.github_sim import APP_ID, GitHubSim
 from tests.helpers import instance, resource, state
 
 SECTION = "## Bot"
-DEFAULT_OUT = Path("docs/benchmarks.md")
 DEFAULT_REDIS = "redis://127.0.0.1:6379/6"
 REPO = "bench-org/infra"
 TARGET_SECONDS = 10.0
@@ -373,23 +382,11 @@ def render(command: str, machine: list[tuple[str, str]], sz: Sizes, measured: li
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this section of ``path`` (or append it), leaving every other section as it is."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.bot_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help=f"{QUICK.instances:,} instances, {QUICK.prs} pull "
-                   "requests; writes no document unless --out is given")
-    p.add_argument("--out", type=Path, default=None, help=f"where to write '{SECTION}' (default {DEFAULT_OUT})")
-    p.add_argument("--database-url", default=os.environ.get("KL_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL))
+    p = bench_parser("bot_bench", __doc__ or "", section=SECTION, json_help=None,
+                     quick_help=f"{QUICK.instances:,} instances, {QUICK.prs} pull requests; writes no document "
+                                "unless --out is given",
+                     out_help=f"where to write '{SECTION}' (default {DEFAULT_OUT})")
     p.add_argument("--redis-url", default=os.environ.get("KL_BENCH_REDIS_URL", DEFAULT_REDIS),
                    help="Redis database for the queue; must be empty, and is emptied at the end")
     return p.parse_args(argv)
@@ -428,12 +425,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         connection.flushdb()
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", load_average()))
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = render(command, machine, sz, measured, parts, when)
     print(section)
     if out is not None:
-        write_section(out, section)
+        write_section(out, SECTION, section)
         log(f"wrote {SECTION!r} in {out}")
     return 0
 

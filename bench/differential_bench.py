@@ -23,10 +23,10 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.backend_bench import Harness, bench_parser, machine_info, stop_cleanly_on_signals, table
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, bench_parser, machine_info, stop_cleanly_on_signals, table, write_section
 from tests.differential import Case, cleanup
 
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Differential equivalence of file-scoped applies"
 VENV_BIN = Path(sys.executable).parent
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print("DIVERGED:", line, file=sys.stderr)
     out = None if args.quick and args.out is None else (args.out or DEFAULT_OUT)
     if out is not None:
-        replace_section(out, section)
+        write_section(out, SECTION, section)
     return 1 if diverged else 0
 
 
@@ -98,16 +98,6 @@ def render(counts: Counter[str], refusals: Counter[str], cases: int, first: int,
         lines.append("")
     lines += ["Machine: " + "; ".join(f"{k} {v}" for k, v in machine), ""]
     return "\n".join(lines)
-
-
-def replace_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else ""
-    start = text.find(SECTION)
-    if start < 0:
-        path.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = text.find("\n## ", start + len(SECTION))
-    path.write_text(text[:start] + section + (text[end + 1:] if end >= 0 else ""))
 
 
 if __name__ == "__main__":

@@ -37,15 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.backend_bench import BenchError, Harness, bench_parser, stop_cleanly_on_signals, table
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, REPO, BenchError, bench_parser, stop_cleanly_on_signals, table, write_section
 
 SECTION = "## Drift checks"
-DEFAULT_OUT = Path("docs/benchmarks.md")
 PER_FILE = 100
 CLOUD_EVERY = 10       # one file in ten holds fakecloud buckets
 REPS = 3
 TF_PROVIDER = 'provider["terraform.io/builtin/terraform"]'
-REPO = Path(__file__).resolve().parents[1]
 
 
 def backend_tf(address: str) -> str:
@@ -241,14 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     section = render(command, results, time.perf_counter() - started)
     print(section)
     if out is not None:
-        from bench import backend_bench
-
-        saved = backend_bench.SECTION
-        backend_bench.SECTION = SECTION  # write_section replaces the section named by its module's SECTION
-        try:
-            backend_bench.write_section(out, section)
-        finally:
-            backend_bench.SECTION = saved
+        write_section(out, SECTION, section)
         print(f"wrote the '{SECTION}' section of {out}")
     return 0
 

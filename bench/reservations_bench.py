@@ -60,9 +60,19 @@ from app.store import acquire as store_acquire
 from app.store import holds
 from app.store import runs as store_runs
 from app.store.db import Database
-from bench.backend_bench import BenchError, Harness, bench_parser, machine_info, ms, table
+from bench.backend_bench import Harness
+from bench.common import (
+    DEFAULT_OUT,
+    BenchError,
+    bench_parser,
+    load_average,
+    machine_info,
+    ms,
+    shim_target,
+    table,
+    write_section,
+)
 
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Reservations"
 STATE_PREFIX = "bench-reservations-"  # one state per size: bench-reservations-0, -1000, -10000
 MODULE_ROOTS = 2_000      # module.m0 .. module.m1999: shared by the pre-load and the bench's own globs
@@ -447,8 +457,8 @@ def probes(probe: Probe, *, unindexed: bool) -> Iterator[None]:
     """Time ``holds.candidates`` and ``find_conflicts`` inside ``open_run`` (bench process only;
     restored on exit). With ``unindexed``, the candidates query runs with index and bitmap scans
     disabled for that one statement (transaction-local settings, set before and restored after)."""
-    original_candidates = holds.candidates
-    original_find = store_acquire.find_conflicts
+    original_candidates = shim_target(holds, "candidates")
+    original_find = shim_target(store_acquire, "find_conflicts")
 
     def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Any]:
         if unindexed:
@@ -1019,17 +1029,6 @@ process, so this covers the HTTP cells' server side too, warm-up included):
 """
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this section in ``path`` (read just now), or append it; other sections stay as they are."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main ---------------------------------------------------------------------------------------
 
 
@@ -1052,19 +1051,13 @@ def main_heavy(args: argparse.Namespace, command: str) -> int:
     machine = machine_info(args.database_url)
     with Harness(args.database_url) as h:
         found = heavy.run_heavy(h, args.quick, lambda msg: print(msg, file=sys.stderr, flush=True))
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", load_average()))
     section = heavy.heavy_section(found, machine, command)
     print(section)
     if args.json is not None:
         args.json.write_text(json.dumps({**found, "machine": machine, "command": command}, indent=1))
     if out is not None:
-        doc = out.read_text() if out.exists() else "# Benchmarks\n"
-        pattern = re.compile(rf"^{re.escape(heavy.HEAVY_SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-        if pattern.search(doc):
-            doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-        else:
-            doc = doc.rstrip("\n") + "\n\n" + section
-        out.write_text(doc.rstrip("\n") + "\n")
+        write_section(out, heavy.HEAVY_SECTION, section)
         print(f"wrote the '{heavy.HEAVY_SECTION}' section of {out}")
     return 0
 
@@ -1130,7 +1123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"benchmark failed: {exc}")
         return 1
     elapsed = perf() - started
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", load_average()))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
     print(results_table(cells), end="\n\n")
@@ -1152,7 +1145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          "explain": asdict(explained) if explained else None, "preload": loads},
                                         indent=1))
     if out is not None:
-        write_section(out, render(command, machine, sz, cells, explained, loads, others_seconds, elapsed))
+        write_section(out, SECTION, render(command, machine, sz, cells, explained, loads, others_seconds, elapsed))
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

@@ -77,7 +77,7 @@ from bench.common import (
     with_dbname,
     write_section,
 )
-from tests.helpers import instance, lock_info, resource, state
+from bench.states import instance, lock_info, resource, state
 
 SECTION = "## Backend lane"
 TARGET_FLOOR_RATIO = 3.0

@@ -49,7 +49,7 @@ from bench.common import (
     with_dbname,
     write_section,
 )
-from tests.helpers import instance, resource, state
+from bench.states import instance, resource, state
 
 SECTION = "## Large request bodies"
 TARGET_RATIO = 3.0

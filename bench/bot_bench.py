@@ -11,7 +11,7 @@ Postgres database (``bench.backend_bench.Harness``), the machine's Redis (``--re
 ``redis://127.0.0.1:6379/6``, which must be empty and is emptied at the end), one forking ``kl worker`` in
 its own process with the production defaults (App mode, PyGithub's one-second pause between writes), a bare
 origin repository the worker clones through ``KL_GITHUB_CLONE_URLS``, and the embedded Terraform for the plan
-preview. GitHub's API is ``tests.bot.github_sim`` served on a loopback port, which timestamps every call.
+preview. GitHub's API is ``bench.github_sim`` served on a loopback port, which timestamps every call.
 
 The trunk: 50 files ``svc_NN.tf``, each one ``terraform_data`` with ``count = 200`` (10,000 instances; the
 state is uploaded through the backend lane), plus ``network.tf``, which ``svc_00`` depends on. Pull request
@@ -53,6 +53,7 @@ from werkzeug.serving import make_server
 
 from app.config import Settings
 from app.web import create_app
+from bench import webhooks
 from bench.backend_bench import Harness
 from bench.common import (
     DEFAULT_OUT,
@@ -64,9 +65,8 @@ from bench.common import (
     table,
     write_section,
 )
-from tests.bot import webhooks
-from tests.bot.github_sim import APP_ID, GitHubSim
-from tests.helpers import instance, resource, state
+from bench.github_sim import APP_ID, GitHubSim
+from bench.states import instance, resource, state
 
 SECTION = "## Bot"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/6"
@@ -349,7 +349,7 @@ def render(command: str, machine: list[tuple[str, str]], sz: Sizes, measured: li
         "### Setup", "",
         f"The real app (webhook and engine lane) over a scratch Postgres database; the machine's Redis; one forking "
         f"`kl worker` with production defaults (App mode, PyGithub's 1 s pause between writes); a bare origin "
-        f"repository cloned through `KL_GITHUB_CLONE_URLS`; GitHub simulated by `tests.bot.github_sim` served on "
+        f"repository cloned through `KL_GITHUB_CLONE_URLS`; GitHub simulated by `bench.github_sim` served on "
         f"a loopback port, which timestamps every call. The trunk: {sz.files} files `svc_NN.tf`, each a "
         f"`terraform_data` with `count = {sz.count}`, and `network.tf` (`svc_00` depends on it), uploaded through "
         f"the backend lane. Pull request `#k` edits `svc_k.tf`: its footprint writes `terraform_data.svc_k` and "

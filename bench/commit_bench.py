@@ -41,7 +41,6 @@ import argparse
 import hashlib
 import json
 import multiprocessing
-import re
 import shlex
 import shutil
 import statistics
@@ -57,17 +56,18 @@ from typing import Any
 
 import requests
 
-from bench.backend_bench import (
+from bench.backend_bench import Harness
+from bench.common import (
+    DEFAULT_OUT,
     BenchError,
-    Harness,
     bench_parser,
     machine_info,
     stop_cleanly_on_signals,
     table,
+    write_section,
 )
-from tests.helpers import counted_state
+from bench.states import counted_state
 
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Row-level commits at scale"
 STATE = "bench-commit"
 perf = time.perf_counter
@@ -477,17 +477,6 @@ def render(command: str, machine: list[tuple[str, str]], results: Sequence[Resul
     return "\n".join(lines) + "\n"
 
 
-def write_named_section(path: Path, title: str, section: str) -> None:
-    """Replace the section headed ``title`` in ``path`` (or append it), leaving every other section alone."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(title)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main -------------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -570,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     section = render(command, machine, results, perf() - started)
     print(section)
     if out is not None:
-        write_named_section(out, SECTION, section)
+        write_section(out, SECTION, section)
     return 0
 
 

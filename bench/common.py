@@ -85,6 +85,12 @@ def with_dbname(url: str, dbname: str) -> str:
     return psycopg.conninfo.make_conninfo(url, dbname=dbname)
 
 
+def http_backend(url: str) -> str:
+    """A ``terraform`` block pointing Terraform's http backend (and its lock) at a Kilolock state URL."""
+    return (f'terraform {{\n  backend "http" {{\n    address        = "{url}"\n    lock_address   = "{url}"\n'
+            f'    unlock_address = "{url}"\n    lock_method    = "LOCK"\n    unlock_method  = "UNLOCK"\n  }}\n}}\n')
+
+
 # --- the machine description -----------------------------------------------------------------------
 
 

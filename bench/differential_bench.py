@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.backend_bench import Harness
 from bench.common import DEFAULT_OUT, bench_parser, machine_info, stop_cleanly_on_signals, table, write_section
-from tests.differential import Case, cleanup
+from bench.differential import Case, cleanup
 
 SECTION = "## Differential equivalence of file-scoped applies"
 VENV_BIN = Path(sys.executable).parent

@@ -38,18 +38,23 @@ from pathlib import Path
 from typing import Any
 
 from bench.backend_bench import Harness
-from bench.common import DEFAULT_OUT, REPO, BenchError, bench_parser, stop_cleanly_on_signals, table, write_section
+from bench.common import (
+    DEFAULT_OUT,
+    REPO,
+    BenchError,
+    bench_parser,
+    http_backend,
+    load_average,
+    stop_cleanly_on_signals,
+    table,
+    write_section,
+)
 
 SECTION = "## Drift checks"
 PER_FILE = 100
 CLOUD_EVERY = 10       # one file in ten holds fakecloud buckets
 REPS = 3
 TF_PROVIDER = 'provider["terraform.io/builtin/terraform"]'
-
-
-def backend_tf(address: str) -> str:
-    return (f'terraform {{\n  backend "http" {{\n    address        = "{address}"\n    lock_address   = "{address}"\n'
-            f'    unlock_address = "{address}"\n    lock_method    = "LOCK"\n    unlock_method  = "UNLOCK"\n  }}\n}}\n')
 
 
 def data_file(i: int) -> str:
@@ -105,7 +110,7 @@ class SizeBench:
 
     def _template(self, installed: Any) -> dict[str, Any]:
         """One bucket's state entry as Terraform writes it (a real apply in a scratch directory)."""
-        from tests.fakecloud.install import required_providers
+        from bench.fakecloud.install import required_providers
 
         scratch = self.dir.parent / f"{self.name}-template"
         scratch.mkdir()
@@ -119,12 +124,12 @@ class SizeBench:
         return found
 
     def setup(self, installed: Any) -> None:
-        from tests.fakecloud.cloud import Cloud
+        from bench.fakecloud.cloud import Cloud
 
         template = self._template(installed)
         self.dir.mkdir()
-        (self.dir / "backend.tf").write_text(backend_tf(self.url))
-        from tests.fakecloud.install import required_providers
+        (self.dir / "backend.tf").write_text(http_backend(self.url))
+        from bench.fakecloud.install import required_providers
 
         (self.dir / "providers.tf").write_text(required_providers() + 'provider "fakecloud" {}\n')
         cloud = Cloud(self.cloud_root)
@@ -186,7 +191,7 @@ def render(command: str, results: list[SizeResult], elapsed: float) -> str:
     first, last = results[0], results[-1]
     flat = statistics.median(last.kl) / statistics.median(first.kl)
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average at "
-               f"end {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+               f"end {load_average()}")
     return "\n".join([
         SECTION, "",
         "`kl drift -f c0.tf` (one file of 100 `fakecloud_bucket` objects, one of them changed behind Terraform's "
@@ -213,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     command = shlex.join([".venv/bin/python", "-m", "bench.drift_bench", *(sys.argv[1:] if argv is None else argv)])
     sys.path.insert(0, str(REPO))
-    from tests.fakecloud.install import install
+    from bench.fakecloud.install import install
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

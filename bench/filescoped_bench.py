@@ -66,6 +66,7 @@ from bench.common import (
     SHIM_IMPORT,
     BenchError,
     bench_parser,
+    http_backend,
     load_average,
     machine_info,
     shim_target,
@@ -103,19 +104,6 @@ variable "prefix" {
   type    = string
   default = "v1"
 }
-"""
-
-
-def backend_tf(address: str) -> str:
-    return f"""terraform {{
-  backend "http" {{
-    address        = "{address}"
-    lock_address   = "{address}"
-    unlock_address = "{address}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
 """
 
 
@@ -422,7 +410,7 @@ class SizeBench:
         t0 = perf()
         self.dir.mkdir(parents=True)
         (self.dir / "variables.tf").write_text(VARIABLES_TF)
-        (self.dir / "backend.tf").write_text(backend_tf(f"{self.h.base}/v1/states/{self.name}"))
+        (self.dir / "backend.tf").write_text(http_backend(f"{self.h.base}/v1/states/{self.name}"))
         for i in range(self.files):
             (self.dir / f"f{i}.tf").write_text(file_tf(i))
         body = state_body(self.files, seed=self.files)

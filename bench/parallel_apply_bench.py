@@ -57,6 +57,7 @@ from bench.common import (
     SHIM_IMPORT,
     BenchError,
     bench_parser,
+    http_backend,
     load_average,
     machine_info,
     stop_cleanly_on_signals,
@@ -111,19 +112,6 @@ def main_tf(versions: Sequence[int]) -> str:
         parts.append(f'module "m{i}" {{\n  source  = "./modules/svc"\n  release = var.v{i}\n'
                      f'  sleep   = var.sleep\n}}\n')
     return "\n".join(parts)
-
-
-def backend_tf(address: str) -> str:
-    return f"""terraform {{
-  backend "http" {{
-    address        = "{address}"
-    lock_address   = "{address}"
-    unlock_address = "{address}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
-"""
 
 
 # --- processes ------------------------------------------------------------------------------------
@@ -420,7 +408,7 @@ class Bench:
         (d / "modules" / "svc" / "main.tf").write_text(MODULE_TF)
         (d / "main.tf").write_text(main_tf(versions))
         if backend:
-            (d / "backend.tf").write_text(backend_tf(self.address))
+            (d / "backend.tf").write_text(http_backend(self.address))
         return d
 
     def bumped(self, module: int) -> list[int]:

@@ -25,7 +25,6 @@ over the merged configuration (all 50,000 filler instances included) must report
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -37,23 +36,31 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.backend_bench import BenchError, Harness, bench_parser, machine_info, stop_cleanly_on_signals, table
-from bench.commit_bench import write_named_section
+from bench.backend_bench import Harness
+from bench.common import (
+    DEFAULT_OUT,
+    BenchError,
+    bench_parser,
+    http_backend,
+    load_average,
+    machine_info,
+    stop_cleanly_on_signals,
+    table,
+    write_section,
+)
 from bench.parallel_apply_bench import (
     MODULE_TF,
     Bench,
     Proc,
     Round,
     Sizes,
-    backend_tf,
     children_cpu,
     load1,
     run_checked,
     spawn,
 )
-from tests.helpers import PROVIDER
+from bench.states import PROVIDER
 
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Parallel applies on a large state"
 TARGET_RATIO = 1.5
 perf = time.perf_counter
@@ -103,7 +110,7 @@ class ScaleBench(Bench):
             (d / f"m{i}.tf").write_text(module_tf(i, v))
         (d / "filler.tf").write_text(FILLER_TF.format(count=self.filler if filler is None else filler))
         if backend:
-            (d / "backend.tf").write_text(backend_tf(self.address))
+            (d / "backend.tf").write_text(http_backend(self.address))
         return d
 
     def prepare(self, module: int, sleep: int, tag: str) -> tuple[Path, str, list[int]]:
@@ -228,14 +235,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         return 130
     shutil.rmtree(work, ignore_errors=True)
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", load_average()))
     machine.append(("Terraform", res.terraform))
     section = render(command, machine, res, perf() - started)
     print(section)
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(res), indent=1))
     if out is not None:
-        write_named_section(out, SECTION, section)
+        write_section(out, SECTION, section)
     return 0
 
 

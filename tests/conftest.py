@@ -27,6 +27,7 @@ from werkzeug.serving import make_server
 from app.config import Settings
 from app.store import Database
 from app.store.migrate import migrate
+from bench.common import http_backend
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -209,16 +210,6 @@ class Terraform:
         return path
 
 
-HTTP_BACKEND = """terraform {{
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
-"""
 # The start of the trunk the end-to-end suites share: a variable, a local and resources referring across files.
 TRUNK_FILES = {
     "variables.tf": 'variable "env" {\n  type    = string\n  default = "prod"\n}\n\n'
@@ -227,11 +218,6 @@ TRUNK_FILES = {
     "web.tf": 'resource "terraform_data" "web" {\n  count = 2\n'
               '  input = "${local.prefix}-web-${count.index}-${terraform_data.net.output}"\n}\n',
 }
-
-
-def http_backend(url: str) -> str:
-    """A ``terraform`` block pointing Terraform's http backend (and its lock) at a Kilolock state URL."""
-    return HTTP_BACKEND.format(url=url)
 
 
 def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:

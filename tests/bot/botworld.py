@@ -1,9 +1,9 @@
 """The end-to-end world of the bot tests: a real Kilolock server (Flask, Postgres) with the webhook, the
 test Redis and RQ workers, a bare "origin" repository in a temp dir that the workers clone through
 ``KL_GITHUB_CLONE_URLS``, a working clone where pull requests are made and merged, a trunk applied with
-the embedded Terraform, and GitHub's API simulated (``tests.bot.github_sim``).
+the embedded Terraform, and GitHub's API simulated (``bench.github_sim``).
 
-Webhook payloads are GitHub's published examples (``tests.bot.webhooks``) with the repository, numbers
+Webhook payloads are GitHub's published examples (``bench.webhooks``) with the repository, numbers
 and SHAs of this world filled in.
 """
 
@@ -31,9 +31,9 @@ from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from app.config import Settings
 from app.github import GitHub
 from app.queue import QUEUE_NAME
+from bench import webhooks
+from bench.github_sim import APP_ID, GitHubSim
 from runner import jobs
-from tests.bot import webhooks
-from tests.bot.github_sim import APP_ID, GitHubSim
 from tests.conftest import TRUNK_FILES, Workdir, git, terraform_env
 
 REPO = "octo-org/infra"

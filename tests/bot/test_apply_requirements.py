@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from app.domain.webhooks import route
 from app.github import PullInfo, Review
+from bench import webhooks
 from runner.apply_requirements import approval_problem, unmet
 from runner.bot_holds import parse_apply_args
-from tests.bot import webhooks
 
 HEAD, OLD = "a" * 40, "b" * 40
 

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from app.config import Settings
 from app.github import COMMENT_LIMIT, OUTPUT_LIMIT, GitHub, GitHubError, PullInfo, forget_cached_installations
-from tests.bot.webhooks import payload
+from bench.webhooks import payload
 
 API = "https://api.github.com"
 MOCK = "https://api.github.com:443"

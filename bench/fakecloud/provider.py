@@ -1,4 +1,4 @@
-"""The ``fakecloud`` Terraform provider (written with PyPI's ``tf`` framework) over ``tests.fakecloud.cloud``.
+"""The ``fakecloud`` Terraform provider (written with PyPI's ``tf`` framework) over ``bench.fakecloud.cloud``.
 
 Resources ``fakecloud_bucket`` (a sensitive ``secret``, computed ``id``/``arn``/``region``) and
 ``fakecloud_queue`` (references a bucket by name), data source ``fakecloud_bucket``; the provider's
@@ -27,7 +27,7 @@ from tf.iface import (
 from tf.runner import run_provider
 from tf.utils import Diagnostics
 
-from tests.fakecloud.cloud import Cloud, CloudError
+from bench.fakecloud.cloud import Cloud, CloudError
 
 HOST, NAMESPACE, TYPE, VERSION = "kilolock.test", "kilolock", "fakecloud", "0.1.0"
 SOURCE = f"{HOST}/{NAMESPACE}/{TYPE}"

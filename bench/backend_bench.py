@@ -35,7 +35,6 @@ import logging
 import os
 import pstats
 import queue
-import shlex
 import statistics
 import sys
 import sysconfig
@@ -67,10 +66,13 @@ from bench.common import (
     REPO,
     BenchError,
     bench_parser,
+    command_line,
     free_port,
     load_average,
+    log,
     machine_info,
     ms,
+    out_path,
     shim_target,
     stop_cleanly_on_signals,
     table,
@@ -905,12 +907,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.backend_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+    out = out_path(args)
+    command = command_line("backend_bench", argv)
 
     started = perf()
     try:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -42,8 +41,10 @@ from bench.common import (
     DEFAULT_OUT,
     BenchError,
     bench_parser,
+    command_line,
     free_port,
     machine_info,
+    out_path,
     stop_cleanly_on_signals,
     table,
     with_dbname,
@@ -184,9 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     stop_cleanly_on_signals()
     size = 15_000_000 if args.quick else 150_000_000
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.body_memory_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
+    out = out_path(args)
+    command = command_line("body_memory_bench", argv)
     dbname = f"kl_bench_body_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     url = with_dbname(args.database_url, dbname)
     with psycopg.connect(args.database_url, autocommit=True) as conn:

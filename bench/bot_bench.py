@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import signal
 import statistics
 import subprocess
@@ -59,8 +58,11 @@ from bench.common import (
     DEFAULT_OUT,
     BenchError,
     bench_parser,
+    command_line,
     load_average,
+    log,
     machine_info,
+    out_path,
     stop_cleanly_on_signals,
     table,
     write_section,
@@ -104,10 +106,6 @@ class Measured:
 @dataclass
 class Parts:
     rows: list[tuple[str, float]] = field(default_factory=list)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -396,8 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.bot_bench", *(sys.argv[1:] if argv is None else argv)])
+    out = out_path(args)
+    command = command_line("bot_bench", argv)
     connection = redis.Redis.from_url(args.redis_url)
     if connection.dbsize():
         log(f"{args.redis_url} is not empty: give --redis-url an empty database index")

@@ -41,7 +41,6 @@ import argparse
 import hashlib
 import json
 import multiprocessing
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -61,7 +60,9 @@ from bench.common import (
     DEFAULT_OUT,
     BenchError,
     bench_parser,
+    command_line,
     machine_info,
+    out_path,
     stop_cleanly_on_signals,
     table,
     write_section,
@@ -535,8 +536,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sz = QUICK if args.quick else FULL
     sz = replace(sz, cycles_each=args.cycles_each or sz.cycles_each, get_after=args.get_after or sz.get_after,
                  commits=args.commits or sz.commits)
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.commit_bench", *(sys.argv[1:] if argv is None else argv)])
+    out = out_path(args)
+    command = command_line("commit_bench", argv)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -15,9 +15,11 @@ import argparse
 import os
 import platform
 import re
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,6 +60,24 @@ def bench_parser(module: str, doc: str, *, section: str, default_out: Path = DEF
     p.add_argument("--database-url", default=os.environ.get("KL_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL),
                    help=database_help or "Postgres server to create the scratch database on (default: %(default)s)")
     return p
+
+
+def out_path(args: argparse.Namespace, default: Path = DEFAULT_OUT) -> Path | None:
+    """Where a run writes its section: ``--out``, else ``default`` for a full run and nowhere for ``--quick``."""
+    out: Path | None = args.out
+    if out is None and not getattr(args, "quick", False):
+        out = default
+    return out
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """The command that repeats this run, as its results section records it."""
+    return shlex.join([".venv/bin/python", "-m", f"bench.{module}", *(sys.argv[1:] if argv is None else argv)])
+
+
+def log(msg: str) -> None:
+    """Progress for the person running the bench: stderr, so stdout stays the report."""
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _interrupt(signum: int, _frame: object) -> None:

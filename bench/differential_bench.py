@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.backend_bench import Harness
-from bench.common import DEFAULT_OUT, bench_parser, machine_info, stop_cleanly_on_signals, table, write_section
+from bench.common import bench_parser, machine_info, out_path, stop_cleanly_on_signals, table, write_section
 from bench.differential import Case, cleanup
 
 SECTION = "## Differential equivalence of file-scoped applies"
@@ -33,7 +33,7 @@ VENV_BIN = Path(sys.executable).parent
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("differential_bench", __doc__ or "", quick_help="10 cases, section printed only",
-                          section=SECTION, default_out=DEFAULT_OUT)
+                          section=SECTION)
     parser.add_argument("--cases", type=int, default=200, help="how many seeds to run (default: %(default)s)")
     parser.add_argument("--first-seed", type=int, default=1, help="the first seed (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print(section)
     for line in diverged:
         print("DIVERGED:", line, file=sys.stderr)
-    out = None if args.quick and args.out is None else (args.out or DEFAULT_OUT)
+    out = out_path(args)
     if out is not None:
         write_section(out, SECTION, section)
     return 1 if diverged else 0

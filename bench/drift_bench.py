@@ -43,8 +43,11 @@ from bench.common import (
     REPO,
     BenchError,
     bench_parser,
+    command_line,
     http_backend,
     load_average,
+    log,
+    out_path,
     stop_cleanly_on_signals,
     table,
     write_section,
@@ -215,13 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     stop_cleanly_on_signals()
     sizes = [1000, 2000] if args.quick else [int(s) for s in (args.sizes or "5000,50000").split(",")]
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.drift_bench", *(sys.argv[1:] if argv is None else argv)])
+    out = out_path(args)
+    command = command_line("drift_bench", argv)
     sys.path.insert(0, str(REPO))
     from bench.fakecloud.install import install
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="kl-bench-drift-"))

@@ -66,9 +66,12 @@ from bench.common import (
     SHIM_IMPORT,
     BenchError,
     bench_parser,
+    command_line,
     http_backend,
     load_average,
+    log,
     machine_info,
+    out_path,
     shim_target,
     stop_cleanly_on_signals,
     table,
@@ -811,12 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.filescoped_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+    out = out_path(args)
+    command = command_line("filescoped_bench", argv)
 
     started = perf()
     work = Path(tempfile.mkdtemp(prefix="kl-bench-filescoped-"))

@@ -25,7 +25,6 @@ over the merged configuration (all 50,000 filler instances included) must report
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import sys
 import tempfile
@@ -41,9 +40,11 @@ from bench.common import (
     DEFAULT_OUT,
     BenchError,
     bench_parser,
+    command_line,
     http_backend,
     load_average,
     machine_info,
+    out_path,
     stop_cleanly_on_signals,
     table,
     write_section,
@@ -200,9 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = QUICK if args.quick else FULL
     if args.instances:
         scale = Scale(instances=args.instances, sleep=scale.sleep)
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.parallel_scale_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
+    out = out_path(args)
+    command = command_line("parallel_scale_bench", argv)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

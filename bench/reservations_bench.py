@@ -38,7 +38,6 @@ import os
 import queue
 import random
 import re
-import shlex
 import sys
 import threading
 import time
@@ -46,7 +45,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -65,9 +63,12 @@ from bench.common import (
     DEFAULT_OUT,
     BenchError,
     bench_parser,
+    command_line,
     load_average,
+    log,
     machine_info,
     ms,
+    out_path,
     shim_target,
     table,
     write_section,
@@ -1047,7 +1048,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main_heavy(args: argparse.Namespace, command: str) -> int:
     from bench import heavy_reservations as heavy
 
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
+    out = out_path(args)
     machine = machine_info(args.database_url)
     with Harness(args.database_url) as h:
         found = heavy.run_heavy(h, args.quick, lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -1065,14 +1066,10 @@ def main_heavy(args: argparse.Namespace, command: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sz = QUICK if args.quick else FULL
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.reservations_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
+    out = out_path(args)
+    command = command_line("reservations_bench", argv)
     if args.heavy:
         return main_heavy(args, command)
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     started = perf()
     cells: list[Cell] = []

@@ -32,7 +32,6 @@ import http.client
 import json
 import multiprocessing
 import os
-import shlex
 import signal
 import statistics
 import subprocess
@@ -61,10 +60,13 @@ from bench.common import (
     REPO,
     BenchError,
     bench_parser,
+    command_line,
     free_port,
     load_average,
+    log,
     machine_info,
     ms,
+    out_path,
     stop_cleanly_on_signals,
     table,
     write_section,
@@ -481,12 +483,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sz = QUICK if args.quick else FULL
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.webhook_bench", *(sys.argv[1:] if argv is None else argv)])
+    out = out_path(args)
+    command = command_line("webhook_bench", argv)
     stop_cleanly_on_signals()
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     queue_redis = redis.Redis.from_url(args.redis_url)
     try:

@@ -14,10 +14,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -229,6 +231,31 @@ def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
     return proc.stdout.strip()
 
 
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 120.0, every: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns something true, and return that; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def write_file(root: Path, name: str, text: str) -> None:
+    """Write ``root/name``, making its directories."""
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def edit_file(root: Path, name: str, old: str, new: str) -> None:
+    """Replace ``old`` (which must be there) by ``new`` in ``root/name``."""
+    text = (root / name).read_text()
+    assert old in text, (name, old)
+    write_file(root, name, text.replace(old, new))
+
+
 class Workdir:
     """A Terraform configuration directory against one Kilolock state URL, run with one environment: its files,
     vanilla Terraform (the embedded ``kl-terraform``), ``kl`` and git."""
@@ -238,14 +265,10 @@ class Workdir:
         root.mkdir(parents=True, exist_ok=True)
 
     def write(self, name: str, text: str) -> None:
-        path = self.dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_file(self.dir, name, text)
 
     def edit(self, name: str, old: str, new: str) -> None:
-        text = (self.dir / name).read_text()
-        assert old in text, (name, old)
-        self.write(name, text.replace(old, new))
+        edit_file(self.dir, name, old, new)
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(list(args), cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=180)

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,7 +33,7 @@ from app.queue import QUEUE_NAME
 from bench import webhooks
 from bench.github_sim import APP_ID, GitHubSim
 from runner import jobs
-from tests.conftest import TRUNK_FILES, Workdir, git, terraform_env
+from tests.conftest import TRUNK_FILES, Workdir, edit_file, git, terraform_env, write_file
 
 REPO = "octo-org/infra"
 SERIALIZER = "rq.serializers.JSONSerializer"
@@ -73,14 +72,10 @@ class World:
         return git(self.work, "rev-parse", ref)
 
     def write(self, name: str, text: str) -> None:
-        path = self.work / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_file(self.work, name, text)
 
     def edit(self, name: str, old: str, new: str) -> None:
-        text = (self.work / name).read_text()
-        assert old in text, (name, old)
-        self.write(name, text.replace(old, new))
+        edit_file(self.work, name, old, new)
 
     def commit(self, branch: str, files: dict[str, str | None], message: str, *, start: str = "main") -> str:
         """Commit ``files`` (None deletes) on ``branch`` (created from ``start``) and push it to origin."""
@@ -340,15 +335,6 @@ def comment_globs(body: str) -> dict[str, list[str]]:
         if len(parts) == 2 and parts[0] in found and parts[1].startswith("`"):
             found[parts[0]].append(parts[1].strip("`"))
     return found
-
-
-def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def dump(value: Any) -> str:

@@ -61,24 +61,8 @@ from app.store import states as store_states
 from app.store.migrate import migrate
 from app.store.opencache import OPEN_SETS
 from app.web import create_app
-from bench.common import (
-    DEFAULT_OUT,
-    REPO,
-    BenchError,
-    bench_parser,
-    command_line,
-    free_port,
-    load_average,
-    log,
-    machine_info,
-    ms,
-    out_path,
-    shim_target,
-    stop_cleanly_on_signals,
-    table,
-    with_dbname,
-    write_section,
-)
+from bench import common
+from bench.common import DEFAULT_OUT, REPO, BenchError, log, ms, shim_target, table
 from bench.states import instance, lock_info, resource, state
 
 SECTION = "## Backend lane"
@@ -298,7 +282,7 @@ class Harness:
     def __init__(self, server_url: str) -> None:
         self.server_url = server_url
         self.dbname = f"kl_bench_backend_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        self.url = with_dbname(server_url, self.dbname)
+        self.url = common.with_dbname(server_url, self.dbname)
         self.recorder = Recorder()
         self._httpd: Any = None
         self._thread: threading.Thread | None = None
@@ -316,7 +300,7 @@ class Harness:
             # werkzeug's dev server logs every request at INFO on its own logger; a production server
             # (gunicorn) does not do that inside the request, so keep it out of the timings.
             logging.getLogger("werkzeug").setLevel(logging.WARNING)
-            port = free_port()
+            port = common.free_port()
             self._httpd = make_server("127.0.0.1", port, Middleware(self._app, self.recorder), threaded=True)
             self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
             self._thread.start()
@@ -887,7 +871,7 @@ Top functions by own time:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("backend_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("backend_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"smoke-test sizes ({QUICK.writes} writes, {QUICK.instances:,} instances, one "
                                 "round); writes no document unless --out is given",
                      json_help="also dump the raw measurements (per-write times, per-request phases) as JSON here")
@@ -905,14 +889,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    common.stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
-    out = out_path(args)
-    command = command_line("backend_bench", argv)
+    out = common.out_path(args)
+    command = common.command_line("backend_bench", argv)
 
     started = perf()
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         if args.label:
             machine = [(k, args.label if k == "Code (git)" else v) for k, v in machine]
         before = json.loads(args.before.read_text()) if args.before else None
@@ -933,7 +917,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"interrupted ({exc}); the scratch database was dropped")
         return 130
     elapsed = perf() - started
-    machine.append(("Load average at end", load_average()))
+    machine.append(("Load average at end", common.load_average()))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
     print(f"(a) {apply_result.writes} cumulative writes\n")
@@ -954,7 +938,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "command": command, "apply": asdict(apply_result), "big": asdict(big_result)}
         args.json.write_text(json.dumps(raw, indent=1))
     if out is not None:
-        write_section(out, SECTION, render(command, machine, sz, apply_result, big_result, elapsed, before))
+        common.write_section(out, SECTION, render(command, machine, sz, apply_result, big_result, elapsed, before))
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

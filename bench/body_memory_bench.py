@@ -37,19 +37,8 @@ import requests
 from psycopg import sql
 
 from app.store.migrate import migrate
-from bench.common import (
-    DEFAULT_OUT,
-    BenchError,
-    bench_parser,
-    command_line,
-    free_port,
-    machine_info,
-    out_path,
-    stop_cleanly_on_signals,
-    table,
-    with_dbname,
-    write_section,
-)
+from bench import common
+from bench.common import DEFAULT_OUT, BenchError, table
 from bench.states import instance, resource, state
 
 SECTION = "## Large request bodies"
@@ -127,7 +116,7 @@ class Server:
 
 
 def start_server(database_url: str, *, max_large_bodies: int, large_body_bytes: int) -> Server:
-    port = free_port()
+    port = common.free_port()
     env = {**os.environ, "KL_DATABASE_URL": database_url, "KL_AUTO_MIGRATE": "false", "KL_LOG_LEVEL": "WARNING",
            "KL_MAX_BODY_BYTES": str(400 * 1024 * 1024), "KL_MAX_LARGE_BODIES": str(max_large_bodies),
            "KL_LARGE_BODY_BYTES": str(large_body_bytes),
@@ -180,15 +169,15 @@ def mb(n: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = bench_parser("body_memory_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("body_memory_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help="a 15 MB state instead of 150 MB; writes no document unless --out is given")
     args = p.parse_args(argv)
-    stop_cleanly_on_signals()
+    common.stop_cleanly_on_signals()
     size = 15_000_000 if args.quick else 150_000_000
-    out = out_path(args)
-    command = command_line("body_memory_bench", argv)
+    out = common.out_path(args)
+    command = common.command_line("body_memory_bench", argv)
     dbname = f"kl_bench_body_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    url = with_dbname(args.database_url, dbname)
+    url = common.with_dbname(args.database_url, dbname)
     with psycopg.connect(args.database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     results: dict[str, object] = {}
@@ -255,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     growth = single["peak"] - single["before"]
     floor_growth = floor_peak - floor_before
     ratio = growth / single["body"]
-    machine = machine_info(args.database_url)
+    machine = common.machine_info(args.database_url)
     lines = [
         SECTION, "",
         f"Script: `bench/body_memory_bench.py`. Command: `{command}`. The server is gunicorn (1 worker, 4 threads) "
@@ -281,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     if out is not None:
-        write_section(out, SECTION, section)
+        common.write_section(out, SECTION, section)
     return 0
 
 

@@ -52,21 +52,9 @@ from werkzeug.serving import make_server
 
 from app.config import Settings
 from app.web import create_app
-from bench import webhooks
+from bench import common, webhooks
 from bench.backend_bench import Harness
-from bench.common import (
-    DEFAULT_OUT,
-    BenchError,
-    bench_parser,
-    command_line,
-    load_average,
-    log,
-    machine_info,
-    out_path,
-    stop_cleanly_on_signals,
-    table,
-    write_section,
-)
+from bench.common import DEFAULT_OUT, BenchError, log, table
 from bench.github_sim import APP_ID, GitHubSim
 from bench.states import instance, resource, state
 
@@ -381,7 +369,7 @@ def render(command: str, machine: list[tuple[str, str]], sz: Sizes, measured: li
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("bot_bench", __doc__ or "", section=SECTION, json_help=None,
+    p = common.bench_parser("bot_bench", __doc__ or "", section=SECTION, json_help=None,
                      quick_help=f"{QUICK.instances:,} instances, {QUICK.prs} pull requests; writes no document "
                                 "unless --out is given",
                      out_help=f"where to write '{SECTION}' (default {DEFAULT_OUT})")
@@ -392,15 +380,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    common.stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
-    out = out_path(args)
-    command = command_line("bot_bench", argv)
+    out = common.out_path(args)
+    command = common.command_line("bot_bench", argv)
     connection = redis.Redis.from_url(args.redis_url)
     if connection.dbsize():
         log(f"{args.redis_url} is not empty: give --redis-url an empty database index")
         return 1
-    machine = machine_info(args.database_url)
+    machine = common.machine_info(args.database_url)
     measured: list[Measured] = []
     try:
         with Harness(args.database_url) as h, tempfile.TemporaryDirectory(prefix="kl-bot-bench-") as tmp:
@@ -423,12 +411,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         connection.flushdb()
-    machine.append(("Load average at end", load_average()))
+    machine.append(("Load average at end", common.load_average()))
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = render(command, machine, sz, measured, parts, when)
     print(section)
     if out is not None:
-        write_section(out, SECTION, section)
+        common.write_section(out, SECTION, section)
         log(f"wrote {SECTION!r} in {out}")
     return 0
 

@@ -55,18 +55,9 @@ from typing import Any
 
 import requests
 
+from bench import common
 from bench.backend_bench import Harness
-from bench.common import (
-    DEFAULT_OUT,
-    BenchError,
-    bench_parser,
-    command_line,
-    machine_info,
-    out_path,
-    stop_cleanly_on_signals,
-    table,
-    write_section,
-)
+from bench.common import DEFAULT_OUT, BenchError, table
 from bench.states import counted_state
 
 SECTION = "## Row-level commits at scale"
@@ -481,7 +472,7 @@ def render(command: str, machine: list[tuple[str, str]], results: Sequence[Resul
 # --- main -------------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("commit_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("commit_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"smoke-test sizes ({', '.join(map(str, QUICK.instances))} instances); writes no "
                                 "document unless --out is given")
     p.add_argument("--baseline-tree", type=Path, default=None,
@@ -532,19 +523,19 @@ def load(doc: dict[str, Any]) -> Result:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    common.stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
     sz = replace(sz, cycles_each=args.cycles_each or sz.cycles_each, get_after=args.get_after or sz.get_after,
                  commits=args.commits or sz.commits)
-    out = out_path(args)
-    command = command_line("commit_bench", argv)
+    out = common.out_path(args)
+    command = common.command_line("commit_bench", argv)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     started = perf()
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         if args.baseline_json is not None:
             results = [load(json.loads(args.baseline_json.read_text()))]
         else:
@@ -560,7 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     section = render(command, machine, results, perf() - started)
     print(section)
     if out is not None:
-        write_section(out, SECTION, section)
+        common.write_section(out, SECTION, section)
     return 0
 
 

@@ -37,21 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.backend_bench import Harness
-from bench.common import (
-    DEFAULT_OUT,
-    REPO,
-    BenchError,
-    bench_parser,
-    command_line,
-    http_backend,
-    load_average,
-    log,
-    out_path,
-    stop_cleanly_on_signals,
-    table,
-    write_section,
-)
+from bench.common import DEFAULT_OUT, REPO, BenchError, log, table
 
 SECTION = "## Drift checks"
 PER_FILE = 100
@@ -131,7 +119,7 @@ class SizeBench:
 
         template = self._template(installed)
         self.dir.mkdir()
-        (self.dir / "backend.tf").write_text(http_backend(self.url))
+        (self.dir / "backend.tf").write_text(common.http_backend(self.url))
         from bench.fakecloud.install import required_providers
 
         (self.dir / "providers.tf").write_text(required_providers() + 'provider "fakecloud" {}\n')
@@ -194,7 +182,7 @@ def render(command: str, results: list[SizeResult], elapsed: float) -> str:
     first, last = results[0], results[-1]
     flat = statistics.median(last.kl) / statistics.median(first.kl)
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average at "
-               f"end {load_average()}")
+               f"end {common.load_average()}")
     return "\n".join([
         SECTION, "",
         "`kl drift -f c0.tf` (one file of 100 `fakecloud_bucket` objects, one of them changed behind Terraform's "
@@ -211,15 +199,15 @@ def render(command: str, results: list[SizeResult], elapsed: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = bench_parser("drift_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("drift_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help="1,000 and 2,000 instances; writes no document unless --out is given")
     p.add_argument("--sizes", default=None, help="comma-separated instance counts (default 5000,50000)")
     p.add_argument("--reps", type=int, default=REPS, help="timed rounds per size (default %(default)s)")
     args = p.parse_args(argv)
-    stop_cleanly_on_signals()
+    common.stop_cleanly_on_signals()
     sizes = [1000, 2000] if args.quick else [int(s) for s in (args.sizes or "5000,50000").split(",")]
-    out = out_path(args)
-    command = command_line("drift_bench", argv)
+    out = common.out_path(args)
+    command = common.command_line("drift_bench", argv)
     sys.path.insert(0, str(REPO))
     from bench.fakecloud.install import install
 
@@ -245,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     section = render(command, results, time.perf_counter() - started)
     print(section)
     if out is not None:
-        write_section(out, SECTION, section)
+        common.write_section(out, SECTION, section)
         print(f"wrote the '{SECTION}' section of {out}")
     return 0
 

@@ -59,24 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from app.store import graph
+from bench import common
 from bench.backend_bench import Harness
-from bench.common import (
-    DEFAULT_OUT,
-    REPO,
-    SHIM_IMPORT,
-    BenchError,
-    bench_parser,
-    command_line,
-    http_backend,
-    load_average,
-    log,
-    machine_info,
-    out_path,
-    shim_target,
-    stop_cleanly_on_signals,
-    table,
-    write_section,
-)
+from bench.common import DEFAULT_OUT, REPO, BenchError, log, shim_target, table
 
 SECTION = "## File-scoped plans"
 PER_FILE = 100
@@ -191,7 +176,7 @@ _W0 = time.time()
 import gc, json, os, sys, functools
 import runner.cli, runner.config, runner.engine_client, runner.filescoped, runner.plan, runner.spec
 _W1 = time.time()
-''' + SHIM_IMPORT + r'''_totals = {"imports": _W1 - _W0}
+''' + common.SHIM_IMPORT + r'''_totals = {"imports": _W1 - _W0}
 _stack = []
 _gc = {"pause": 0.0, "t": None}
 
@@ -413,7 +398,7 @@ class SizeBench:
         t0 = perf()
         self.dir.mkdir(parents=True)
         (self.dir / "variables.tf").write_text(VARIABLES_TF)
-        (self.dir / "backend.tf").write_text(http_backend(f"{self.h.base}/v1/states/{self.name}"))
+        (self.dir / "backend.tf").write_text(common.http_backend(f"{self.h.base}/v1/states/{self.name}"))
         for i in range(self.files):
             (self.dir / f"f{i}.tf").write_text(file_tf(i))
         body = state_body(self.files, seed=self.files)
@@ -803,7 +788,7 @@ process; each phase's time excludes the phases nested in it), cold and warm, med
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("filescoped_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("filescoped_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"smoke test: {', '.join(str(f * PER_FILE) for f in QUICK.files)} instances; "
                                 "writes no document unless --out is given")
     p.add_argument("--keep", action="store_true", help="keep the scratch working directory (configurations, data)")
@@ -812,17 +797,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    common.stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
-    out = out_path(args)
-    command = command_line("filescoped_bench", argv)
+    out = common.out_path(args)
+    command = common.command_line("filescoped_bench", argv)
 
     started = perf()
     work = Path(tempfile.mkdtemp(prefix="kl-bench-filescoped-"))
     res = Result(sizes=asdict(sz))
     times = ServerTimes()
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         with Harness(args.database_url) as h, server_timers(times):
             log(f"scratch database {h.dbname}, server {h.base}, work {work}")
             benches = [SizeBench(h, times, work, files, log) for files in sz.files]
@@ -853,7 +838,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = perf() - started
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    machine.append(("Load average at end", load_average()))
+    machine.append(("Load average at end", common.load_average()))
     machine.insert(4, ("Terraform", f"{res.terraform} (embedded kl-terraform)"))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
@@ -866,7 +851,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(res), indent=1))
     if out is not None:
-        write_section(out, SECTION, render(command, machine, res, elapsed, sz))
+        common.write_section(out, SECTION, render(command, machine, res, elapsed, sz))
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

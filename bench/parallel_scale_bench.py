@@ -35,20 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.backend_bench import Harness
-from bench.common import (
-    DEFAULT_OUT,
-    BenchError,
-    bench_parser,
-    command_line,
-    http_backend,
-    load_average,
-    machine_info,
-    out_path,
-    stop_cleanly_on_signals,
-    table,
-    write_section,
-)
+from bench.common import DEFAULT_OUT, BenchError, table
 from bench.parallel_apply_bench import (
     MODULE_TF,
     Bench,
@@ -111,7 +100,7 @@ class ScaleBench(Bench):
             (d / f"m{i}.tf").write_text(module_tf(i, v))
         (d / "filler.tf").write_text(FILLER_TF.format(count=self.filler if filler is None else filler))
         if backend:
-            (d / "backend.tf").write_text(http_backend(self.address))
+            (d / "backend.tf").write_text(common.http_backend(self.address))
         return d
 
     def prepare(self, module: int, sleep: int, tag: str) -> tuple[Path, str, list[int]]:
@@ -192,17 +181,17 @@ def render(command: str, machine: list[tuple[str, str]], res: ScaleResult, elaps
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = bench_parser("parallel_scale_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("parallel_scale_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"{QUICK.instances:,} instances, sleep {QUICK.sleep} s; writes no document unless "
                                 "--out is given")
     p.add_argument("--instances", type=int, default=None, help="filler instances in the state")
     args = p.parse_args(argv)
-    stop_cleanly_on_signals()
+    common.stop_cleanly_on_signals()
     scale = QUICK if args.quick else FULL
     if args.instances:
         scale = Scale(instances=args.instances, sleep=scale.sleep)
-    out = out_path(args)
-    command = command_line("parallel_scale_bench", argv)
+    out = common.out_path(args)
+    command = common.command_line("parallel_scale_bench", argv)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -211,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="kl-bench-pscale-"))
     res = ScaleResult(scale.instances, scale.sleep)
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         with Harness(args.database_url) as h:
             b = ScaleBench(h, work, scale, log)
             res.terraform = run_checked("kl-terraform version", [b.tf, "version"], cwd=work,
@@ -235,14 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         return 130
     shutil.rmtree(work, ignore_errors=True)
-    machine.append(("Load average at end", load_average()))
+    machine.append(("Load average at end", common.load_average()))
     machine.append(("Terraform", res.terraform))
     section = render(command, machine, res, perf() - started)
     print(section)
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(res), indent=1))
     if out is not None:
-        write_section(out, SECTION, section)
+        common.write_section(out, SECTION, section)
     return 0
 
 

@@ -58,21 +58,9 @@ from app.store import acquire as store_acquire
 from app.store import holds
 from app.store import runs as store_runs
 from app.store.db import Database
+from bench import common
 from bench.backend_bench import Harness
-from bench.common import (
-    DEFAULT_OUT,
-    BenchError,
-    bench_parser,
-    command_line,
-    load_average,
-    log,
-    machine_info,
-    ms,
-    out_path,
-    shim_target,
-    table,
-    write_section,
-)
+from bench.common import DEFAULT_OUT, BenchError, log, ms, shim_target, table
 
 SECTION = "## Reservations"
 STATE_PREFIX = "bench-reservations-"  # one state per size: bench-reservations-0, -1000, -10000
@@ -1034,7 +1022,7 @@ process, so this covers the HTTP cells' server side too, warm-up included):
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("reservations_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("reservations_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"{QUICK.seconds:g} s per cell instead of {FULL.seconds:g}; writes no document "
                                 "unless --out is given",
                      json_help="also dump every raw latency as JSON here")
@@ -1048,17 +1036,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main_heavy(args: argparse.Namespace, command: str) -> int:
     from bench import heavy_reservations as heavy
 
-    out = out_path(args)
-    machine = machine_info(args.database_url)
+    out = common.out_path(args)
+    machine = common.machine_info(args.database_url)
     with Harness(args.database_url) as h:
         found = heavy.run_heavy(h, args.quick, lambda msg: print(msg, file=sys.stderr, flush=True))
-    machine.append(("Load average at end", load_average()))
+    machine.append(("Load average at end", common.load_average()))
     section = heavy.heavy_section(found, machine, command)
     print(section)
     if args.json is not None:
         args.json.write_text(json.dumps({**found, "machine": machine, "command": command}, indent=1))
     if out is not None:
-        write_section(out, heavy.HEAVY_SECTION, section)
+        common.write_section(out, heavy.HEAVY_SECTION, section)
         print(f"wrote the '{heavy.HEAVY_SECTION}' section of {out}")
     return 0
 
@@ -1066,8 +1054,8 @@ def main_heavy(args: argparse.Namespace, command: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sz = QUICK if args.quick else FULL
-    out = out_path(args)
-    command = command_line("reservations_bench", argv)
+    out = common.out_path(args)
+    command = common.command_line("reservations_bench", argv)
     if args.heavy:
         return main_heavy(args, command)
 
@@ -1077,7 +1065,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     explained: ExplainResult | None = None
     others_seconds = 0.0
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         with Harness(args.database_url) as h:
             log(f"scratch database {h.dbname}, server {h.base}")
             scratch = Scratch(h)
@@ -1120,7 +1108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"benchmark failed: {exc}")
         return 1
     elapsed = perf() - started
-    machine.append(("Load average at end", load_average()))
+    machine.append(("Load average at end", common.load_average()))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
     print(results_table(cells), end="\n\n")
@@ -1142,7 +1130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          "explain": asdict(explained) if explained else None, "preload": loads},
                                         indent=1))
     if out is not None:
-        write_section(out, SECTION, render(command, machine, sz, cells, explained, loads, others_seconds, elapsed))
+        section = render(command, machine, sz, cells, explained, loads, others_seconds, elapsed)
+        common.write_section(out, SECTION, section)
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

@@ -54,23 +54,9 @@ from werkzeug.serving import make_server
 from app.config import Settings
 from app.queue import QUEUE_NAME
 from app.web import create_app
+from bench import common
 from bench.backend_bench import Harness
-from bench.common import (
-    DEFAULT_OUT,
-    REPO,
-    BenchError,
-    bench_parser,
-    command_line,
-    free_port,
-    load_average,
-    log,
-    machine_info,
-    ms,
-    out_path,
-    stop_cleanly_on_signals,
-    table,
-    write_section,
-)
+from bench.common import DEFAULT_OUT, REPO, BenchError, log, ms, table
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/7"
 SECTION = "## Webhook"
@@ -309,7 +295,7 @@ class InProcess:
                             github_webhook_secret=SECRET, redis_url=redis_url)
         self.app = create_app(settings)
         self.pool_size = settings.db_pool_size
-        port = free_port()
+        port = common.free_port()
         self.httpd = make_server("127.0.0.1", port, self.app, threaded=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -329,7 +315,7 @@ class Gunicorn:
     """gunicorn (gthread) serving ``app.web:create_app()`` in its own process group."""
 
     def __init__(self, database_url: str, redis_url: str) -> None:
-        port = free_port()
+        port = common.free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("KL_")}
         env.update({"KL_DATABASE_URL": database_url, "KL_REDIS_URL": redis_url, "KL_AUTO_MIGRATE": "false",
                     "KL_GITHUB_WEBHOOK_SECRET": SECRET, "KL_LOG_LEVEL": "WARNING",
@@ -468,7 +454,7 @@ def _wrap(text: str, width: int = 110) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("webhook_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("webhook_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help="one burst per server; writes no document unless --out",
                      json_help="also dump every raw latency as JSON here")
     p.add_argument("--redis-url", default=os.environ.get("KL_BENCH_REDIS_URL", DEFAULT_REDIS),
@@ -483,9 +469,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sz = QUICK if args.quick else FULL
-    out = out_path(args)
-    command = command_line("webhook_bench", argv)
-    stop_cleanly_on_signals()
+    out = common.out_path(args)
+    command = common.command_line("webhook_bench", argv)
+    common.stop_cleanly_on_signals()
 
     queue_redis = redis.Redis.from_url(args.redis_url)
     try:
@@ -499,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells: list[Cell] = []
     pool_size = Settings().db_pool_size
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         machine.append(("Redis (INFO server)", str(queue_redis.info("server").get("redis_version", "?"))))
         with Harness(args.database_url) as h:
             log(f"scratch database {h.dbname}")
@@ -525,13 +511,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         queue_redis.flushdb()
         queue_redis.close()
     elapsed = perf() - started
-    machine.append(("Load average at end", load_average()))
+    machine.append(("Load average at end", common.load_average()))
     print(results_table(cells))
     if args.json is not None:
         args.json.write_text(json.dumps([{"server": c.server, "kind": c.kind, "latencies": c.latencies,
                                           "wall": c.wall} for c in cells], indent=1))
     if out is not None:
-        write_section(out, SECTION, render(command, machine, sz, cells, elapsed, pool_size, args.client_processes))
+        section = render(command, machine, sz, cells, elapsed, pool_size, args.client_processes)
+        common.write_section(out, SECTION, section)
         log(f"wrote the '{SECTION}' section of {out}")
     return 0
 

@@ -889,10 +889,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    common.stop_cleanly_on_signals()
+    out, command = common.start_run(args, "backend_bench", argv)
     sz = QUICK if args.quick else FULL
-    out = common.out_path(args)
-    command = common.command_line("backend_bench", argv)
 
     started = perf()
     try:

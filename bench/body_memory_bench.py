@@ -172,10 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p = common.bench_parser("body_memory_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help="a 15 MB state instead of 150 MB; writes no document unless --out is given")
     args = p.parse_args(argv)
-    common.stop_cleanly_on_signals()
+    out, command = common.start_run(args, "body_memory_bench", argv)
     size = 15_000_000 if args.quick else 150_000_000
-    out = common.out_path(args)
-    command = common.command_line("body_memory_bench", argv)
     dbname = f"kl_bench_body_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     url = common.with_dbname(args.database_url, dbname)
     with psycopg.connect(args.database_url, autocommit=True) as conn:

@@ -380,10 +380,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    common.stop_cleanly_on_signals()
+    out, command = common.start_run(args, "bot_bench", argv)
     sz = QUICK if args.quick else FULL
-    out = common.out_path(args)
-    command = common.command_line("bot_bench", argv)
     connection = redis.Redis.from_url(args.redis_url)
     if connection.dbsize():
         log(f"{args.redis_url} is not empty: give --redis-url an empty database index")

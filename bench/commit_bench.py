@@ -523,12 +523,10 @@ def load(doc: dict[str, Any]) -> Result:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    common.stop_cleanly_on_signals()
+    out, command = common.start_run(args, "commit_bench", argv)
     sz = QUICK if args.quick else FULL
     sz = replace(sz, cycles_each=args.cycles_each or sz.cycles_each, get_after=args.get_after or sz.get_after,
                  commits=args.commits or sz.commits)
-    out = common.out_path(args)
-    command = common.command_line("commit_bench", argv)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -75,6 +75,13 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
     return shlex.join([".venv/bin/python", "-m", f"bench.{module}", *(sys.argv[1:] if argv is None else argv)])
 
 
+def start_run(args: argparse.Namespace, module: str, argv: Sequence[str] | None) -> tuple[Path | None, str]:
+    """Begin a run: stop cleanly on signals from now on; return where it writes its section (``out_path``) and
+    the command that repeats it (``command_line``)."""
+    stop_cleanly_on_signals()
+    return out_path(args), command_line(module, argv)
+
+
 def log(msg: str) -> None:
     """Progress for the person running the bench: stderr, so stdout stays the report."""
     print(msg, file=sys.stderr, flush=True)

@@ -204,10 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default=None, help="comma-separated instance counts (default 5000,50000)")
     p.add_argument("--reps", type=int, default=REPS, help="timed rounds per size (default %(default)s)")
     args = p.parse_args(argv)
-    common.stop_cleanly_on_signals()
+    out, command = common.start_run(args, "drift_bench", argv)
     sizes = [1000, 2000] if args.quick else [int(s) for s in (args.sizes or "5000,50000").split(",")]
-    out = common.out_path(args)
-    command = common.command_line("drift_bench", argv)
     sys.path.insert(0, str(REPO))
     from bench.fakecloud.install import install
 

@@ -859,10 +859,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    common.stop_cleanly_on_signals()
+    out, command = common.start_run(args, "parallel_apply_bench", argv)
     sz = QUICK if args.quick else FULL
-    out = common.out_path(args)
-    command = common.command_line("parallel_apply_bench", argv)
 
     started = perf()
     work = Path(tempfile.mkdtemp(prefix="kl-bench-parallel-"))

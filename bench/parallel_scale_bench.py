@@ -186,12 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "--out is given")
     p.add_argument("--instances", type=int, default=None, help="filler instances in the state")
     args = p.parse_args(argv)
-    common.stop_cleanly_on_signals()
+    out, command = common.start_run(args, "parallel_scale_bench", argv)
     scale = QUICK if args.quick else FULL
     if args.instances:
         scale = Scale(instances=args.instances, sleep=scale.sleep)
-    out = common.out_path(args)
-    command = common.command_line("parallel_scale_bench", argv)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

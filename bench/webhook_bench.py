@@ -469,9 +469,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sz = QUICK if args.quick else FULL
-    out = common.out_path(args)
-    command = common.command_line("webhook_bench", argv)
-    common.stop_cleanly_on_signals()
+    out, command = common.start_run(args, "webhook_bench", argv)
 
     queue_redis = redis.Redis.from_url(args.redis_url)
     try:

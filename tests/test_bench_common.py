@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import ShimError, bench_parser, out_path, shim_target, write_section
+from bench.common import ShimError, bench_parser, command_line, out_path, shim_target, write_section
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -65,3 +65,8 @@ def test_the_shared_options_and_where_a_run_writes() -> None:
     assert out_path(p.parse_args(["--quick", "--out", "o.md"])) == Path("o.md")
     bare = bench_parser("y_bench", "Y.", section="## Y", json_help=None).parse_args(["--database-url", "pg://h"])
     assert bare.database_url == "pg://h" and not hasattr(bare, "json") and out_path(bare) == Path("docs/benchmarks.md")
+
+
+def test_the_recorded_command_repeats_the_run() -> None:
+    command = command_line("x_bench", ["--quick", "--out", "a b.md"])
+    assert command == ".venv/bin/python -m bench.x_bench --quick --out 'a b.md'"

@@ -33,15 +33,9 @@ import io
 import json
 import logging
 import os
-import platform
 import pstats
 import queue
-import re
-import shlex
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import sysconfig
 import threading
@@ -67,20 +61,15 @@ from app.store import states as store_states
 from app.store.migrate import migrate
 from app.store.opencache import OPEN_SETS
 from app.web import create_app
-from tests.helpers import instance, lock_info, resource, state
+from bench import common
+from bench.common import DEFAULT_OUT, REPO, BenchError, log, ms, shim_target, table
+from bench.states import instance, lock_info, resource, state
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Backend lane"
 TARGET_FLOOR_RATIO = 3.0
 PROFILE_HEADER = "X-Bench-Profile"
 
 perf = time.perf_counter
-
-
-class BenchError(Exception):
-    """The benchmark cannot produce honest numbers (an HTTP error, a wrong projection)."""
 
 
 # --- sizes ------------------------------------------------------------------------------------
@@ -119,7 +108,6 @@ class Recorder:
         self._tls = threading.local()
         self.done: queue.Queue[dict[str, float]] = queue.Queue()
         self.profiles: queue.Queue[cProfile.Profile] = queue.Queue()
-        self.missing: list[str] = []  # functions instrumented() could not find
 
     def begin(self) -> None:
         self._tls.phases = {}
@@ -208,10 +196,7 @@ def instrumented(recorder: Recorder) -> Iterator[None]:
     restore: list[tuple[object, str, object]] = []
 
     def wrap(owner: object, attr: str, label: str | Callable[..., str]) -> None:
-        original = getattr(owner, attr, None)
-        if original is None:  # the server code moved on: say so rather than fail or mislabel
-            recorder.missing.append(f"{getattr(owner, '__name__', owner)}.{attr}")
-            return
+        original = shim_target(owner, attr)
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -227,13 +212,12 @@ def instrumented(recorder: Recorder) -> Iterator[None]:
 
     wrap(store_states, "write_state", "write_state")
     wrap(store_states, "parse_body", "parse_state")
-    wrap(store_states, "locked_row" if hasattr(store_states, "locked_row") else "_locked_row",
-         "lock_state_row")
+    wrap(store_states, "locked_row", "lock_state_row")
     wrap(store_resources, "project", "project")
     wrap(store_resources, "load_open_set", "load_open")
     wrap(store_resources, "lifecycle_delta", "lifecycle_delta")
     wrap(store_resources, "copy_new_rows", "copy_resources")
-    wrap(store_resources, "insert_rows", "copy_resources")  # the COPY of code without reserved ids
+    wrap(store_resources, "insert_rows", "copy_resources")
     wrap(store_resources, "insert_outputs", "copy_outputs")
     wrap(psycopg.Connection, "execute", lambda _conn, query, *a, **k: _sql_phase(query))
     wrap(psycopg.Connection, "commit", "commit")
@@ -284,16 +268,6 @@ def write_breakdown(phases: dict[str, float], client: float) -> list[tuple[str, 
 # --- harness ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _with_dbname(url: str, dbname: str) -> str:
-    return psycopg.conninfo.make_conninfo(url, dbname=dbname)
-
-
 @dataclass
 class Response:
     status: int
@@ -308,7 +282,7 @@ class Harness:
     def __init__(self, server_url: str) -> None:
         self.server_url = server_url
         self.dbname = f"kl_bench_backend_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        self.url = _with_dbname(server_url, self.dbname)
+        self.url = common.with_dbname(server_url, self.dbname)
         self.recorder = Recorder()
         self._httpd: Any = None
         self._thread: threading.Thread | None = None
@@ -326,7 +300,7 @@ class Harness:
             # werkzeug's dev server logs every request at INFO on its own logger; a production server
             # (gunicorn) does not do that inside the request, so keep it out of the timings.
             logging.getLogger("werkzeug").setLevel(logging.WARNING)
-            port = _free_port()
+            port = common.free_port()
             self._httpd = make_server("127.0.0.1", port, Middleware(self._app, self.recorder), threaded=True)
             self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
             self._thread.start()
@@ -520,7 +494,6 @@ class BigResult:
     profile_client: float = 0.0
     profile_text: str = ""
     profile_by_area: list[tuple[str, float]] = field(default_factory=list)
-    not_instrumented: list[str] = field(default_factory=list)
     floor_trials: int = 0
     floor_median: float = 0.0
     parse_median: float = 0.0
@@ -598,7 +571,6 @@ def run_big(h: Harness, sz: Sizes, log: Callable[[str], None], *, cache: bool = 
                 f"{statistics.median(result.change[-sz.changes:]):.3f}s warm, "
                 f"{statistics.median(result.cold[-sz.changes:]):.3f}s cold, "
                 f"GET {min(result.get[-sz.gets:]):.3f}s")
-    result.not_instrumented = sorted(set(h.recorder.missing))
     # One more one-change POST (warm cache) under cProfile (slower than the timed ones: profiling costs
     # per call).
     r = h.request("POST", name, body=bodies[2 * sz.changes + 1], profile=True)
@@ -650,62 +622,6 @@ def _profile_report(profiler: cProfile.Profile) -> tuple[str, list[tuple[str, fl
 
 
 # --- report -------------------------------------------------------------------------------------
-
-
-def ms(seconds: float) -> str:
-    value = seconds * 1e3
-    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A Markdown table (readable as plain text too)."""
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
-
-
-def machine_info(server_url: str) -> list[tuple[str, str]]:
-    mem = ""
-    try:
-        for ln in Path("/proc/meminfo").read_text().splitlines():
-            if ln.startswith("MemTotal:"):
-                mem = f"{int(ln.split()[1]) / 1024 / 1024:.1f} GiB"
-    except OSError:
-        mem = "unknown"
-    model = ""
-    try:
-        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        version = conn.execute("SHOW server_version").fetchone()
-        settings = {k: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(k))).fetchone()
-                    for k in ("shared_buffers", "synchronous_commit", "fsync")}
-    pg = f"{version[0] if version else '?'} (" + ", ".join(f"{k}={v[0] if v else '?'}"
-                                                          for k, v in settings.items()) + ")"
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        revision = head + (" with uncommitted changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        revision = "unknown"
-    return [
-        ("CPU cores (os.cpu_count())", f"{os.cpu_count()}" + (f" ({model})" if model else "")),
-        ("Memory (MemTotal)", mem),
-        ("Python", f"{platform.python_version()} ({platform.python_implementation()})"),
-        ("Postgres (SHOW server_version)", pg),
-        ("psycopg / requests", f"{psycopg.__version__} / {requests.__version__}"),
-        ("OS", platform.platform()),
-        ("Load average at start", load),
-        ("Code (git)", revision),
-    ]
 
 
 def apply_report(a: ApplyResult) -> str:
@@ -772,12 +688,8 @@ def phase_report(b: BigResult) -> str:
     rows = [r for r in rows if not r[0].startswith(" ")]
     rows.append(["total (client-side, median)", ms(total_first), "", ms(total_change), "", ms(total_cold), ""])
     rows.extend(notes)
-    text = table(["phase (median over POSTs)", "first POST ms", "%", "one-change, warm ms", "%",
+    return table(["phase (median over POSTs)", "first POST ms", "%", "one-change, warm ms", "%",
                   "one-change, cold ms", "%"], rows)
-    if b.not_instrumented:
-        text += ("\n\nNot found in the server code, so not timed separately (their time is in the "
-                 "remainders): " + ", ".join(b.not_instrumented))
-    return text
 
 
 def get_report(b: BigResult) -> str:
@@ -955,53 +867,11 @@ Top functions by own time:
 """
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this lane's section in ``path`` (or append it), leaving every other section alone."""
-    if path.exists():
-        doc = path.read_text()
-    else:
-        doc = ("# Benchmarks\n\nMeasured performance of Kilolock, one section per lane. Each section says "
-               "which script produced it, on what machine, with which command.\n")
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main ---------------------------------------------------------------------------------------
 
 
-def bench_parser(module: str, doc: str, *, quick_help: str, section: str, default_out: Path,
-                 json_help: str = "also dump the raw measurements as JSON here") -> argparse.ArgumentParser:
-    """The options every benchmark shares: --quick, --out, --json, --database-url."""
-    p = argparse.ArgumentParser(prog=f"python -m bench.{module}", description=doc.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help=quick_help)
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"Markdown file whose '{section}' section is replaced (default: {default_out} for a "
-                        "full run, nothing for --quick)")
-    p.add_argument("--json", type=Path, default=None, help=json_help)
-    p.add_argument("--database-url", default=os.environ.get("KL_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL),
-                   help="Postgres server to create the scratch database on (default: %(default)s)")
-    return p
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def stop_cleanly_on_signals() -> None:
-    """Turn SIGTERM (and SIGINT, even when a shell started the benchmark in the background with it
-    ignored) into KeyboardInterrupt, so the scratch database and directories are always removed."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
-        signal.signal(signal.SIGINT, _interrupt)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("backend_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("backend_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"smoke-test sizes ({QUICK.writes} writes, {QUICK.instances:,} instances, one "
                                 "round); writes no document unless --out is given",
                      json_help="also dump the raw measurements (per-write times, per-request phases) as JSON here")
@@ -1019,18 +889,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    out, command = common.start_run(args, "backend_bench", argv)
     sz = QUICK if args.quick else FULL
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.backend_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     started = perf()
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         if args.label:
             machine = [(k, args.label if k == "Code (git)" else v) for k, v in machine]
         before = json.loads(args.before.read_text()) if args.before else None
@@ -1051,7 +915,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"interrupted ({exc}); the scratch database was dropped")
         return 130
     elapsed = perf() - started
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", common.load_average()))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
     print(f"(a) {apply_result.writes} cumulative writes\n")
@@ -1072,7 +936,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "command": command, "apply": asdict(apply_result), "big": asdict(big_result)}
         args.json.write_text(json.dumps(raw, indent=1))
     if out is not None:
-        write_section(out, render(command, machine, sz, apply_result, big_result, elapsed, before))
+        common.write_section(out, SECTION, render(command, machine, sz, apply_result, big_result, elapsed, before))
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -39,18 +37,11 @@ import requests
 from psycopg import sql
 
 from app.store.migrate import migrate
-from bench.backend_bench import (
-    _free_port,
-    _with_dbname,
-    bench_parser,
-    machine_info,
-    stop_cleanly_on_signals,
-    table,
-)
-from tests.helpers import instance, resource, state
+from bench import common
+from bench.common import DEFAULT_OUT, BenchError, table
+from bench.states import instance, resource, state
 
 SECTION = "## Large request bodies"
-DEFAULT_OUT = Path("docs/benchmarks.md")
 TARGET_RATIO = 3.0
 NOTE_MET = ("Reading: the target of 3x the body is met. The server never holds the whole parsed state: "
             "`analyzer/statestream.py` reads the body instance by instance (json's C scanner on a 4 MB window of "
@@ -62,21 +53,6 @@ NOTE_MET = ("Reading: the target of 3x the body is met. The server never holds t
 NOTE_MISSED = ("Reading: the target of 3x the body is not met on this run; the body (1x) and the rows (each "
                "instance's canonical JSON, address and hash) are held until the database write ends.")
 LOG = Path(tempfile.gettempdir()) / f"kl-body-bench-{os.getpid()}.log"
-
-
-class BenchError(RuntimeError):
-    pass
-
-
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of ``path`` (or append it), leaving the others alone."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.write_text(doc.rstrip("\n") + "\n")
 
 
 def big_state(target_bytes: int, serial: int = 1) -> bytes:
@@ -140,7 +116,7 @@ class Server:
 
 
 def start_server(database_url: str, *, max_large_bodies: int, large_body_bytes: int) -> Server:
-    port = _free_port()
+    port = common.free_port()
     env = {**os.environ, "KL_DATABASE_URL": database_url, "KL_AUTO_MIGRATE": "false", "KL_LOG_LEVEL": "WARNING",
            "KL_MAX_BODY_BYTES": str(400 * 1024 * 1024), "KL_MAX_LARGE_BODIES": str(max_large_bodies),
            "KL_LARGE_BODY_BYTES": str(large_body_bytes),
@@ -193,16 +169,13 @@ def mb(n: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = bench_parser("body_memory_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("body_memory_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help="a 15 MB state instead of 150 MB; writes no document unless --out is given")
     args = p.parse_args(argv)
-    stop_cleanly_on_signals()
+    out, command = common.start_run(args, "body_memory_bench", argv)
     size = 15_000_000 if args.quick else 150_000_000
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.body_memory_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
     dbname = f"kl_bench_body_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    url = _with_dbname(args.database_url, dbname)
+    url = common.with_dbname(args.database_url, dbname)
     with psycopg.connect(args.database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     results: dict[str, object] = {}
@@ -269,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     growth = single["peak"] - single["before"]
     floor_growth = floor_peak - floor_before
     ratio = growth / single["body"]
-    machine = machine_info(args.database_url)
+    machine = common.machine_info(args.database_url)
     lines = [
         SECTION, "",
         f"Script: `bench/body_memory_bench.py`. Command: `{command}`. The server is gunicorn (1 worker, 4 threads) "
@@ -295,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     if out is not None:
-        write_section(out, section)
+        common.write_section(out, SECTION, section)
     return 0
 
 

@@ -11,7 +11,7 @@ Postgres database (``bench.backend_bench.Harness``), the machine's Redis (``--re
 ``redis://127.0.0.1:6379/6``, which must be empty and is emptied at the end), one forking ``kl worker`` in
 its own process with the production defaults (App mode, PyGithub's one-second pause between writes), a bare
 origin repository the worker clones through ``KL_GITHUB_CLONE_URLS``, and the embedded Terraform for the plan
-preview. GitHub's API is ``tests.bot.github_sim`` served on a loopback port, which timestamps every call.
+preview. GitHub's API is ``bench.github_sim`` served on a loopback port, which timestamps every call.
 
 The trunk: 50 files ``svc_NN.tf``, each one ``terraform_data`` with ``count = 200`` (10,000 instances; the
 state is uploaded through the backend lane), plus ``network.tf``, which ``svc_00`` depends on. Pull request
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import signal
 import statistics
 import subprocess
@@ -53,13 +52,13 @@ from werkzeug.serving import make_server
 
 from app.config import Settings
 from app.web import create_app
-from bench.backend_bench import DEFAULT_DATABASE_URL, BenchError, Harness, machine_info, stop_cleanly_on_signals, table
-from tests.bot import webhooks
-from tests.bot.github_sim import APP_ID, GitHubSim
-from tests.helpers import instance, resource, state
+from bench import common, webhooks
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, BenchError, log, table
+from bench.github_sim import APP_ID, GitHubSim
+from bench.states import instance, resource, state
 
 SECTION = "## Bot"
-DEFAULT_OUT = Path("docs/benchmarks.md")
 DEFAULT_REDIS = "redis://127.0.0.1:6379/6"
 REPO = "bench-org/infra"
 TARGET_SECONDS = 10.0
@@ -95,10 +94,6 @@ class Measured:
 @dataclass
 class Parts:
     rows: list[tuple[str, float]] = field(default_factory=list)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -340,7 +335,7 @@ def render(command: str, machine: list[tuple[str, str]], sz: Sizes, measured: li
         "### Setup", "",
         f"The real app (webhook and engine lane) over a scratch Postgres database; the machine's Redis; one forking "
         f"`kl worker` with production defaults (App mode, PyGithub's 1 s pause between writes); a bare origin "
-        f"repository cloned through `KL_GITHUB_CLONE_URLS`; GitHub simulated by `tests.bot.github_sim` served on "
+        f"repository cloned through `KL_GITHUB_CLONE_URLS`; GitHub simulated by `bench.github_sim` served on "
         f"a loopback port, which timestamps every call. The trunk: {sz.files} files `svc_NN.tf`, each a "
         f"`terraform_data` with `count = {sz.count}`, and `network.tf` (`svc_00` depends on it), uploaded through "
         f"the backend lane. Pull request `#k` edits `svc_k.tf`: its footprint writes `terraform_data.svc_k` and "
@@ -373,23 +368,11 @@ def render(command: str, machine: list[tuple[str, str]], sz: Sizes, measured: li
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this section of ``path`` (or append it), leaving every other section as it is."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.bot_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help=f"{QUICK.instances:,} instances, {QUICK.prs} pull "
-                   "requests; writes no document unless --out is given")
-    p.add_argument("--out", type=Path, default=None, help=f"where to write '{SECTION}' (default {DEFAULT_OUT})")
-    p.add_argument("--database-url", default=os.environ.get("KL_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL))
+    p = common.bench_parser("bot_bench", __doc__ or "", section=SECTION, json_help=None,
+                     quick_help=f"{QUICK.instances:,} instances, {QUICK.prs} pull requests; writes no document "
+                                "unless --out is given",
+                     out_help=f"where to write '{SECTION}' (default {DEFAULT_OUT})")
     p.add_argument("--redis-url", default=os.environ.get("KL_BENCH_REDIS_URL", DEFAULT_REDIS),
                    help="Redis database for the queue; must be empty, and is emptied at the end")
     return p.parse_args(argv)
@@ -397,15 +380,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    out, command = common.start_run(args, "bot_bench", argv)
     sz = QUICK if args.quick else FULL
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.bot_bench", *(sys.argv[1:] if argv is None else argv)])
     connection = redis.Redis.from_url(args.redis_url)
     if connection.dbsize():
         log(f"{args.redis_url} is not empty: give --redis-url an empty database index")
         return 1
-    machine = machine_info(args.database_url)
+    machine = common.machine_info(args.database_url)
     measured: list[Measured] = []
     try:
         with Harness(args.database_url) as h, tempfile.TemporaryDirectory(prefix="kl-bot-bench-") as tmp:
@@ -428,12 +409,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         connection.flushdb()
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", common.load_average()))
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = render(command, machine, sz, measured, parts, when)
     print(section)
     if out is not None:
-        write_section(out, section)
+        common.write_section(out, SECTION, section)
         log(f"wrote {SECTION!r} in {out}")
     return 0
 

@@ -41,8 +41,6 @@ import argparse
 import hashlib
 import json
 import multiprocessing
-import re
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -57,17 +55,11 @@ from typing import Any
 
 import requests
 
-from bench.backend_bench import (
-    BenchError,
-    Harness,
-    bench_parser,
-    machine_info,
-    stop_cleanly_on_signals,
-    table,
-)
-from tests.helpers import counted_state
+from bench import common
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, BenchError, table
+from bench.states import counted_state
 
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Row-level commits at scale"
 STATE = "bench-commit"
 perf = time.perf_counter
@@ -477,21 +469,10 @@ def render(command: str, machine: list[tuple[str, str]], results: Sequence[Resul
     return "\n".join(lines) + "\n"
 
 
-def write_named_section(path: Path, title: str, section: str) -> None:
-    """Replace the section headed ``title`` in ``path`` (or append it), leaving every other section alone."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(title)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main -------------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("commit_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("commit_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"smoke-test sizes ({', '.join(map(str, QUICK.instances))} instances); writes no "
                                 "document unless --out is given")
     p.add_argument("--baseline-tree", type=Path, default=None,
@@ -542,19 +523,17 @@ def load(doc: dict[str, Any]) -> Result:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    out, command = common.start_run(args, "commit_bench", argv)
     sz = QUICK if args.quick else FULL
     sz = replace(sz, cycles_each=args.cycles_each or sz.cycles_each, get_after=args.get_after or sz.get_after,
                  commits=args.commits or sz.commits)
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.commit_bench", *(sys.argv[1:] if argv is None else argv)])
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     started = perf()
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         if args.baseline_json is not None:
             results = [load(json.loads(args.baseline_json.read_text()))]
         else:
@@ -570,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     section = render(command, machine, results, perf() - started)
     print(section)
     if out is not None:
-        write_named_section(out, SECTION, section)
+        common.write_section(out, SECTION, section)
     return 0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from analyzer.footprint import compute_footprint
 from analyzer.hcl import HclError, ParseCache, analyze_file
+from bench.common import write_section
 
 SECTION = "## Analyzer over public configurations"
 
@@ -94,13 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     for crash in crashes[:5]:
         print("CRASH:", crash, file=sys.stderr)
     if args.out is not None:
-        text = args.out.read_text() if args.out.exists() else ""
-        start = text.find(SECTION)
-        if start < 0:
-            args.out.write_text(text.rstrip("\n") + "\n\n" + section)
-        else:
-            end = text.find("\n## ", start + len(SECTION))
-            args.out.write_text(text[:start] + section + (text[end + 1:] if end >= 0 else ""))
+        write_section(args.out, SECTION, section)
     return 1 if crashes else 0
 
 

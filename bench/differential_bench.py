@@ -23,21 +23,22 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.backend_bench import Harness, bench_parser, machine_info, stop_cleanly_on_signals, table
-from tests.differential import Case, cleanup
+from bench import common
+from bench.backend_bench import Harness
+from bench.common import table
+from bench.differential import Case, cleanup
 
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Differential equivalence of file-scoped applies"
 VENV_BIN = Path(sys.executable).parent
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser("differential_bench", __doc__ or "", quick_help="10 cases, section printed only",
-                          section=SECTION, default_out=DEFAULT_OUT)
+    parser = common.bench_parser("differential_bench", __doc__ or "", quick_help="10 cases, section printed only",
+                          section=SECTION)
     parser.add_argument("--cases", type=int, default=200, help="how many seeds to run (default: %(default)s)")
     parser.add_argument("--first-seed", type=int, default=1, help="the first seed (default: %(default)s)")
     args = parser.parse_args(argv)
-    stop_cleanly_on_signals()
+    common.stop_cleanly_on_signals()
     cases = 10 if args.quick else args.cases
     counts: Counter[str] = Counter()
     refusals: Counter[str] = Counter()
@@ -65,13 +66,13 @@ def main(argv: list[str] | None = None) -> int:
                 diverged.append(f"seed {seed} ({outcome.mode}; edits {', '.join(outcome.edits)}): {outcome.detail}")
             print(f"seed {seed}: {outcome.result} ({outcome.mode}; {', '.join(outcome.edits)})", flush=True)
     elapsed = time.perf_counter() - started
-    section = render(counts, refusals, cases, args.first_seed, elapsed, machine_info(args.database_url))
+    section = render(counts, refusals, cases, args.first_seed, elapsed, common.machine_info(args.database_url))
     print(section)
     for line in diverged:
         print("DIVERGED:", line, file=sys.stderr)
-    out = None if args.quick and args.out is None else (args.out or DEFAULT_OUT)
+    out = common.out_path(args)
     if out is not None:
-        replace_section(out, section)
+        common.write_section(out, SECTION, section)
     return 1 if diverged else 0
 
 
@@ -98,16 +99,6 @@ def render(counts: Counter[str], refusals: Counter[str], cases: int, first: int,
         lines.append("")
     lines += ["Machine: " + "; ".join(f"{k} {v}" for k, v in machine), ""]
     return "\n".join(lines)
-
-
-def replace_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else ""
-    start = text.find(SECTION)
-    if start < 0:
-        path.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = text.find("\n## ", start + len(SECTION))
-    path.write_text(text[:start] + section + (text[end + 1:] if end >= 0 else ""))
 
 
 if __name__ == "__main__":

@@ -37,20 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.backend_bench import BenchError, Harness, bench_parser, stop_cleanly_on_signals, table
+from bench import common
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, REPO, BenchError, log, table
 
 SECTION = "## Drift checks"
-DEFAULT_OUT = Path("docs/benchmarks.md")
 PER_FILE = 100
 CLOUD_EVERY = 10       # one file in ten holds fakecloud buckets
 REPS = 3
 TF_PROVIDER = 'provider["terraform.io/builtin/terraform"]'
-REPO = Path(__file__).resolve().parents[1]
-
-
-def backend_tf(address: str) -> str:
-    return (f'terraform {{\n  backend "http" {{\n    address        = "{address}"\n    lock_address   = "{address}"\n'
-            f'    unlock_address = "{address}"\n    lock_method    = "LOCK"\n    unlock_method  = "UNLOCK"\n  }}\n}}\n')
 
 
 def data_file(i: int) -> str:
@@ -106,7 +101,7 @@ class SizeBench:
 
     def _template(self, installed: Any) -> dict[str, Any]:
         """One bucket's state entry as Terraform writes it (a real apply in a scratch directory)."""
-        from tests.fakecloud.install import required_providers
+        from bench.fakecloud.install import required_providers
 
         scratch = self.dir.parent / f"{self.name}-template"
         scratch.mkdir()
@@ -120,12 +115,12 @@ class SizeBench:
         return found
 
     def setup(self, installed: Any) -> None:
-        from tests.fakecloud.cloud import Cloud
+        from bench.fakecloud.cloud import Cloud
 
         template = self._template(installed)
         self.dir.mkdir()
-        (self.dir / "backend.tf").write_text(backend_tf(self.url))
-        from tests.fakecloud.install import required_providers
+        (self.dir / "backend.tf").write_text(common.http_backend(self.url))
+        from bench.fakecloud.install import required_providers
 
         (self.dir / "providers.tf").write_text(required_providers() + 'provider "fakecloud" {}\n')
         cloud = Cloud(self.cloud_root)
@@ -187,7 +182,7 @@ def render(command: str, results: list[SizeResult], elapsed: float) -> str:
     first, last = results[0], results[-1]
     flat = statistics.median(last.kl) / statistics.median(first.kl)
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average at "
-               f"end {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+               f"end {common.load_average()}")
     return "\n".join([
         SECTION, "",
         "`kl drift -f c0.tf` (one file of 100 `fakecloud_bucket` objects, one of them changed behind Terraform's "
@@ -204,20 +199,15 @@ def render(command: str, results: list[SizeResult], elapsed: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = bench_parser("drift_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("drift_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help="1,000 and 2,000 instances; writes no document unless --out is given")
     p.add_argument("--sizes", default=None, help="comma-separated instance counts (default 5000,50000)")
     p.add_argument("--reps", type=int, default=REPS, help="timed rounds per size (default %(default)s)")
     args = p.parse_args(argv)
-    stop_cleanly_on_signals()
+    out, command = common.start_run(args, "drift_bench", argv)
     sizes = [1000, 2000] if args.quick else [int(s) for s in (args.sizes or "5000,50000").split(",")]
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.drift_bench", *(sys.argv[1:] if argv is None else argv)])
     sys.path.insert(0, str(REPO))
-    from tests.fakecloud.install import install
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+    from bench.fakecloud.install import install
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="kl-bench-drift-"))
@@ -241,14 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     section = render(command, results, time.perf_counter() - started)
     print(section)
     if out is not None:
-        from bench import backend_bench
-
-        saved = backend_bench.SECTION
-        backend_bench.SECTION = SECTION  # write_section replaces the section named by its module's SECTION
-        try:
-            backend_bench.write_section(out, section)
-        finally:
-            backend_bench.SECTION = saved
+        common.write_section(out, SECTION, section)
         print(f"wrote the '{SECTION}' section of {out}")
     return 0
 

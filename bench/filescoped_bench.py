@@ -59,17 +59,10 @@ from pathlib import Path
 from typing import Any
 
 from app.store import graph
-from bench.backend_bench import (
-    BenchError,
-    Harness,
-    bench_parser,
-    machine_info,
-    stop_cleanly_on_signals,
-    table,
-)
+from bench import common
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, REPO, BenchError, log, shim_target, table
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## File-scoped plans"
 PER_FILE = 100
 TARGET_SECONDS = 3.0
@@ -99,19 +92,6 @@ variable "prefix" {
   type    = string
   default = "v1"
 }
-"""
-
-
-def backend_tf(address: str) -> str:
-    return f"""terraform {{
-  backend "http" {{
-    address        = "{address}"
-    lock_address   = "{address}"
-    unlock_address = "{address}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
 """
 
 
@@ -196,12 +176,12 @@ _W0 = time.time()
 import gc, json, os, sys, functools
 import runner.cli, runner.config, runner.engine_client, runner.filescoped, runner.plan, runner.spec
 _W1 = time.time()
-_totals = {"imports": _W1 - _W0}
+''' + common.SHIM_IMPORT + r'''_totals = {"imports": _W1 - _W0}
 _stack = []
 _gc = {"pause": 0.0, "t": None}
 
 def _wrap(owner, attr, label):
-    original = getattr(owner, attr)
+    original = shim_target(owner, attr)
     @functools.wraps(original)
     def timed(*args, **kwargs):
         _stack.append(0.0)
@@ -331,7 +311,7 @@ class ServerTimes:
 
 @contextmanager
 def server_timers(times: ServerTimes) -> Iterator[None]:
-    originals = {name: getattr(graph, name) for name in ("edges_touching", "slice_state")}
+    originals = {name: shim_target(graph, name) for name in ("edges_touching", "slice_state")}
 
     def wrap(name: str, size: Callable[[Any], int]) -> Callable[..., Any]:
         original = originals[name]
@@ -418,7 +398,7 @@ class SizeBench:
         t0 = perf()
         self.dir.mkdir(parents=True)
         (self.dir / "variables.tf").write_text(VARIABLES_TF)
-        (self.dir / "backend.tf").write_text(backend_tf(f"{self.h.base}/v1/states/{self.name}"))
+        (self.dir / "backend.tf").write_text(common.http_backend(f"{self.h.base}/v1/states/{self.name}"))
         for i in range(self.files):
             (self.dir / f"f{i}.tf").write_text(file_tf(i))
         body = state_body(self.files, seed=self.files)
@@ -804,23 +784,11 @@ process; each phase's time excludes the phases nested in it), cold and warm, med
 """
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this bench's section in ``path`` (or append it), leaving every other section alone."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main ---------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("filescoped_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("filescoped_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"smoke test: {', '.join(str(f * PER_FILE) for f in QUICK.files)} instances; "
                                 "writes no document unless --out is given")
     p.add_argument("--keep", action="store_true", help="keep the scratch working directory (configurations, data)")
@@ -829,21 +797,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    out, command = common.start_run(args, "filescoped_bench", argv)
     sz = QUICK if args.quick else FULL
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.filescoped_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     started = perf()
     work = Path(tempfile.mkdtemp(prefix="kl-bench-filescoped-"))
     res = Result(sizes=asdict(sz))
     times = ServerTimes()
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         with Harness(args.database_url) as h, server_timers(times):
             log(f"scratch database {h.dbname}, server {h.base}, work {work}")
             benches = [SizeBench(h, times, work, files, log) for files in sz.files]
@@ -874,7 +836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = perf() - started
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", common.load_average()))
     machine.insert(4, ("Terraform", f"{res.terraform} (embedded kl-terraform)"))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
@@ -887,7 +849,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(res), indent=1))
     if out is not None:
-        write_section(out, render(command, machine, res, elapsed, sz))
+        common.write_section(out, SECTION, render(command, machine, res, elapsed, sz))
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,11 +37,11 @@ from app.domain.reservations import Held, Mode, Wanted, find_conflicts, parse_wa
 from app.errors import ReservationConflictError
 from app.store import runs as store_runs
 from app.store.db import Database
-from bench.backend_bench import Harness, ms, table
+from bench.backend_bench import Harness
+from bench.common import REPO, free_port, ms, table
 from runner.config import ClientConfig
 from runner.engine_client import EngineClient, EngineError
 
-REPO = Path(__file__).resolve().parents[1]
 perf = time.perf_counter
 HEAVY_SECTION = "## Heavy reservation clients"
 
@@ -212,16 +211,10 @@ def lock_latency(base: str, sz: HeavySizes, log: Callable[[str], None]) -> dict[
     return result
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def gunicorn(h: Harness) -> Iterator[str]:
     """The app under gunicorn (gthread, 2 workers x 8 threads) on the scratch database: its base URL."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "KL_DATABASE_URL": h.url, "KL_AUTH_MODE": "open", "KL_AUTO_MIGRATE": "false",
            "KL_LOG_LEVEL": "WARNING", "KL_DB_POOL_SIZE": "8"}
     proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "--worker-class", "gthread",

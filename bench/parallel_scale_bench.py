@@ -25,8 +25,6 @@ over the merged configuration (all 50,000 filler instances included) must report
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -37,23 +35,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.backend_bench import BenchError, Harness, bench_parser, machine_info, stop_cleanly_on_signals, table
-from bench.commit_bench import write_named_section
+from bench import common
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, BenchError, table
 from bench.parallel_apply_bench import (
     MODULE_TF,
     Bench,
     Proc,
     Round,
     Sizes,
-    backend_tf,
     children_cpu,
     load1,
     run_checked,
     spawn,
 )
-from tests.helpers import PROVIDER
+from bench.states import PROVIDER
 
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Parallel applies on a large state"
 TARGET_RATIO = 1.5
 perf = time.perf_counter
@@ -103,7 +100,7 @@ class ScaleBench(Bench):
             (d / f"m{i}.tf").write_text(module_tf(i, v))
         (d / "filler.tf").write_text(FILLER_TF.format(count=self.filler if filler is None else filler))
         if backend:
-            (d / "backend.tf").write_text(backend_tf(self.address))
+            (d / "backend.tf").write_text(common.http_backend(self.address))
         return d
 
     def prepare(self, module: int, sleep: int, tag: str) -> tuple[Path, str, list[int]]:
@@ -184,18 +181,15 @@ def render(command: str, machine: list[tuple[str, str]], res: ScaleResult, elaps
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = bench_parser("parallel_scale_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("parallel_scale_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"{QUICK.instances:,} instances, sleep {QUICK.sleep} s; writes no document unless "
                                 "--out is given")
     p.add_argument("--instances", type=int, default=None, help="filler instances in the state")
     args = p.parse_args(argv)
-    stop_cleanly_on_signals()
+    out, command = common.start_run(args, "parallel_scale_bench", argv)
     scale = QUICK if args.quick else FULL
     if args.instances:
         scale = Scale(instances=args.instances, sleep=scale.sleep)
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.parallel_scale_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -204,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="kl-bench-pscale-"))
     res = ScaleResult(scale.instances, scale.sleep)
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         with Harness(args.database_url) as h:
             b = ScaleBench(h, work, scale, log)
             res.terraform = run_checked("kl-terraform version", [b.tf, "version"], cwd=work,
@@ -228,14 +222,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         return 130
     shutil.rmtree(work, ignore_errors=True)
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", common.load_average()))
     machine.append(("Terraform", res.terraform))
     section = render(command, machine, res, perf() - started)
     print(section)
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(res), indent=1))
     if out is not None:
-        write_named_section(out, SECTION, section)
+        common.write_section(out, SECTION, section)
     return 0
 
 

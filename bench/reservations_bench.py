@@ -38,7 +38,6 @@ import os
 import queue
 import random
 import re
-import shlex
 import sys
 import threading
 import time
@@ -46,7 +45,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -60,9 +58,10 @@ from app.store import acquire as store_acquire
 from app.store import holds
 from app.store import runs as store_runs
 from app.store.db import Database
-from bench.backend_bench import BenchError, Harness, bench_parser, machine_info, ms, table
+from bench import common
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, BenchError, log, ms, shim_target, table
 
-DEFAULT_OUT = Path("docs/benchmarks.md")
 SECTION = "## Reservations"
 STATE_PREFIX = "bench-reservations-"  # one state per size: bench-reservations-0, -1000, -10000
 MODULE_ROOTS = 2_000      # module.m0 .. module.m1999: shared by the pre-load and the bench's own globs
@@ -447,8 +446,8 @@ def probes(probe: Probe, *, unindexed: bool) -> Iterator[None]:
     """Time ``holds.candidates`` and ``find_conflicts`` inside ``open_run`` (bench process only;
     restored on exit). With ``unindexed``, the candidates query runs with index and bitmap scans
     disabled for that one statement (transaction-local settings, set before and restored after)."""
-    original_candidates = holds.candidates
-    original_find = store_acquire.find_conflicts
+    original_candidates = shim_target(holds, "candidates")
+    original_find = shim_target(store_acquire, "find_conflicts")
 
     def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Any]:
         if unindexed:
@@ -1019,22 +1018,11 @@ process, so this covers the HTTP cells' server side too, warm-up included):
 """
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this section in ``path`` (read just now), or append it; other sections stay as they are."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main ---------------------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("reservations_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("reservations_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help=f"{QUICK.seconds:g} s per cell instead of {FULL.seconds:g}; writes no document "
                                 "unless --out is given",
                      json_help="also dump every raw latency as JSON here")
@@ -1048,23 +1036,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main_heavy(args: argparse.Namespace, command: str) -> int:
     from bench import heavy_reservations as heavy
 
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    machine = machine_info(args.database_url)
+    out = common.out_path(args)
+    machine = common.machine_info(args.database_url)
     with Harness(args.database_url) as h:
         found = heavy.run_heavy(h, args.quick, lambda msg: print(msg, file=sys.stderr, flush=True))
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", common.load_average()))
     section = heavy.heavy_section(found, machine, command)
     print(section)
     if args.json is not None:
         args.json.write_text(json.dumps({**found, "machine": machine, "command": command}, indent=1))
     if out is not None:
-        doc = out.read_text() if out.exists() else "# Benchmarks\n"
-        pattern = re.compile(rf"^{re.escape(heavy.HEAVY_SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-        if pattern.search(doc):
-            doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-        else:
-            doc = doc.rstrip("\n") + "\n\n" + section
-        out.write_text(doc.rstrip("\n") + "\n")
+        common.write_section(out, heavy.HEAVY_SECTION, section)
         print(f"wrote the '{heavy.HEAVY_SECTION}' section of {out}")
     return 0
 
@@ -1072,14 +1054,10 @@ def main_heavy(args: argparse.Namespace, command: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sz = QUICK if args.quick else FULL
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.reservations_bench",
-                          *(sys.argv[1:] if argv is None else argv)])
+    out = common.out_path(args)
+    command = common.command_line("reservations_bench", argv)
     if args.heavy:
         return main_heavy(args, command)
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     started = perf()
     cells: list[Cell] = []
@@ -1087,7 +1065,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     explained: ExplainResult | None = None
     others_seconds = 0.0
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         with Harness(args.database_url) as h:
             log(f"scratch database {h.dbname}, server {h.base}")
             scratch = Scratch(h)
@@ -1130,7 +1108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"benchmark failed: {exc}")
         return 1
     elapsed = perf() - started
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", common.load_average()))
 
     print("Machine: " + "; ".join(f"{k}: {v}" for k, v in machine), end="\n\n")
     print(results_table(cells), end="\n\n")
@@ -1152,7 +1130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          "explain": asdict(explained) if explained else None, "preload": loads},
                                         indent=1))
     if out is not None:
-        write_section(out, render(command, machine, sz, cells, explained, loads, others_seconds, elapsed))
+        section = render(command, machine, sz, cells, explained, loads, others_seconds, elapsed)
+        common.write_section(out, SECTION, section)
         print(f"wrote the '{SECTION}' section of {out}")
     print(f"done in {elapsed:.0f}s")
     return 0

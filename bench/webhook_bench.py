@@ -32,10 +32,7 @@ import http.client
 import json
 import multiprocessing
 import os
-import re
-import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,18 +54,10 @@ from werkzeug.serving import make_server
 from app.config import Settings
 from app.queue import QUEUE_NAME
 from app.web import create_app
-from bench.backend_bench import (
-    BenchError,
-    Harness,
-    bench_parser,
-    machine_info,
-    ms,
-    stop_cleanly_on_signals,
-    table,
-)
+from bench import common
+from bench.backend_bench import Harness
+from bench.common import DEFAULT_OUT, REPO, BenchError, log, ms, table
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = Path("docs/benchmarks.md")
 DEFAULT_REDIS = "redis://127.0.0.1:6379/7"
 SECTION = "## Webhook"
 SECRET = "bench-" + "s" * 32
@@ -298,12 +287,6 @@ def measure(server: str, url: str, sz: Sizes, made: Deliveries, checker: Checker
 # --- servers ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class InProcess:
     """The app on a threaded werkzeug server in this process, over the Harness's scratch database."""
 
@@ -312,7 +295,7 @@ class InProcess:
                             github_webhook_secret=SECRET, redis_url=redis_url)
         self.app = create_app(settings)
         self.pool_size = settings.db_pool_size
-        port = _free_port()
+        port = common.free_port()
         self.httpd = make_server("127.0.0.1", port, self.app, threaded=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -332,7 +315,7 @@ class Gunicorn:
     """gunicorn (gthread) serving ``app.web:create_app()`` in its own process group."""
 
     def __init__(self, database_url: str, redis_url: str) -> None:
-        port = _free_port()
+        port = common.free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("KL_")}
         env.update({"KL_DATABASE_URL": database_url, "KL_REDIS_URL": redis_url, "KL_AUTO_MIGRATE": "false",
                     "KL_GITHUB_WEBHOOK_SECRET": SECRET, "KL_LOG_LEVEL": "WARNING",
@@ -467,22 +450,11 @@ def _wrap(text: str, width: int = 110) -> str:
     return "\n\n".join(out)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this section in ``path`` (read just now), or append it; other sections stay as they are."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 # --- main ---------------------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("webhook_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
+    p = common.bench_parser("webhook_bench", __doc__ or "", section=SECTION, default_out=DEFAULT_OUT,
                      quick_help="one burst per server; writes no document unless --out",
                      json_help="also dump every raw latency as JSON here")
     p.add_argument("--redis-url", default=os.environ.get("KL_BENCH_REDIS_URL", DEFAULT_REDIS),
@@ -497,12 +469,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sz = QUICK if args.quick else FULL
-    out: Path | None = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    command = shlex.join([".venv/bin/python", "-m", "bench.webhook_bench", *(sys.argv[1:] if argv is None else argv)])
-    stop_cleanly_on_signals()
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+    out, command = common.start_run(args, "webhook_bench", argv)
 
     queue_redis = redis.Redis.from_url(args.redis_url)
     try:
@@ -516,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells: list[Cell] = []
     pool_size = Settings().db_pool_size
     try:
-        machine = machine_info(args.database_url)
+        machine = common.machine_info(args.database_url)
         machine.append(("Redis (INFO server)", str(queue_redis.info("server").get("redis_version", "?"))))
         with Harness(args.database_url) as h:
             log(f"scratch database {h.dbname}")
@@ -542,13 +509,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         queue_redis.flushdb()
         queue_redis.close()
     elapsed = perf() - started
-    machine.append(("Load average at end", ", ".join(f"{x:.2f}" for x in os.getloadavg())))
+    machine.append(("Load average at end", common.load_average()))
     print(results_table(cells))
     if args.json is not None:
         args.json.write_text(json.dumps([{"server": c.server, "kind": c.kind, "latencies": c.latencies,
                                           "wall": c.wall} for c in cells], indent=1))
     if out is not None:
-        write_section(out, render(command, machine, sz, cells, elapsed, pool_size, args.client_processes))
+        section = render(command, machine, sz, cells, elapsed, pool_size, args.client_processes)
+        common.write_section(out, SECTION, section)
         log(f"wrote the '{SECTION}' section of {out}")
     return 0
 

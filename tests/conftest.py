@@ -14,10 +14,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -27,6 +29,7 @@ from werkzeug.serving import make_server
 from app.config import Settings
 from app.store import Database
 from app.store.migrate import migrate
+from bench.common import http_backend
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -209,6 +212,98 @@ class Terraform:
         return path
 
 
+# The start of the trunk the end-to-end suites share: a variable, a local and resources referring across files.
+TRUNK_FILES = {
+    "variables.tf": 'variable "env" {\n  type    = string\n  default = "prod"\n}\n\n'
+                    'locals {\n  prefix = "${var.env}-app"\n}\n',
+    "network.tf": 'resource "terraform_data" "net" {\n  input = "${local.prefix}-net-v1"\n}\n',
+    "web.tf": 'resource "terraform_data" "web" {\n  count = 2\n'
+              '  input = "${local.prefix}-web-${count.index}-${terraform_data.net.output}"\n}\n',
+}
+
+
+def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run git with a fixed author and no signing; fails the test with git's output when git fails."""
+    proc = subprocess.run(["git", "-c", "user.name=Dev", "-c", "user.email=dev@example.com", "-c",
+                           "commit.gpgsign=false", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stdout}{proc.stderr}"
+    return proc.stdout.strip()
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 120.0, every: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns something true, and return that; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def write_file(root: Path, name: str, text: str) -> None:
+    """Write ``root/name``, making its directories."""
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def edit_file(root: Path, name: str, old: str, new: str) -> None:
+    """Replace ``old`` (which must be there) by ``new`` in ``root/name``."""
+    text = (root / name).read_text()
+    assert old in text, (name, old)
+    write_file(root, name, text.replace(old, new))
+
+
+class Workdir:
+    """A Terraform configuration directory against one Kilolock state URL, run with one environment: its files,
+    vanilla Terraform (the embedded ``kl-terraform``), ``kl`` and git."""
+
+    def __init__(self, root: Path, url: str, env: dict[str, str]) -> None:
+        self.dir, self.url, self.env = root, url, env
+        root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, name: str, text: str) -> None:
+        write_file(self.dir, name, text)
+
+    def edit(self, name: str, old: str, new: str) -> None:
+        edit_file(self.dir, name, old, new)
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(list(args), cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=180)
+        assert not check or proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def tf(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run(kl_terraform_bin(), *args, check=check)
+
+    def kl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run(str(Path(sys.executable).with_name("kl")), *args, check=False)
+
+    def kl_popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([str(Path(sys.executable).with_name("kl")), *args], cwd=self.dir, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def git(self, *args: str) -> str:
+        return git(self.dir, *args, env=self.env)
+
+    def seed(self, files: dict[str, str]) -> None:
+        """Write ``backend.tf`` and ``files``, then init and apply them: the trunk every scenario starts from."""
+        self.write("backend.tf", http_backend(self.url))
+        for name, text in files.items():
+            self.write(name, text)
+        self.tf("init", "-input=false")
+        self.tf("apply", "-auto-approve", "-input=false")
+
+    def converged(self, *, reinit: bool = False) -> None:
+        """Vanilla Terraform over the whole configuration plans no changes."""
+        if reinit:
+            self.tf("init", "-input=false", "-reconfigure")
+        plan = self.tf("plan", "-detailed-exitcode", "-input=false", check=False)
+        assert plan.returncode == 0, "vanilla terraform plan shows changes:\n" + plan.stdout[-3000:] + plan.stderr
+
+
 def terraform_env(home: Path) -> dict[str, str]:
     rc = home / "terraformrc"
     rc.write_text("")
@@ -238,5 +333,23 @@ def terraform_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
         workdir = tmp_path / name
         workdir.mkdir(exist_ok=True)
         return Terraform(workdir=workdir, env=dict(env))
+
+    return make
+
+
+@pytest.fixture
+def workdir_env(tmp_path: Path, terraform_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The environment ``Workdir``s of one test share: one Terraform home, ``KL_DATA_DIR`` and ``HOME``."""
+    env = dict(terraform_factory("home").env)
+    env.update(KL_DATA_DIR=str(tmp_path / "kl-data"), PATH=os.environ["PATH"], HOME=str(tmp_path))
+    return env
+
+
+@pytest.fixture
+def workdir_factory(tmp_path: Path, workdir_env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """Make ``Workdir``s under tmp_path against a state URL: ``make("repo", url)``."""
+
+    def make(name: str, url: str) -> Workdir:
+        return Workdir(tmp_path / name, url, workdir_env)
 
     return make

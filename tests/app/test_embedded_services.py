@@ -94,51 +94,44 @@ def test_embedded_postgres_answers_select_1_in_the_kilolock_database(postgres_ur
     assert row == (1, "kilolock")
 
 
-def test_a_second_start_reuses_the_running_postgres(data_dir: Path, postgres_url: str) -> None:
-    started = postmaster_started_at(postgres_url)
-
-    again = start_embedded_postgres(data_dir)
-
-    assert again == postgres_url
-    assert postmaster_started_at(again) == started
-
-
-def test_another_process_reuses_the_running_postgres_without_warnings(data_dir: Path, postgres_url: str) -> None:
-    started = postmaster_started_at(postgres_url)
-
-    url = in_child_process(
-        f"from pathlib import Path\nfrom app.embedded import start_embedded_postgres\n"
-        f"print(start_embedded_postgres(Path({str(data_dir)!r})))"
-    )
-
-    assert url == postgres_url
-    assert postmaster_started_at(url) == started
-
-
 def test_embedded_redis_answers_ping(redis_url: str) -> None:
     with redis.Redis.from_url(redis_url) as client:
         assert client.ping() is True
 
 
-def test_a_second_start_reuses_the_running_redis(data_dir: Path, redis_url: str) -> None:
-    pid = redis_pid(redis_url)
-
-    again = start_embedded_redis(data_dir)
-
-    assert again == redis_url
-    assert redis_pid(again) == pid
+# service → (how it starts, what identifies the running server, the fixture that started it)
+SERVICES = {
+    "postgres": (start_embedded_postgres, postmaster_started_at, "postgres_url"),
+    "redis": (start_embedded_redis, redis_pid, "redis_url"),
+}
 
 
-def test_another_process_reuses_the_running_redis_without_warnings(data_dir: Path, redis_url: str) -> None:
-    pid = redis_pid(redis_url)
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_second_start_reuses_the_running_server(service: str, data_dir: Path, request: pytest.FixtureRequest) -> None:
+    start, identity, fixture = SERVICES[service]
+    running_url = request.getfixturevalue(fixture)
+    running = identity(running_url)
+
+    again = start(data_dir)
+
+    assert again == running_url
+    assert identity(again) == running
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_another_process_reuses_the_running_server_without_warnings(service: str, data_dir: Path,
+                                                                     request: pytest.FixtureRequest) -> None:
+    start, identity, fixture = SERVICES[service]
+    running_url = request.getfixturevalue(fixture)
+    running = identity(running_url)
 
     url = in_child_process(
-        f"from pathlib import Path\nfrom app.embedded import start_embedded_redis\n"
-        f"print(start_embedded_redis(Path({str(data_dir)!r})))"
+        f"from pathlib import Path\nfrom app.embedded import {start.__name__}\n"
+        f"print({start.__name__}(Path({str(data_dir)!r})))"
     )
 
-    assert url == redis_url
-    assert redis_pid(url) == pid
+    assert url == running_url
+    assert identity(url) == running
 
 
 def test_starting_redis_logs_which_server_started_where(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import requests
 
 from runner.config import ClientConfig
 from runner.engine_client import EngineClient, EngineError
+from tests.conftest import wait_for
 
 WAITERS = 50
 WINDOW = 5  # KL_WAIT_TICKET_SECONDS for these servers
@@ -36,15 +36,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _wait_for(predicate, what: str, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -66,7 +57,7 @@ def gunicorn_url(clean_db: str, tmp_path: Path) -> Iterator[str]:
             assert proc.poll() is None, (proc.stderr.read() if proc.stderr else b"").decode()[-2000:]
             return False
 
-    _wait_for(up, "gunicorn to start", timeout=180)
+    wait_for(up, "gunicorn to start", timeout=180)
     yield url
     os.killpg(proc.pid, signal.SIGTERM)
     try:
@@ -109,7 +100,7 @@ def _exercise(url: str, db_url: str) -> None:
     threads = [threading.Thread(target=waiter, args=(i,), daemon=True) for i in range(WAITERS)]
     for t in threads:
         t.start()
-    _wait_for(lambda: _fresh_waiters(db_url) >= WAITERS, f"{WAITERS} queued tickets")
+    wait_for(lambda: _fresh_waiters(db_url) >= WAITERS, f"{WAITERS} queued tickets")
 
     # While all of them wait, the server answers everyone else.
     for _ in range(5):
@@ -129,7 +120,7 @@ def _exercise(url: str, db_url: str) -> None:
     closed = requests.post(f"{url}/v1/engine/runs/{run_id}/close", json={"holder": "alice", "status": "aborted"},
                            timeout=30)
     assert closed.status_code == 200
-    _wait_for(lambda: _fresh_waiters(db_url) == 0, "the tickets to lapse", timeout=60)
+    wait_for(lambda: _fresh_waiters(db_url) == 0, "the tickets to lapse", timeout=60)
     # Nobody is granted on a lapsed ticket: the addresses are free for a newcomer at once.
     whole = [{"glob": "module.web.*", "mode": "write"}]
     fresh = requests.post(runs_url, json={"actor": "carol", "reservations": whole}, timeout=30)

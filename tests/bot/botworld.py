@@ -1,9 +1,9 @@
 """The end-to-end world of the bot tests: a real Kilolock server (Flask, Postgres) with the webhook, the
 test Redis and RQ workers, a bare "origin" repository in a temp dir that the workers clone through
 ``KL_GITHUB_CLONE_URLS``, a working clone where pull requests are made and merged, a trunk applied with
-the embedded Terraform, and GitHub's API simulated (``tests.bot.github_sim``).
+the embedded Terraform, and GitHub's API simulated (``bench.github_sim``).
 
-Webhook payloads are GitHub's published examples (``tests.bot.webhooks``) with the repository, numbers
+Webhook payloads are GitHub's published examples (``bench.webhooks``) with the repository, numbers
 and SHAs of this world filled in.
 """
 
@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,31 +29,17 @@ from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 
 from app.config import Settings
 from app.queue import QUEUE_NAME
+from bench import webhooks
+from bench.github_sim import APP_ID, GitHubSim
 from runner.bot import jobs
 from runner.bot.github import GitHub
-from tests.bot import webhooks
-from tests.bot.github_sim import APP_ID, GitHubSim
-from tests.conftest import kl_terraform_bin, terraform_env
+from tests.conftest import TRUNK_FILES, Workdir, edit_file, git, terraform_env, write_file
 
 REPO = "octo-org/infra"
 SERIALIZER = "rq.serializers.JSONSerializer"
-BACKEND = """terraform {{
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
-"""
 # The trunk every scenario starts from (terraform_data only; provisioners make applies slow or fail on purpose).
 FILES = {
-    "variables.tf": 'variable "env" {\n  type    = string\n  default = "prod"\n}\n\n'
-                    'locals {\n  prefix = "${var.env}-app"\n}\n',
-    "network.tf": 'resource "terraform_data" "net" {\n  input = "${local.prefix}-net-v1"\n}\n',
-    "web.tf": 'resource "terraform_data" "web" {\n  count = 2\n'
-              '  input = "${local.prefix}-web-${count.index}-${terraform_data.net.output}"\n}\n',
+    **TRUNK_FILES,
     "db.tf": 'resource "terraform_data" "db" {\n  input = "${local.prefix}-db-v1"\n}\n\n'
              '# Backups are kept for a week.\n\n'
              'resource "terraform_data" "db_backup" {\n  input = "backup-v1"\n}\n',
@@ -67,13 +52,6 @@ def slow(name: str, version: str, seconds: float | str, *, fail: bool = False) -
     command = "exit 1" if fail else f"sleep {seconds}"
     return (f'resource "terraform_data" "{name}" {{\n  triggers_replace = "{version}"\n'
             f'  provisioner "local-exec" {{\n    command = "{command}"\n  }}\n}}\n')
-
-
-def git(cwd: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-c", "user.name=Dev", "-c", "user.email=dev@example.com", "-c",
-                           "commit.gpgsign=false", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stdout}{proc.stderr}"
-    return proc.stdout.strip()
 
 
 @dataclass
@@ -94,14 +72,10 @@ class World:
         return git(self.work, "rev-parse", ref)
 
     def write(self, name: str, text: str) -> None:
-        path = self.work / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_file(self.work, name, text)
 
     def edit(self, name: str, old: str, new: str) -> None:
-        text = (self.work / name).read_text()
-        assert old in text, (name, old)
-        self.write(name, text.replace(old, new))
+        edit_file(self.work, name, old, new)
 
     def commit(self, branch: str, files: dict[str, str | None], message: str, *, start: str = "main") -> str:
         """Commit ``files`` (None deletes) on ``branch`` (created from ``start``) and push it to origin."""
@@ -303,18 +277,11 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
             monkeypatch.setenv(key, tf_env[key])
         work = tmp_path / "work"
         work.mkdir()
-        (work / "backend.tf").write_text(BACKEND.format(url=server.state_url("infra")))
-        for name, text in (files or FILES).items():
-            path = work / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        if kilolock_yml is not None:
-            (work / ".kilolock.yml").write_text(kilolock_yml)
         env = {**tf_env, "PATH": os.environ["PATH"], "HOME": str(tmp_path)}
-        for args in (["init", "-input=false"], ["apply", "-auto-approve", "-input=false"]):
-            proc = subprocess.run([kl_terraform_bin(), *args], cwd=work, env=env, capture_output=True, text=True,
-                                  timeout=180)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
+        workdir = Workdir(work, server.state_url("infra"), env)
+        if kilolock_yml is not None:
+            workdir.write(".kilolock.yml", kilolock_yml)
+        workdir.seed(files or FILES)
         (work / ".gitignore").write_text(".terraform/\n.terraform.lock.hcl\n*.tfstate*\n")
         git(work, "init", "-q", "-b", "main")
         git(work, "add", "-A")
@@ -368,15 +335,6 @@ def comment_globs(body: str) -> dict[str, list[str]]:
         if len(parts) == 2 and parts[0] in found and parts[1].startswith("`"):
             found[parts[0]].append(parts[1].strip("`"))
     return found
-
-
-def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def dump(value: Any) -> str:

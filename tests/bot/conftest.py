@@ -113,10 +113,10 @@ def bot_db(db):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def bot_settings(settings, redis_url: str, bot_db):  # type: ignore[no-untyped-def]
-    """Settings with the webhook secret of ``tests.bot.webhooks.SECRET`` and the test Redis."""
+    """Settings with the webhook secret of ``bench.webhooks.SECRET`` and the test Redis."""
     from dataclasses import replace
 
-    from tests.bot.webhooks import SECRET
+    from bench.webhooks import SECRET
 
     return replace(settings, github_webhook_secret=SECRET, redis_url=redis_url)
 

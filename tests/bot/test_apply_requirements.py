@@ -5,9 +5,9 @@ from __future__ import annotations
 from app.domain.commands import parse_apply_args
 from app.domain.jobs import ReviewArgs
 from app.domain.webhooks import route
+from bench import webhooks
 from runner.bot.github import PullInfo, Review
 from runner.bot.requirements import approval_problem, unmet
-from tests.bot import webhooks
 
 HEAD, OLD = "a" * 40, "b" * 40
 

@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from app.config import Settings
+from bench.webhooks import payload
 from runner.bot.github import COMMENT_LIMIT, OUTPUT_LIMIT, GitHub, GitHubError, PullInfo, forget_cached_installations
-from tests.bot.webhooks import payload
 
 API = "https://api.github.com"
 MOCK = "https://api.github.com:443"

@@ -19,11 +19,11 @@ from rq import Queue
 from app import queue
 from app.domain.jobs import DriftTickArgs
 from app.store import bot as store
+from bench.fakecloud.cloud import Cloud
+from bench.fakecloud.install import Installed, install
 from runner.bot import drift as botdrift
 from runner.bot.config import BotConfigError, RawConfig, parse, validate
 from tests.bot.botworld import REPO, SERIALIZER, World, world_factory  # noqa: F401  (fixture)
-from tests.fakecloud.cloud import Cloud
-from tests.fakecloud.install import Installed, install
 from tests.fakecloud.world import FILES as CLOUD_FILES
 
 HOUR = 3600

@@ -37,7 +37,7 @@ from app.domain.webhooks import route
 from app.queue import JOBS, QUEUE_NAME
 from app.store import bot as store
 from app.web.metrics import REGISTRY
-from tests.bot.webhooks import (
+from bench.webhooks import (
     HEAD_SHA,
     MERGE_SHA,
     REPO,

@@ -13,7 +13,6 @@ import json
 import re
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,7 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request
 
 from app.config import AuthMode
-from tests.conftest import LiveServer, Terraform, kl_terraform_bin
+from tests.conftest import LiveServer, Terraform, kl_terraform_bin, wait_for
 
 pytestmark = pytest.mark.terraform
 
@@ -113,16 +112,6 @@ def events(server: LiveServer, name: str, **kwargs: Any) -> list[dict[str, Any]]
                             timeout=30, **kwargs)
     assert response.status_code == 200, response.text
     return list(reversed(response.json()["events"]))
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def assert_server_matches_terraform(tf: Terraform, server: LiveServer, name: str) -> bytes:
@@ -317,7 +306,7 @@ def test_a_second_client_is_refused_while_the_first_applies_and_waits_with_lock_
     applying = first.popen("apply", "-auto-approve")
     try:
         lock = wait_for(lambda: [e for e in events(live_server, name) if e["kind"] == "lock"],
-                        "the first client's lock")[0]
+                        "the first client's lock", timeout=30, every=0.1)[0]
 
         refused = second("plan", check=False)
         output = plain(refused.output)

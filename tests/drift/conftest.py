@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakecloud.install import Installed, install
+from bench.fakecloud.install import Installed, install
 from tests.fakecloud.world import CloudRepo, make_repo
 
 

@@ -1,1 +1,1 @@
-"""The fakecloud test provider: real remote objects (files in a directory) behind a real Terraform provider."""
+"""A checkout against a live server using the fakecloud provider (``bench/fakecloud``), for the drift tests."""

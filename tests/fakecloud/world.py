@@ -13,19 +13,9 @@ from typing import Any
 
 import requests
 
-from tests.fakecloud.cloud import Cloud
-from tests.fakecloud.install import Installed, required_providers
-
-BACKEND = """terraform {{
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
-"""
+from bench.common import http_backend
+from bench.fakecloud.cloud import Cloud
+from bench.fakecloud.install import Installed, required_providers
 
 PROVIDERS = required_providers() + """
 provider "fakecloud" {}
@@ -120,7 +110,7 @@ def make_repo(root: Path, url: str, installed: Installed, base_env: dict[str, st
     env = {**base_env, **installed.env(cloud_root), "KL_DATA_DIR": str(root / "kl-data"),
            "PATH": os.environ["PATH"], "HOME": str(root)}
     repo = CloudRepo(root / "repo", url, env, Cloud(cloud_root))
-    repo.write("backend.tf", BACKEND.format(url=url))
+    repo.write("backend.tf", http_backend(url))
     for name, text in FILES.items():
         repo.write(name, text)
     repo.tf("init", "-input=false")

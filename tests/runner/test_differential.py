@@ -1,4 +1,4 @@
-"""The differential equivalence check (tests/differential.py) on a few fixed seeds: every case converges with
+"""The differential equivalence check (bench/differential.py) on a few fixed seeds: every case converges with
 vanilla Terraform or is refused with nothing written — never a silent divergence."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.differential import Case
 from tests.conftest import kl_terraform_bin
-from tests.differential import Case
 
 pytestmark = pytest.mark.terraform
 

@@ -5,34 +5,16 @@ whole configuration plans no changes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import kl_terraform_bin
+from tests.conftest import TRUNK_FILES, Workdir
 
 pytestmark = pytest.mark.terraform
 
-BACKEND = """terraform {{
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
-"""
 FILES = {
-    "variables.tf": 'variable "env" {\n  type    = string\n  default = "prod"\n}\n\n'
-                    'locals {\n  prefix = "${var.env}-app"\n}\n',
-    "network.tf": 'resource "terraform_data" "net" {\n  input = "${local.prefix}-net-v1"\n}\n',
-    "web.tf": 'resource "terraform_data" "web" {\n  count = 2\n'
-              '  input = "${local.prefix}-web-${count.index}-${terraform_data.net.output}"\n}\n',
+    **TRUNK_FILES,
     "db.tf": 'resource "terraform_data" "db" {\n  input = "${local.prefix}-db-v1"\n}\n\n'
              'resource "terraform_data" "db_backup" {\n  input = "backup"\n}\n\n'
              'output "db" {\n  value = terraform_data.db.output\n}\n',
@@ -44,50 +26,10 @@ FILES = {
 }
 
 
-class Repo:
-    def __init__(self, root: Path, url: str, env: dict[str, str]) -> None:
-        self.dir, self.url, self.env = root, url, env
-        root.mkdir(parents=True, exist_ok=True)
-
-    def write(self, name: str, text: str) -> None:
-        path = self.dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-
-    def edit(self, name: str, old: str, new: str) -> None:
-        text = (self.dir / name).read_text()
-        assert old in text, (name, old)
-        self.write(name, text.replace(old, new))
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(list(args), cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=180)
-        assert not check or proc.returncode == 0, proc.stdout + proc.stderr
-        return proc
-
-    def tf(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.run(kl_terraform_bin(), *args, check=check)
-
-    def kl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self.run(str(Path(sys.executable).with_name("kl")), *args, check=False)
-
-    def git(self, *args: str) -> None:
-        self.run("git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args)
-
-    def converged(self) -> None:
-        plan = self.tf("plan", "-detailed-exitcode", "-input=false", check=False)
-        assert plan.returncode == 0, "vanilla terraform plan shows changes:\n" + plan.stdout[-3000:] + plan.stderr
-
-
 @pytest.fixture
-def repo(live_server, tmp_path, terraform_factory):  # type: ignore[no-untyped-def]
-    env = dict(terraform_factory("home").env)
-    env.update(KL_DATA_DIR=str(tmp_path / "kl-data"), PATH=os.environ["PATH"], HOME=str(tmp_path))
-    r = Repo(tmp_path / "repo", live_server.state_url("files"), env)
-    r.write("backend.tf", BACKEND.format(url=r.url))
-    for name, text in FILES.items():
-        r.write(name, text)
-    r.tf("init", "-input=false")
-    r.tf("apply", "-auto-approve", "-input=false")
+def repo(live_server, workdir_factory):  # type: ignore[no-untyped-def]
+    r = workdir_factory("repo", live_server.state_url("files"))
+    r.seed(FILES)
     r.write(".gitignore", ".terraform/\n*.igplan\nkl-plan.json\n.terraform.lock.hcl\n")
     r.git("init", "-q")
     r.git("add", "-A")
@@ -98,11 +40,11 @@ def repo(live_server, tmp_path, terraform_factory):  # type: ignore[no-untyped-d
     return r
 
 
-def spec(repo: Repo, name: str = "kl-plan.igplan") -> dict:  # type: ignore[type-arg]
+def spec(repo: Workdir, name: str = "kl-plan.igplan") -> dict:  # type: ignore[type-arg]
     return json.loads((repo.dir / name).read_text())
 
 
-def plan_apply(repo: Repo, *plan_args: str, actor: str = "alice") -> dict:  # type: ignore[type-arg]
+def plan_apply(repo: Workdir, *plan_args: str, actor: str = "alice") -> dict:  # type: ignore[type-arg]
     planned = repo.kl("plan", *plan_args)
     assert planned.returncode == 0, planned.stdout + planned.stderr
     applied = repo.kl("apply", "kl-plan.igplan", "--actor", actor)
@@ -111,7 +53,7 @@ def plan_apply(repo: Repo, *plan_args: str, actor: str = "alice") -> dict:  # ty
     return spec(repo)
 
 
-def untrap(repo: Repo) -> None:
+def untrap(repo: Workdir) -> None:
     repo.write("trap.tf", FILES["trap.tf"])
 
 
@@ -248,12 +190,10 @@ def test_disjoint_file_scoped_applies_run_together_and_overlapping_ones_conflict
                '  provisioner "local-exec" {\n    command = "sleep 4"\n  }\n}\n')
     repo.write("slow_b.tf", 'resource "terraform_data" "b" {\n  input = "b1"\n'
                '  provisioner "local-exec" {\n    command = "sleep 4"\n  }\n}\n')
-    kl = str(Path(sys.executable).with_name("kl"))
     assert repo.kl("plan", "-f", "slow_a.tf", "--out", "a.igplan").returncode == 0
     assert repo.kl("plan", "-f", "slow_b.tf", "--out", "b.igplan").returncode == 0
     assert repo.kl("plan", "-f", "slow_a.tf", "--out", "a2.igplan").returncode == 0
-    procs = [subprocess.Popen([kl, "apply", plan, "--actor", actor], cwd=repo.dir, env=repo.env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    procs = [repo.kl_popen("apply", plan, "--actor", actor)
              for plan, actor in (("a.igplan", "alice"), ("b.igplan", "bob"))]
     import time
 

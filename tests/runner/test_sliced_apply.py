@@ -4,30 +4,16 @@ scenario vanilla Terraform over the whole configuration must see no changes (con
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import kl_terraform_bin
+from tests.conftest import Workdir, http_backend
 
 pytestmark = pytest.mark.terraform
-
-BACKEND = """terraform {{
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
-"""
 
 RESOURCES = """
 resource "terraform_data" "net" {{
@@ -53,55 +39,30 @@ output "web" {{
 """
 
 
-class Repo:
+class Repo(Workdir):
     """One engineer's checkout of the shared configuration."""
 
-    def __init__(self, root: Path, url: str, env: dict[str, str], name: str) -> None:
-        self.dir = root / name
-        self.dir.mkdir()
-        self.url = url
-        self.env = env
-
-    def write(self, net: str = "v1", web: str = "v1", db: str = "v1", web_cmd: str = "true",
-              db_cmd: str = "true") -> None:
-        (self.dir / "main.tf").write_text(BACKEND.format(url=self.url) + RESOURCES.format(
+    def configure(self, net: str = "v1", web: str = "v1", db: str = "v1", web_cmd: str = "true",
+                  db_cmd: str = "true") -> None:
+        self.write("main.tf", http_backend(self.url) + RESOURCES.format(
             net=net, web=web, db=db, web_cmd=web_cmd, db_cmd=db_cmd))
 
-    def tf(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([kl_terraform_bin(), *args], cwd=self.dir, env=self.env, capture_output=True,
-                              text=True, timeout=180)
-        assert not check or proc.returncode == 0, proc.stdout + proc.stderr
-        return proc
-
-    def kl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(Path(sys.executable).with_name("kl")), *args], cwd=self.dir, env=self.env,
-                              capture_output=True, text=True, timeout=180)
-
-    def kl_popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([str(Path(sys.executable).with_name("kl")), *args], cwd=self.dir, env=self.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def converged(self) -> None:
-        self.tf("init", "-input=false", "-reconfigure")
-        plan = self.tf("plan", "-detailed-exitcode", "-input=false", check=False)
-        assert plan.returncode == 0, "vanilla terraform plan shows changes:\n" + plan.stdout + plan.stderr
+    def converged(self, *, reinit: bool = True) -> None:
+        super().converged(reinit=reinit)
 
 
 @pytest.fixture
-def world(live_server, tmp_path, terraform_factory):  # type: ignore[no-untyped-def]
-    env = dict(terraform_factory("seed").env)
-    env["KL_DATA_DIR"] = str(tmp_path / "kl-data")
-    env["PATH"] = os.environ["PATH"]
+def world(live_server, tmp_path, workdir_env):  # type: ignore[no-untyped-def]
     url = live_server.state_url("shared")
-    seed = Repo(tmp_path, url, env, "trunk")
-    seed.write()
+    seed = Repo(tmp_path / "trunk", url, workdir_env)
+    seed.configure()
     seed.tf("init", "-input=false")
     seed.tf("apply", "-auto-approve", "-input=false")
-    return {"url": url, "root": tmp_path, "env": env, "server": live_server, "seed": seed}
+    return {"url": url, "root": tmp_path, "env": seed.env, "server": live_server, "seed": seed}
 
 
 def checkout(world, name: str) -> Repo:  # type: ignore[no-untyped-def]
-    return Repo(world["root"], world["url"], world["env"], name)
+    return Repo(world["root"] / name, world["url"], world["env"])
 
 
 def head(world) -> dict:  # type: ignore[type-arg,no-untyped-def]
@@ -119,7 +80,7 @@ def runs(world) -> list[dict]:  # type: ignore[type-arg,no-untyped-def]
 def test_plan_then_apply_commits_the_change_and_vanilla_terraform_converges(world):
     before = head(world)
     alice = checkout(world, "alice")
-    alice.write(db="v2")
+    alice.configure(db="v2")
     planned = alice.kl("plan")
     assert planned.returncode == 0, planned.stderr
     assert "replace  terraform_data.db" in planned.stdout and "write terraform_data.db" in planned.stdout
@@ -139,8 +100,8 @@ def test_plan_then_apply_commits_the_change_and_vanilla_terraform_converges(worl
 
 def test_two_disjoint_applies_run_at_the_same_time_and_both_commit(world):
     alice, bob = checkout(world, "alice"), checkout(world, "bob")
-    alice.write(web="v2", web_cmd="sleep 4")
-    bob.write(db="v2", db_cmd="sleep 4")
+    alice.configure(web="v2", web_cmd="sleep 4")
+    bob.configure(db="v2", db_cmd="sleep 4")
     assert alice.kl("plan").returncode == 0 and bob.kl("plan").returncode == 0
     # web feeds the root output "web": alice's run reserves it for writing, bob's (db only) does not.
     assert "output.web" in json.loads((alice.dir / "kl-plan.json").read_text())["write_globs"]
@@ -157,14 +118,14 @@ def test_two_disjoint_applies_run_at_the_same_time_and_both_commit(world):
     assert sorted([a["committed_serial"], b["committed_serial"]]) == [head(world)["serial"] - 1, head(world)["serial"]]
     assert inputs(world)["db"] == "db-v2" and inputs(world)["web"].startswith("web-v2")
     merged = checkout(world, "merged")
-    merged.write(web="v2", db="v2", web_cmd="sleep 4", db_cmd="sleep 4")
+    merged.configure(web="v2", db="v2", web_cmd="sleep 4", db_cmd="sleep 4")
     merged.converged()
 
 
 def test_overlapping_write_sets_conflict_with_exit_2(world):
     alice, carol = checkout(world, "alice"), checkout(world, "carol")
-    alice.write(web="v2", web_cmd="sleep 6")
-    carol.write(web="v3")
+    alice.configure(web="v2", web_cmd="sleep 6")
+    carol.configure(web="v3")
     assert alice.kl("plan").returncode == 0 and carol.kl("plan").returncode == 0
     first = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
     deadline = time.monotonic() + 30
@@ -180,8 +141,8 @@ def test_overlapping_write_sets_conflict_with_exit_2(world):
 
 def test_a_read_address_changed_by_another_run_after_planning_is_stale(world):
     alice, bob = checkout(world, "alice"), checkout(world, "bob")
-    alice.write(web="v2")          # web reads net
-    bob.write(net="v2")            # bob rewrites net (and so web's input would change: bob writes web too)
+    alice.configure(web="v2")          # web reads net
+    bob.configure(net="v2")            # bob rewrites net (and so web's input would change: bob writes web too)
     assert alice.kl("plan").returncode == 0
     spec = json.loads((alice.dir / "kl-plan.json").read_text())
     assert "terraform_data.net" in spec["read_set"]
@@ -197,9 +158,9 @@ def test_a_read_address_changed_by_another_run_after_planning_is_stale(world):
 
 def test_a_configuration_edited_after_planning_is_refused(world):
     alice = checkout(world, "alice")
-    alice.write(db="v2")
+    alice.configure(db="v2")
     assert alice.kl("plan").returncode == 0
-    alice.write(db="v2", web="sneaky")
+    alice.configure(db="v2", web="sneaky")
     refused = alice.kl("apply", "kl-plan.json", "--actor", "alice")
     assert refused.returncode == 2 and "changed since kl plan" in refused.stderr
     assert runs(world) == []
@@ -208,7 +169,7 @@ def test_a_configuration_edited_after_planning_is_refused(world):
 def test_a_failing_apply_commits_nothing_and_releases_its_reservations(world):
     before = head(world)
     alice = checkout(world, "alice")
-    alice.write(db="v2", db_cmd="exit 1")
+    alice.configure(db="v2", db_cmd="exit 1")
     assert alice.kl("plan").returncode == 0
     failed = alice.kl("apply", "kl-plan.json", "--actor", "alice")
     assert failed.returncode == 1, failed.stdout + failed.stderr
@@ -223,7 +184,7 @@ def test_a_failing_apply_commits_nothing_and_releases_its_reservations(world):
 def test_kill_9_leaves_the_run_until_its_lease_expires_then_the_addresses_are_free(world):
     before = head(world)
     alice = checkout(world, "alice")
-    alice.write(db="v2", db_cmd="sleep 60")
+    alice.configure(db="v2", db_cmd="sleep 60")
     assert alice.kl("plan").returncode == 0
     proc = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice", "--lease", "3s")
     deadline = time.monotonic() + 60
@@ -242,13 +203,13 @@ def test_kill_9_leaves_the_run_until_its_lease_expires_then_the_addresses_are_fr
 
 def test_vanilla_terraform_and_kl_apply_block_each_other(world):
     alice, vanilla = checkout(world, "alice"), checkout(world, "vanilla")
-    alice.write(db="v2", db_cmd="sleep 6")
+    alice.configure(db="v2", db_cmd="sleep 6")
     assert alice.kl("plan").returncode == 0
     running = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not any(r["status"] in ("reserved", "running") for r in runs(world)):
         time.sleep(0.2)
-    vanilla.write(db="v2")
+    vanilla.configure(db="v2")
     vanilla.tf("init", "-input=false")
     blocked = vanilla.tf("apply", "-auto-approve", "-input=false", check=False)
     assert blocked.returncode != 0 and "alice" in blocked.stdout + blocked.stderr
@@ -256,10 +217,10 @@ def test_vanilla_terraform_and_kl_apply_block_each_other(world):
     assert running.returncode == 0
     # and the other way round: while Terraform holds the lock, kl apply conflicts
     holder = checkout(world, "holder")
-    holder.write(db="v2", net="v9", db_cmd="true")
+    holder.configure(db="v2", net="v9", db_cmd="true")
     holder.tf("init", "-input=false")
     bob = checkout(world, "bob")
-    bob.write(web="v5", db="v2")
+    bob.configure(web="v5", db="v2")
     assert bob.kl("plan").returncode == 0
     lock = requests.request("LOCK", world["url"], timeout=10, data=json.dumps({
         "ID": "vanilla-lock", "Operation": "OperationTypeApply", "Who": "vera@laptop",
@@ -274,7 +235,7 @@ def test_vanilla_terraform_and_kl_apply_block_each_other(world):
 def test_recover_commits_the_state_an_apply_left_behind_when_it_failed_halfway(world):
     before = head(world)
     alice = checkout(world, "alice")
-    alice.write(db="v2", web="v2", web_cmd="exit 1")
+    alice.configure(db="v2", web="v2", web_cmd="exit 1")
     assert alice.kl("plan").returncode == 0
     failed = alice.kl("apply", "kl-plan.json", "--actor", "alice")
     assert failed.returncode == 1
@@ -294,8 +255,8 @@ def test_recover_commits_the_state_an_apply_left_behind_when_it_failed_halfway(w
 
 def test_applies_planned_on_the_same_trunk_both_land_one_after_another(world):
     alice, bob = checkout(world, "alice"), checkout(world, "bob")
-    alice.write(web="v2")
-    bob.write(db="v2")
+    alice.configure(web="v2")
+    bob.configure(db="v2")
     assert alice.kl("plan").returncode == 0 and bob.kl("plan").returncode == 0
     first = alice.kl("apply", "kl-plan.json", "--actor", "alice")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -304,7 +265,7 @@ def test_applies_planned_on_the_same_trunk_both_land_one_after_another(world):
     assert second.returncode == 0, second.stdout + second.stderr
     assert inputs(world)["db"] == "db-v2" and inputs(world)["web"].startswith("web-v2")
     merged = checkout(world, "merged")
-    merged.write(web="v2", db="v2")
+    merged.configure(web="v2", db="v2")
     merged.converged()
 
 
@@ -312,13 +273,13 @@ def test_vanilla_terraform_applies_on_top_of_kl_commits_and_its_post_is_accepted
     """A commit stores no bytes: Terraform's next GET gets the head assembled from the rows, and the POST
     of its own apply on top of it (same lineage, next serial) is accepted."""
     alice = checkout(world, "alice")
-    alice.write(db="v2")
+    alice.configure(db="v2")
     assert alice.kl("plan").returncode == 0
     applied = alice.kl("apply", "kl-plan.json", "--actor", "alice")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     committed = head(world)
     carol = checkout(world, "carol")
-    carol.write(db="v2", net="v2")
+    carol.configure(db="v2", net="v2")
     carol.tf("init", "-input=false")
     carol.tf("apply", "-auto-approve", "-input=false")
     after = head(world)

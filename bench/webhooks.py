@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "webhooks"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "webhooks"
 SECRET = "It's a Secret to Everybody"
 REPO = "Codertocat/Hello-World"
 HEAD_SHA = "ec26c3e57ca3a959ca5aad62de7213c562f8c821"

@@ -9,14 +9,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.fakecloud.provider import HOST, NAMESPACE, SOURCE, TYPE, VERSION
+from bench.fakecloud.provider import HOST, NAMESPACE, SOURCE, TYPE, VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 
 _SCRIPT = """#!{python}
 import sys
 sys.path.insert(0, {repo!r})
-from tests.fakecloud.provider import main
+from bench.fakecloud.provider import main
 main()
 """
 

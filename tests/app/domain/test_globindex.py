@@ -82,3 +82,22 @@ def test_intersecting_globs_share_a_root_or_one_is_everything(a: Glob, b: Glob) 
     ra, rb = glob_root(canonical(a)), glob_root(canonical(b))
     if intersects(a, b):
         assert ra == rb or "*" in (ra, rb)
+
+
+def test_the_index_keeps_every_payload_and_tells_keyless_steps_apart() -> None:
+    held = [("module.web.*", "any-key"), ("module.web.x.y", "no-key"), ('module.web["a"].x.y', "key-a"),
+            ("module.web.*", "any-key-again"), ("*", "all"), ("output.url", "out")]
+    index = GlobIndex((parse_glob(text), payload) for text, payload in held)
+    assert len(index) == 6
+
+    def met(query: str) -> set[str]:
+        return {payload for _, payload in index.meeting(parse_glob(query))}
+
+    assert met('module.web["a"].x.y') == {"any-key", "any-key-again", "key-a", "all"}
+    assert met("module.web.x.y") == {"any-key", "any-key-again", "no-key", "all"}
+    assert met('module.web["b"].x.y') == {"any-key", "any-key-again", "all"}
+    assert met("module.webapp.x.y") == {"all"}
+    assert met("output.*") == {"out", "all"}
+    assert met("output.other") == {"all"}
+    assert met("*") == {payload for _, payload in held}
+    assert not GlobIndex[str]().any_meeting(parse_glob("*"))

@@ -22,16 +22,8 @@ from pathlib import Path
 
 import requests
 
-BACKEND = """terraform {{
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-    lock_method    = "LOCK"
-    unlock_method  = "UNLOCK"
-  }}
-}}
-"""
+from bench.common import http_backend
+
 MODULE = ('variable "name" {\n  type = string\n}\n\nresource "terraform_data" "x" {\n  input = "${var.name}-MOD"\n}\n\n'
           'output "out" {\n  value = terraform_data.x.output\n}\n')
 EDITS = ("keys", "tag", "n", "a_literal", "b_literal", "c_literal", "module_body", "rename_b", "new_consumer")
@@ -144,7 +136,7 @@ class Case:
         return proc
 
     def _write(self, config: Config) -> None:
-        for live, backend in ((self.live, BACKEND.format(url=self.url)), (self.vanilla, None)):
+        for live, backend in ((self.live, http_backend(self.url)), (self.vanilla, None)):
             for old in live.glob("*.tf*"):
                 old.unlink()
             live.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The ``fakecloud`` Terraform provider (written with PyPI's ``tf`` framework) over ``tests.fakecloud.cloud``.
+"""The ``fakecloud`` Terraform provider (written with PyPI's ``tf`` framework) over ``bench.fakecloud.cloud``.
 
 Resources ``fakecloud_bucket`` (a sensitive ``secret``, computed ``id``/``arn``/``region``) and
 ``fakecloud_queue`` (references a bucket by name), data source ``fakecloud_bucket``; the provider's
@@ -27,7 +27,7 @@ from tf.iface import (
 from tf.runner import run_provider
 from tf.utils import Diagnostics
 
-from tests.fakecloud.cloud import Cloud, CloudError
+from bench.fakecloud.cloud import Cloud, CloudError
 
 HOST, NAMESPACE, TYPE, VERSION = "kilolock.test", "kilolock", "fakecloud", "0.1.0"
 SOURCE = f"{HOST}/{NAMESPACE}/{TYPE}"
@@ -67,9 +67,31 @@ class FakeCloudProvider(tfp.Provider):
         return [Bucket, Queue]
 
 
+_COMPUTED = [
+    schema.Attribute("id", types.String(), computed=True),
+    schema.Attribute("arn", types.String(), computed=True),
+    schema.Attribute("region", types.String(), computed=True),
+]
+
+
 class _Object(tfp.Resource):
+    """A named object of one ``kind`` in the cloud; ``fields`` are stored, ``attributes`` are their schema."""
+
     kind = ""
     fields: tuple[str, ...] = ()
+    attributes: tuple[schema.Attribute, ...] = ()
+
+    @classmethod
+    def get_name(cls) -> str:
+        return cls.kind
+
+    @classmethod
+    def get_schema(cls) -> schema.Schema:
+        return schema.Schema(attributes=[
+            schema.Attribute("name", types.String(), required=True, requires_replace=True),
+            *cls.attributes,
+            *_COMPUTED,
+        ])
 
     def __init__(self, provider: FakeCloudProvider) -> None:
         self.provider = provider
@@ -112,48 +134,23 @@ class _Object(tfp.Resource):
         self.provider.cloud.delete(current.get("region") or self.provider.region, self.kind, current["name"])
 
 
-_COMPUTED = [
-    schema.Attribute("id", types.String(), computed=True),
-    schema.Attribute("arn", types.String(), computed=True),
-    schema.Attribute("region", types.String(), computed=True),
-]
-
-
 class Bucket(_Object):
     kind = "bucket"
     fields = ("size", "labels", "secret")
-
-    @classmethod
-    def get_name(cls) -> str:
-        return "bucket"
-
-    @classmethod
-    def get_schema(cls) -> schema.Schema:
-        return schema.Schema(attributes=[
-            schema.Attribute("name", types.String(), required=True, requires_replace=True),
-            schema.Attribute("size", types.Number(), optional=True),
-            schema.Attribute("labels", types.Map(types.String()), optional=True),
-            schema.Attribute("secret", types.String(), optional=True, sensitive=True),
-            *_COMPUTED,
-        ])
+    attributes = (
+        schema.Attribute("size", types.Number(), optional=True),
+        schema.Attribute("labels", types.Map(types.String()), optional=True),
+        schema.Attribute("secret", types.String(), optional=True, sensitive=True),
+    )
 
 
 class Queue(_Object):
     kind = "queue"
     fields = ("bucket", "delay")
-
-    @classmethod
-    def get_name(cls) -> str:
-        return "queue"
-
-    @classmethod
-    def get_schema(cls) -> schema.Schema:
-        return schema.Schema(attributes=[
-            schema.Attribute("name", types.String(), required=True, requires_replace=True),
-            schema.Attribute("bucket", types.String(), required=True),
-            schema.Attribute("delay", types.Number(), optional=True),
-            *_COMPUTED,
-        ])
+    attributes = (
+        schema.Attribute("bucket", types.String(), required=True),
+        schema.Attribute("delay", types.Number(), optional=True),
+    )
 
     def _check(self, ctx: CreateContext | UpdateContext, planned: State) -> bool:
         if self.provider.cloud.get(self.provider.region, "bucket", planned["bucket"]) is None:

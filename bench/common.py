@@ -1,0 +1,225 @@
+"""What every benchmark shares: the option parser, the machine description, the Markdown section writer, the
+report helpers, clean stops on signals, and the guard every timing shim goes through.
+
+Timing shims wrap a product function by name to time it. When that function moves or is renamed, a shim
+that skipped it would time nothing and report a phase as zero; ``shim_target`` raises ``ShimError``
+instead, naming the function, so the bench stops and says which of its shims to point elsewhere. Shims
+that run inside a ``kl`` subprocess (``python -c SHIM``) import it through ``SHIM_IMPORT``.
+
+Only the standard library at import time: a subprocess shim imports this module while it is being timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_OUT = Path("docs/benchmarks.md")
+NEW_DOCUMENT = ("# Benchmarks\n\nMeasured performance of Kilolock, one section per lane. Each section says "
+                "which script produced it, on what machine, with which command.\n")
+
+
+class BenchError(Exception):
+    """The benchmark cannot produce honest numbers (an HTTP error, a wrong projection)."""
+
+
+class ShimError(BenchError):
+    """A timing shim's target is gone: the product function moved or was renamed."""
+
+
+# --- the option parser ----------------------------------------------------------------------------
+
+
+def bench_parser(module: str, doc: str, *, section: str, default_out: Path = DEFAULT_OUT,
+                 quick_help: str | None = None, json_help: str | None = "also dump the raw measurements as JSON here",
+                 out_help: str | None = None, database_help: str | None = None) -> argparse.ArgumentParser:
+    """The options benchmarks share: --quick, --out, --json and --database-url. A bench without a quick mode or
+    a JSON dump passes ``quick_help=None`` / ``json_help=None``; ``out_help`` and ``database_help`` replace the
+    default help texts."""
+    p = argparse.ArgumentParser(prog=f"python -m bench.{module}", description=doc.split("\n\n")[0])
+    if quick_help is not None:
+        p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--out", type=Path, default=None,
+                   help=out_help or f"Markdown file whose '{section}' section is replaced (default: {default_out} "
+                                    "for a full run, nothing for --quick)")
+    if json_help is not None:
+        p.add_argument("--json", type=Path, default=None, help=json_help)
+    p.add_argument("--database-url", default=os.environ.get("KL_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL),
+                   help=database_help or "Postgres server to create the scratch database on (default: %(default)s)")
+    return p
+
+
+def out_path(args: argparse.Namespace, default: Path = DEFAULT_OUT) -> Path | None:
+    """Where a run writes its section: ``--out``, else ``default`` for a full run and nowhere for ``--quick``."""
+    out: Path | None = args.out
+    if out is None and not getattr(args, "quick", False):
+        out = default
+    return out
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """The command that repeats this run, as its results section records it."""
+    return shlex.join([".venv/bin/python", "-m", f"bench.{module}", *(sys.argv[1:] if argv is None else argv)])
+
+
+def start_run(args: argparse.Namespace, module: str, argv: Sequence[str] | None) -> tuple[Path | None, str]:
+    """Begin a run: stop cleanly on signals from now on; return where it writes its section (``out_path``) and
+    the command that repeats it (``command_line``)."""
+    stop_cleanly_on_signals()
+    return out_path(args), command_line(module, argv)
+
+
+def log(msg: str) -> None:
+    """Progress for the person running the bench: stderr, so stdout stays the report."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_cleanly_on_signals() -> None:
+    """Turn SIGTERM (and SIGINT, even when a shell started the benchmark in the background with it
+    ignored) into KeyboardInterrupt, so the scratch database and directories are always removed."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    """``url`` pointing at the database ``dbname`` instead."""
+    import psycopg
+
+    return psycopg.conninfo.make_conninfo(url, dbname=dbname)
+
+
+def http_backend(url: str) -> str:
+    """A ``terraform`` block pointing Terraform's http backend (and its lock) at a Kilolock state URL."""
+    return (f'terraform {{\n  backend "http" {{\n    address        = "{url}"\n    lock_address   = "{url}"\n'
+            f'    unlock_address = "{url}"\n    lock_method    = "LOCK"\n    unlock_method  = "UNLOCK"\n  }}\n}}\n')
+
+
+# --- the machine description -----------------------------------------------------------------------
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def machine_info(server_url: str) -> list[tuple[str, str]]:
+    """Cores, memory, Python, Postgres and its durability settings, library versions, OS, load average and the
+    git revision measured: the rows every results section records."""
+    import psycopg
+    import requests
+    from psycopg import sql
+
+    mem = ""
+    try:
+        for ln in Path("/proc/meminfo").read_text().splitlines():
+            if ln.startswith("MemTotal:"):
+                mem = f"{int(ln.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        mem = "unknown"
+    model = ""
+    try:
+        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+        settings = {k: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(k))).fetchone()
+                    for k in ("shared_buffers", "synchronous_commit", "fsync")}
+    pg = f"{version[0] if version else '?'} (" + ", ".join(f"{k}={v[0] if v else '?'}"
+                                                          for k, v in settings.items()) + ")"
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        revision = head + (" with uncommitted changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        revision = "unknown"
+    return [
+        ("CPU cores (os.cpu_count())", f"{os.cpu_count()}" + (f" ({model})" if model else "")),
+        ("Memory (MemTotal)", mem),
+        ("Python", f"{platform.python_version()} ({platform.python_implementation()})"),
+        ("Postgres (SHOW server_version)", pg),
+        ("psycopg / requests", f"{psycopg.__version__} / {requests.__version__}"),
+        ("OS", platform.platform()),
+        ("Load average at start", load_average()),
+        ("Code (git)", revision),
+    ]
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+
+def ms(seconds: float) -> str:
+    value = seconds * 1e3
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table (readable as plain text too)."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def write_section(path: Path, title: str, section: str) -> None:
+    """Replace the section headed ``title`` (``## …``, up to the next ``## `` heading) in ``path``, or append it;
+    every other section stays as it is. A missing document is started with its title."""
+    doc = path.read_text() if path.exists() else NEW_DOCUMENT
+    pattern = re.compile(rf"^{re.escape(title)}[ \t]*\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(doc):
+        doc = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", doc, count=1)
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(doc.rstrip("\n") + "\n")
+
+
+# --- timing shims ----------------------------------------------------------------------------------
+
+
+def _owner_name(owner: object) -> str:
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return str(getattr(owner, "__name__", type(owner).__name__))
+
+
+def shim_target(owner: object, attr: str) -> Any:
+    """The function a timing shim is about to wrap, or ``ShimError`` when ``owner`` has no callable ``attr``
+    any more (the product moved or renamed it): a shim never times nothing in silence."""
+    found = getattr(owner, attr, None)
+    if not callable(found):
+        raise ShimError(f"timing shim: {_owner_name(owner)}.{attr} is gone (moved or renamed?); point the bench's "
+                        "shim at the function's new home")
+    return found
+
+
+# Source lines for shims run as ``python -c SHIM`` in a kl subprocess: make ``shim_target`` importable there.
+SHIM_IMPORT = f"import sys as _sys\n_sys.path.insert(0, {str(REPO)!r})\nfrom bench.common import shim_target\n"

@@ -39,7 +39,7 @@ from runner.botconfig import BotConfigError, load
 from runner.config import ClientConfigError
 from runner.drift import DriftRequest, check_drift
 from runner.engine_client import EngineError
-from runner.plan import KlExit
+from runner.errors import KlExit
 
 log = logging.getLogger("kilolock.drift")
 DRIFT_CHECK = "kilolock/drift"

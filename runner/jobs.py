@@ -58,8 +58,8 @@ from runner.comments import (
     preview_from_json,
     to_json,
 )
+from runner.errors import Conflict
 from runner.filescoped import ScopedFootprint
-from runner.plan import KlExit
 
 log = logging.getLogger("kilolock.jobs")
 
@@ -395,7 +395,7 @@ def _wait_for_earlier_merges(ctx: _Context, root: Any, repo: str, sha: str, stat
         if not blocking:
             return max(deadline - time.monotonic(), 0.0)
         if time.monotonic() >= deadline:
-            raise KlExit(2, "an earlier merge that overlaps this one has not finished applying (job "
+            raise Conflict("an earlier merge that overlaps this one has not finished applying (job "
                             f"{blocking[0].id}); applying now could undo it")
         log.info("apply of %s waits for earlier merge job(s): %s", sha[:12], ", ".join(j.id for j in blocking))
         time.sleep(POLL_SECONDS)

@@ -8,7 +8,6 @@ client command never loads them.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
@@ -24,6 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from app.config import AuthMode, Settings
     from app.web import create_app, resolve_database_url
+    from app.web.exposure import is_loopback
 
     settings = Settings.from_env()
     if args.allow_open_on_network:
@@ -221,15 +221,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
     print(f"{verb} the raw bytes of {report.versions} versions in {report.states} states "
           f"({report.bytes:,} bytes); rule: versions {policy.describe()}")
     return EXIT_OK
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def port_free(host: str, port: int, what: str) -> None:

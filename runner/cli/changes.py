@@ -12,6 +12,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from app.domain.reservations import DEFAULT_LEASE
 from runner.cli.support import (
     EXIT_OK,
     Commands,
@@ -304,7 +305,7 @@ def register(sub: Commands) -> None:
     apply.add_argument("--wait", type=parse_duration, metavar="DURATION",
                        help="wait up to this long for conflicting reservations (default: fail fast)")
     apply.add_argument("--dry-run", action="store_true", help="reserve, report and release; change nothing")
-    apply.add_argument("--lease", type=parse_duration, default=900.0, metavar="DURATION",
+    apply.add_argument("--lease", type=parse_duration, default=DEFAULT_LEASE.total_seconds(), metavar="DURATION",
                        help="reservation lease, renewed while Terraform runs (default 15m)")
     apply.add_argument("-var", "--var", action="append", metavar="NAME=VALUE",
                        help="a sensitive variable's value again (not stored in the plan file)")

@@ -56,7 +56,6 @@ EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
 )
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     # Every subparser is a KlArgumentParser (usage errors exit 3 with the subcommand's own usage).
     parser = KlArgumentParser(prog="kl", description="Kilolock: Terraform state as rows, applied in parallel.")

@@ -174,7 +174,8 @@ SHIM = r'''
 import time
 _W0 = time.time()
 import gc, json, os, sys, functools
-import runner.cli, runner.config, runner.engine_client, runner.filescoped, runner.plan, runner.spec
+import runner.cli, runner.cli.changes, runner.cli.support
+import runner.config, runner.engine_client, runner.filescoped, runner.plan, runner.spec
 _W1 = time.time()
 ''' + common.SHIM_IMPORT + r'''_totals = {"imports": _W1 - _W0}
 _stack = []
@@ -205,13 +206,13 @@ def _on_gc(phase, info):
         _gc["t"] = None
 gc.callbacks.append(_on_gc)
 
-fs, pl, cli = runner.filescoped, runner.plan, runner.cli
+fs, pl, cli = runner.filescoped, runner.plan, runner.cli.changes
 _wrap(cli, "cmd_plan", "write the artifact, print the summary")
 _wrap(runner.spec.PlanSpec, "to_json", "write the artifact, print the summary")
 _wrap(pl, "summary", "write the artifact, print the summary")
 _wrap(cli, "_plan_spec", "other (between the phases)")
-_wrap(cli, "resolve", "resolve the server (backend.tf)")
-_wrap(cli, "_terraform_context", "find terraform")
+_wrap(runner.cli.support, "resolve", "resolve the server (backend.tf)")
+_wrap(cli, "terraform_context", "find terraform")
 _wrap(cli, "_selection", "other (between the phases)")
 _wrap(fs, "plan_files", "other (between the phases)")
 _wrap(fs, "read_configuration", "read every .tf file")

@@ -180,7 +180,8 @@ SHIM = r'''
 import time
 _W0 = time.time()
 import json, os, sys, functools, contextlib
-import runner.cli, runner.apply, runner.plan, runner.workspace, runner.engine_client, runner.spec
+import runner.cli, runner.cli.changes, runner.cli.support
+import runner.apply, runner.plan, runner.workspace, runner.engine_client, runner.spec
 _W1 = time.time()
 ''' + common.SHIM_IMPORT + r'''_spans = [("imports", _W0, _W1)]
 
@@ -199,8 +200,8 @@ def _tf_label(binary, args, **kwargs):
     sub = next((a for a in args if not a.startswith("-")), "?")
     return "terraform " + sub
 
-_wrap(runner.cli, "resolve", "read plan file, resolve server (HCL parse), find terraform")
-_wrap(runner.cli, "_terraform_context", "read plan file, resolve server (HCL parse), find terraform")
+_wrap(runner.cli.support, "resolve", "read plan file, resolve server (HCL parse), find terraform")
+_wrap(runner.cli.changes, "terraform_context", "read plan file, resolve server (HCL parse), find terraform")
 _wrap(runner.spec.PlanSpec, "load", "read plan file, resolve server (HCL parse), find terraform")
 _wrap(runner.apply, "check_spec", "check_spec (config hash, pinned inputs)")
 _wrap(runner.engine_client.EngineClient, "open_run", "open run (reserve)")

@@ -24,10 +24,10 @@ from analyzer.state import ParsedState, parse_state
 from app.domain.commit import commit_delta, parse_globs, unreserved_read
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
 from runner import workspace
-from runner.cli_support import counts_line
+from runner.counts import counts_line
 from runner.engine_client import EngineClient, EngineError
+from runner.errors import REFUSALS, RUN_LOST, EngineCode, Failed, InvalidInput, KlExit, StalePlan, refusal
 from runner.plan import (
-    KlExit,
     TerraformContext,
     described_part,
     fetch_snapshot,
@@ -36,8 +36,6 @@ from runner.plan import (
     var_flags,
 )
 from runner.spec import PlanSpec
-
-CONFLICT_CODES = {"reservation_conflict", "stale_plan", "wait_ticket_expired"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +57,9 @@ class Prepared:
     slice_addresses: list[str]
 
 
+# Where a command's account of what it did goes (the TerraformContext's echo).
+Echo = Callable[[str], None]
+
 # Builds the run's workspace under the given directory (it must not exist yet).
 Builder = Callable[[Path], Prepared]
 
@@ -74,26 +75,26 @@ class ApplyOutcome:
 def check_spec(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplied: Mapping[str, str]) -> None:
     """Refuse (exit 2: re-plan) when the configuration or the pinned inputs moved since kl plan."""
     if workspace.config_hash(config_dir) != spec.config_hash:
-        raise KlExit(2, f"the configuration in {config_dir} changed since kl plan: re-run kl plan")
+        raise StalePlan(f"the configuration in {config_dir} changed since kl plan: re-run kl plan")
     pinned_env = {v.name for v in spec.variables if v.kind == "env"}
     for key in sorted(k for k in env if k.startswith("TF_VAR_") and k not in pinned_env):
-        raise KlExit(2, f"{key} is set but was not when kl plan ran: re-run kl plan")
+        raise StalePlan(f"{key} is set but was not when kl plan ran: re-run kl plan")
     for var in spec.variables:
         if var.kind in ("var-file", "auto-var-file"):
             path = Path(var.name)
             if not path.is_file() or workspace.file_hash(path) != var.sha256:
-                raise KlExit(2, f"{var.name} changed or vanished since kl plan (the variable values differ): "
+                raise StalePlan(f"{var.name} changed or vanished since kl plan (the variable values differ): "
                                 "re-run kl plan")
         elif var.kind == "env":
             if hashlib.sha256(env.get(var.name, "").encode()).hexdigest() != var.sha256:
-                raise KlExit(2, f"{var.name} differs from what kl plan saw: re-run kl plan")
+                raise StalePlan(f"{var.name} differs from what kl plan saw: re-run kl plan")
         elif var.value is None:
             given = supplied.get(var.name)
             if given is None:
-                raise KlExit(3, f"variable {var.name} is sensitive and not stored in the plan file: pass it "
+                raise InvalidInput(f"variable {var.name} is sensitive and not stored in the plan file: pass it "
                                 f"again with -var {var.name}=... or TF_VAR_{var.name}")
             if hashlib.sha256(given.encode()).hexdigest() != var.sha256:
-                raise KlExit(2, f"variable {var.name} differs from what kl plan used: re-run kl plan")
+                raise StalePlan(f"variable {var.name} differs from what kl plan used: re-run kl plan")
 
 
 class Heartbeat:
@@ -118,7 +119,7 @@ class Heartbeat:
             try:
                 self._client.run_action(self._run_id, "renew", {"holder": self._holder})
             except EngineError as exc:
-                if exc.code in ("lease_expired", "run_closed", "not_run_holder", "run_not_found"):
+                if exc.code in RUN_LOST:
                     self.lost = str(exc)
                     self._echo(f"kl: LOST the reservations of {self._run_id}: {exc}. Nothing will be committed.")
                     return
@@ -179,8 +180,8 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
             info={"config_hash": spec.config_hash, "dry_run": options.dry_run},
         )
     except EngineError as exc:
-        if exc.code in CONFLICT_CODES:
-            raise KlExit(2, str(exc)) from exc
+        if exc.code in REFUSALS:
+            raise refusal(exc.code)(str(exc)) from exc
         raise
     run_id = opened["run"]["id"]
     echo(f"reserved for run {run_id} ({options.actor}):")
@@ -217,7 +218,7 @@ def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, buil
             message = (f"the re-plan over the trunk slice differs from kl-plan.json (new: {extra[:10]}, gone: "
                        f"{missing[:10]}); nothing was applied: re-run kl plan")
             _fail(client, run_id, holder, message)
-            raise KlExit(2, message)
+            raise StalePlan(message)
         client.run_action(run_id, "running", {"holder": holder})
         echo(f"applying {len(spec.write_set)} change(s)...")
         try:
@@ -230,11 +231,11 @@ def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, buil
             _fail(client, run_id, holder, str(exc))
             kept = (f"\nthe partial post-apply state is kept in {where}: if Terraform changed real infrastructure, "
                     f"kl recover {run_id} commits it") if where else ""
-            raise KlExit(1, f"{exc}\nnothing was committed; the trunk is unchanged{kept}") from exc
+            raise Failed(f"{exc}\nnothing was committed; the trunk is unchanged{kept}") from exc
         result = ws.read_state() or b""
         if spec.refresh:
             result = _written_rows_only(result, slice_raw, spec)
-        return _commit(client, spec, options, run_id, heartbeat, result, slice_raw, slice_addresses)
+        return _commit(client, spec, options, run_id, heartbeat, result, slice_raw, slice_addresses, echo)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -250,12 +251,12 @@ def _written_rows_only(result: bytes, slice_raw: bytes | None, spec: PlanSpec) -
 
 
 def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id: str, heartbeat: Heartbeat,
-            result: bytes, slice_raw: bytes | None, slice_addresses: list[str]) -> ApplyOutcome:
+            result: bytes, slice_raw: bytes | None, slice_addresses: list[str], echo: Echo) -> ApplyOutcome:
     holder = options.actor
     parsed = parse_state(result)
     before = parse_state(slice_raw) if slice_raw else None
     if not isinstance(parsed, ParsedState):
-        raise KlExit(1, "terraform left no readable state behind; nothing was committed")
+        raise Failed("terraform left no readable state behind; nothing was committed")
     base = {(r.address, r.deposed): r.attributes_hash for r in before.instances} \
         if isinstance(before, ParsedState) else {}
     delta = commit_delta(base, parsed.instances, slice_addresses,
@@ -266,25 +267,24 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
                   if surprise else f"the reservations were lost during the apply: {heartbeat.lost}")
         where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, reason)
         _fail(client, run_id, holder, reason)
-        raise KlExit(1, f"{reason}; nothing was committed; the post-apply state is kept in {where}: run "
+        raise Failed(f"{reason}; nothing was committed; the post-apply state is kept in {where}: run "
                         f"kl recover {run_id} to commit it")
     try:
         answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses,
                                prune_outputs=spec.mode == "full")
     except EngineError as exc:
         where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, str(exc))
-        if exc.code not in ("lease_expired", "run_closed"):
+        if exc.code not in (EngineCode.LEASE_EXPIRED, EngineCode.RUN_CLOSED):
             _fail(client, run_id, holder, str(exc))
-        code = 2 if exc.code in CONFLICT_CODES else 1
-        raise KlExit(code, f"commit refused: {exc}\nthe post-apply state is kept in {where}: run kl recover "
+        raise refusal(exc.code)(f"commit refused: {exc}\nthe post-apply state is kept in {where}: run kl recover "
                            f"{run_id} to commit it (the infrastructure already changed; do not re-apply)") from exc
     serial = answer["commit"]["serial"]
     ctx_line = f"committed at serial {serial} (run {run_id})" if serial is not None else \
         f"nothing changed on the trunk (run {run_id})"
     c = answer["commit"]
     # Counted as Terraform counts them (a replace is one added and one destroyed), from the plan's actions.
-    print(f"apply complete: {counts_line(spec.actions)}")
-    print(ctx_line)
+    echo(f"apply complete: {counts_line(spec.actions)}")
+    echo(ctx_line)
     return ApplyOutcome(run_id, serial, tuple(c["addresses"]), _rows(c))
 
 
@@ -292,7 +292,7 @@ def _rows(commit: Mapping[str, Any]) -> dict[str, int]:
     return {k: int(commit.get(k) or 0) for k in ("created", "updated", "deleted")}
 
 
-def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None) -> ApplyOutcome:
+def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None, echo: Echo) -> ApplyOutcome:
     """Commit the post-apply state kept for a run: through the run itself while it is live, else
     through a new run holding the same reservations and checked against the same base serial."""
     where = data_dir / "runs" / run_id
@@ -300,7 +300,7 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
         meta = json.loads((where / "recovery.json").read_text())
         result = (where / "terraform.tfstate").read_bytes()
     except FileNotFoundError as exc:
-        raise KlExit(3, f"nothing kept for {run_id} in {where}") from exc
+        raise InvalidInput(f"nothing kept for {run_id} in {where}") from exc
     holder = meta["holder"]
     target = run_id
     status = client.get_run(run_id)["run"]["status"]
@@ -311,14 +311,14 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
                 (r["glob"], r["mode"]) for r in meta["reservations"]], base_serial=meta["base_serial"],
                 info={"recovers": run_id})
         except EngineError as exc:
-            raise KlExit(2 if exc.code in CONFLICT_CODES else 1, f"cannot recover {run_id}: {exc}") from exc
+            raise refusal(exc.code)(f"cannot recover {run_id}: {exc}") from exc
         target = opened["run"]["id"]
     try:
         answer = client.commit(target, holder=holder, state=json.loads(result),
                                slice_addresses=meta["slice_addresses"], prune_outputs=meta.get("prune_outputs", True))
     except EngineError as exc:
-        raise KlExit(2 if exc.code in CONFLICT_CODES else 1, f"recovery commit refused: {exc}") from exc
+        raise refusal(exc.code)(f"recovery commit refused: {exc}") from exc
     shutil.rmtree(where, ignore_errors=True)
     serial = answer["commit"]["serial"]
-    print(f"recovered {run_id}: committed at serial {serial} (run {target})")
+    echo(f"recovered {run_id}: committed at serial {serial} (run {target})")
     return ApplyOutcome(target, serial, tuple(answer["commit"]["addresses"]), _rows(answer["commit"]))

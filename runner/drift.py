@@ -25,11 +25,11 @@ from analyzer.globs import Glob, GlobError, GlobKind, matches, parse_glob
 from analyzer.state import ParsedState, parse_state
 from app.domain.reservations import DEFAULT_LEASE
 from runner import workspace
-from runner.apply import CONFLICT_CODES, Heartbeat
+from runner.apply import Heartbeat
 from runner.engine_client import EngineClient, EngineError
+from runner.errors import REFUSALS, Conflict, EngineCode, Failed, InvalidInput, refusal
 from runner.plan import (
     PLAN_FILE,
-    KlExit,
     TerraformContext,
     described_part,
     fetch_rows,
@@ -37,8 +37,6 @@ from runner.plan import (
     init,
     terraform,
 )
-
-EXIT_CLEAN, EXIT_FAILED, EXIT_DRIFTED = 0, 1, 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +111,14 @@ def target_addresses(globs: Sequence[str]) -> tuple[str, ...]:
 
 
 def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
-    """The globs a check covers. Raises KlExit(3) for a bad glob or a footprint that fails closed."""
+    """The globs a check covers. Raises InvalidInput for a bad glob or a footprint that fails closed."""
     if request.files and request.targets:
-        raise KlExit(3, "give either -f files or --target globs, not both")
+        raise InvalidInput("give either -f files or --target globs, not both")
     if request.targets:
         try:
             globs = tuple(sorted({str(parse_glob(t)) for t in request.targets}))
         except GlobError as exc:
-            raise KlExit(3, f"--target: {exc}") from exc
+            raise InvalidInput(f"--target: {exc}") from exc
         return Scope(checked=globs, read=(), targets=target_addresses(globs))
     if not request.files:
         return Scope(checked=("*",), read=(), targets=())
@@ -143,7 +141,7 @@ def fetch(client: EngineClient, state: str, scope: Scope) -> Slice:
     if scope.footprint is not None:
         snapshot = described_part(snapshot, scope.described)
     if snapshot.raw is None or snapshot.parsed is None:
-        raise KlExit(3, f"state {state!r} has no versions yet: there is nothing to check")
+        raise InvalidInput(f"state {state!r} has no versions yet: there is nothing to check")
     return Slice(snapshot.raw, snapshot.parsed, tuple(snapshot.addresses))
 
 
@@ -165,13 +163,13 @@ def _open(client: EngineClient, request: DriftRequest, scope: Scope, *, write: b
                                      wait_seconds=request.wait_seconds, lease_seconds=request.lease_seconds,
                                      base_serial=chosen.serial, info={"kind": kind})
         except EngineError as exc:
-            if exc.code == "stale_plan":
+            if exc.code == EngineCode.STALE_PLAN:
                 continue
-            if exc.code in CONFLICT_CODES:
-                raise KlExit(2 if write else EXIT_FAILED, f"cannot reserve the slice for kl {kind}:\n{exc}") from exc
+            if exc.code in REFUSALS:
+                raise (Conflict if write else Failed)(f"cannot reserve the slice for kl {kind}:\n{exc}") from exc
             raise
         return str(opened["run"]["id"]), chosen
-    raise KlExit(EXIT_FAILED, "the slice kept changing under commits of other runs: retry kl " + kind)
+    raise Failed("the slice kept changing under commits of other runs: retry kl " + kind)
 
 
 def _workspace(request: DriftRequest, scope: Scope, chosen: Slice, dest: Path) -> workspace.Workspace:
@@ -194,9 +192,9 @@ def refresh_plan(ctx: TerraformContext, ws: workspace.Workspace, scope: Scope) -
     try:
         doc = json.loads(shown)
     except ValueError as exc:
-        raise KlExit(EXIT_FAILED, "terraform show -json did not print JSON") from exc
+        raise Failed("terraform show -json did not print JSON") from exc
     if not isinstance(doc, dict):
-        raise KlExit(EXIT_FAILED, "terraform show -json did not print a plan object")
+        raise Failed("terraform show -json did not print a plan object")
     return doc
 
 
@@ -224,7 +222,7 @@ def _drifted(plan: dict[str, Any], scope: Scope) -> tuple[DriftedInstance, ...]:
     try:
         return drift_in_plan(plan, include=_covered(scope))
     except DriftFormatError as exc:
-        raise KlExit(EXIT_FAILED, f"cannot read Terraform's refresh-only plan: {exc}") from exc
+        raise Failed(f"cannot read Terraform's refresh-only plan: {exc}") from exc
 
 
 def check_drift(client: EngineClient, ctx: TerraformContext, request: DriftRequest) -> DriftResult:
@@ -295,16 +293,16 @@ def _refresh_run(client: EngineClient, ctx: TerraformContext, request: DriftRequ
                   quiet=True)
     after = parse_state(ws.read_state() or b"") if drifted else chosen.parsed
     if not isinstance(after, ParsedState) or chosen.parsed is None:
-        raise KlExit(EXIT_FAILED, "terraform left no readable state behind; nothing was committed")
+        raise Failed("terraform left no readable state behind; nothing was committed")
     if heartbeat.lost:
-        raise KlExit(EXIT_FAILED, f"the reservations were lost during the refresh: {heartbeat.lost}; "
+        raise Failed(f"the reservations were lost during the refresh: {heartbeat.lost}; "
                                   "nothing was committed")
     body = json.loads(_refreshed_state(after, chosen.parsed, scope))
     try:
         answer = client.commit(run_id, holder=request.actor, state=body, slice_addresses=list(chosen.addresses),
                                prune_outputs=False)
     except EngineError as exc:
-        raise KlExit(2 if exc.code in CONFLICT_CODES else EXIT_FAILED, f"commit refused: {exc}") from exc
+        raise refusal(exc.code)(f"commit refused: {exc}") from exc
     serial = answer["commit"]["serial"]
     committed = DriftResult(result.state, serial if serial is not None else chosen.serial, result.checked,
                             result.globs, drifted, run_id)

@@ -10,16 +10,27 @@ from urllib.parse import quote
 import requests
 
 from runner.config import ClientConfig
+from runner.errors import EngineCode
 
 
 class EngineError(Exception):
-    """The server refused or failed a request; carries the JSON envelope's code and status."""
+    """The server refused or failed a request; carries the JSON envelope's code (an ``EngineCode`` when the
+    client acts on it) and status."""
 
     def __init__(self, message: str, *, status: int, code: str, body: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.body = body or {}
+
+
+class EngineBadRequest(EngineError):
+    """The server found the request itself wrong (HTTP 400): what was given must change, not the server."""
+
+
+def engine_error(message: str, *, status: int, code: str, body: dict[str, Any] | None = None) -> EngineError:
+    kind = EngineBadRequest if status == 400 else EngineError
+    return kind(message, status=status, code=code, body=body)
 
 
 class EngineClient:
@@ -46,18 +57,14 @@ class EngineClient:
         try:
             response = self._session.get(self._url(path), params=params, timeout=self.timeout)
         except requests.ConnectionError as exc:
-            raise EngineError(
-                f"cannot reach Kilolock at {self.config.base_url}: is the server running (kl serve)?",
-                status=0, code="unreachable",
-            ) from exc
+            raise self._unreachable() from exc
         if response.status_code >= 400:
-            try:
-                body = response.json()
-                message, code = str(body.get("error")), str(body.get("code"))
-            except ValueError:
-                body, message, code = None, response.text.strip()[:300], "http_error"
-            raise EngineError(message, status=response.status_code, code=code, body=body)
+            self._decode(response)
         return response
+
+    def _unreachable(self) -> EngineError:
+        return EngineError(f"cannot reach Kilolock at {self.config.base_url}: is the server running (kl serve)?",
+                           status=0, code=EngineCode.UNREACHABLE)
 
     def list_states(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._get("/states").json()["states"]
@@ -92,10 +99,7 @@ class EngineClient:
         try:
             response = self._session.post(self._url(path), json=body, timeout=timeout or self.timeout)
         except requests.ConnectionError as exc:
-            raise EngineError(
-                f"cannot reach Kilolock at {self.config.base_url}: is the server running (kl serve)?",
-                status=0, code="unreachable",
-            ) from exc
+            raise self._unreachable() from exc
         return self._decode(response), response.status_code
 
     def _acquire(self, path: str, body: dict[str, Any], wait_seconds: float | None) -> dict[str, Any]:
@@ -125,10 +129,10 @@ class EngineClient:
         try:
             body: dict[str, Any] = response.json()
         except ValueError:
-            body = {"error": response.text.strip()[:300], "code": "http_error"}
+            body = {"error": response.text.strip()[:300], "code": EngineCode.HTTP_ERROR}
         if response.status_code >= 400:
-            raise EngineError(str(body.get("error")), status=response.status_code, code=str(body.get("code")),
-                              body=body)
+            raise engine_error(str(body.get("error")), status=response.status_code, code=str(body.get("code")),
+                               body=body)
         return body
 
     def list_runs(self, state: str | None = None, *, status: str | None = None) -> list[dict[str, Any]]:
@@ -175,8 +179,7 @@ class EngineClient:
             response = self._session.post(self._url(self._state_path(state) + "/slice"), json={"globs": globs},
                                           timeout=self.timeout)
         except requests.ConnectionError as exc:
-            raise EngineError(f"cannot reach Kilolock at {self.config.base_url}", status=0,
-                              code="unreachable") from exc
+            raise self._unreachable() from exc
         if response.status_code >= 400:
             self._decode(response)
         return response.content

@@ -40,9 +40,9 @@ from analyzer.scoping import (
 from runner import workspace
 from runner.apply import ApplyOptions, ApplyOutcome, Builder, Prepared, apply_spec, check_spec
 from runner.engine_client import EngineClient, EngineError
+from runner.errors import EngineCode, Failed, InvalidInput, NothingToDo, StalePlan
 from runner.git import work_tree_root
 from runner.plan import (
-    KlExit,
     Snapshot,
     TerraformContext,
     auto_var_files,
@@ -124,10 +124,10 @@ def footprint(files: Mapping[str, str], selection: Selection, cache: ParseCache,
               edges: Iterable[tuple[str, str]] = ()) -> Footprint:
     missing = [f for f in selection.files if f not in files]
     if missing:
-        raise KlExit(3, f"-f {missing[0]}: no such .tf file in the configuration directory")
+        raise InvalidInput(f"-f {missing[0]}: no such .tf file in the configuration directory")
     fp = compute_footprint(files, selection.files, trunk_edges=edges, cache=cache, seeds=selection.variables)
     if fp.fails_closed:
-        raise KlExit(3, "the file-scoped footprint cannot be proven safe, so nothing was planned:\n"
+        raise InvalidInput("the file-scoped footprint cannot be proven safe, so nothing was planned:\n"
                         + _diagnostics_text(fp))
     return fp
 
@@ -159,24 +159,24 @@ def module_layout(config_dir: Path, fp: Footprint, cache: ParseCache, boundary: 
         if directory in found or directory == config:
             continue
         if boundary is not None and not directory.is_relative_to(boundary):
-            raise KlExit(3, f"module source {source!r} in {caller} resolves to {directory}, outside {boundary} "
+            raise InvalidInput(f"module source {source!r} in {caller} resolves to {directory}, outside {boundary} "
                             "(the repository holding the configuration): a workspace never reaches outside it; "
                             "move the module inside, or run kl plan without -f (a full plan)")
         if not directory.is_dir():
-            raise KlExit(3, f"module source {source!r} in {caller} is not a directory ({directory}): fix the "
+            raise InvalidInput(f"module source {source!r} in {caller} is not a directory ({directory}): fix the "
                             "source, or run kl plan without -f (a full plan)")
         found[directory] = None
         try:
             nested = local_module_sources(_read_tf(directory), cache)
         except HclError as exc:
-            raise KlExit(3, f"{exc}: fix that file of module {source!r}, or run kl plan without -f") from exc
+            raise InvalidInput(f"{exc}: fix that file of module {source!r}, or run kl plan without -f") from exc
         queue.extend((directory, nested_source, str(directory)) for nested_source in nested.values())
     root = config
     for directory in found:
         while not directory.is_relative_to(root):
             root = root.parent
     if root == Path(root.anchor):
-        raise KlExit(3, f"the configuration and its local modules only meet at {root}: a workspace would "
+        raise InvalidInput(f"the configuration and its local modules only meet at {root}: a workspace would "
                         "reproduce the whole filesystem; run kl plan without -f (a full plan)")
     return Layout(root, config, tuple(sorted(found)))
 
@@ -270,7 +270,7 @@ class ScopedFootprint:
 def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str], selection: Selection,
                      cache: ParseCache) -> ScopedFootprint:
     """The file-scoped footprint of ``selection`` against the trunk's recorded dependencies, widened to the
-    files of resources that depend on what it writes. Raises KlExit(3) when it fails closed."""
+    files of resources that depend on what it writes. Raises InvalidInput when it fails closed."""
     gone = deleted_globs(selection.deleted)
     declarations: dict[str, str] | None = None
     widened: list[str] = []
@@ -280,7 +280,7 @@ def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str],
         try:
             edges = client.edges(state, wanted) if wanted else []
         except EngineError as exc:
-            if exc.code != "state_not_found":
+            if exc.code != EngineCode.STATE_NOT_FOUND:
                 raise
             edges = []
         if not edges:
@@ -325,11 +325,11 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
     try:
         analysis = analyze_plan(plan)
     except PlanFormatError as exc:
-        raise KlExit(1, f"cannot read Terraform's plan: {exc}") from exc
+        raise Failed(f"cannot read Terraform's plan: {exc}") from exc
     globs = [parse_glob(g) for g in write_globs if not g.startswith("output.")]
     outside = sorted(a for a in analysis.write_set if not any(matches(g, a) for g in globs))
     if outside:
-        raise KlExit(3, "the workspace plans changes outside the file-scoped footprint (" + ", ".join(outside[:10])
+        raise InvalidInput("the workspace plans changes outside the file-scoped footprint (" + ", ".join(outside[:10])
                         + "): run kl plan without -f (a full plan)")
     warnings = widened + [f"{d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics]
     warnings += drift_warnings(drift_in_plan(plan)) if refresh else []
@@ -359,10 +359,10 @@ def check_files(spec: PlanSpec, config_dir: Path) -> None:
     for name, digest in spec.files.items():
         path = config_dir / name
         if not path.is_file() or workspace.file_hash(path) != digest:
-            raise KlExit(2, f"{name} changed since kl plan -f: re-run kl plan -f")
+            raise StalePlan(f"{name} changed since kl plan -f: re-run kl plan -f")
     for path in auto_var_files(config_dir):
         if path.name not in spec.files:
-            raise KlExit(2, f"{path.name} appeared since kl plan -f (Terraform loads it by itself): re-run kl plan -f")
+            raise StalePlan(f"{path.name} appeared since kl plan -f (Terraform loads it by itself): re-run kl plan -f")
 
 
 def _declared_variables(fp: Footprint) -> frozenset[str]:
@@ -400,7 +400,8 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
     """--changed-from REF: the selection for what changed since ``ref`` in the git repository holding
     ``config_dir`` — up to the working tree, or up to the commit ``against`` (the pull-request bot, on a
     checkout of that commit). What a still-present selected file declared at ``ref`` joins the deleted
-    texts, so a block removed from it is planned for destruction. Raises runner.git.GitError, KlExit."""
+    texts, so a block removed from it is planned for destruction. Raises runner.git.GitError, InvalidInput,
+    NothingToDo (no Terraform file changed)."""
     import posixpath
 
     from analyzer.gitdiff import WidenKind
@@ -411,7 +412,7 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
     try:
         sources = {name: posixpath.normpath(src) for name, src in local_module_sources(texts, cache).items()}
     except HclError as exc:
-        raise KlExit(3, f"{exc}: fix that file, or run kl plan without -f (a full plan)") from exc
+        raise InvalidInput(f"{exc}: fix that file, or run kl plan without -f (a full plan)") from exc
     readers = file_readers(texts)
     scope = changed_from(config_dir, config_dir, ref, against=against, module_sources=sources,
                          file_readers=readers or {})
@@ -434,7 +435,7 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
     try:
         chosen = selection_from_changes(scope, texts, cache, var_texts)
     except ScopeRefused as exc:
-        raise KlExit(exc.exit_code, str(exc)) from exc
+        raise (NothingToDo if exc.exit_code == 0 else InvalidInput)(str(exc)) from exc
     deleted = dict(chosen.deleted)
     for name in chosen.files:
         try:

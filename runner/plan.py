@@ -21,18 +21,11 @@ from analyzer.state import ParsedState, parse_state
 from analyzer.state_assembly import assemble_state
 from runner import workspace
 from runner.engine_client import EngineClient, EngineError
+from runner.errors import EngineCode, Failed, InvalidInput
 from runner.spec import PinnedVar, PlanSpec
 from runner.terraform import TerraformBinary, TerraformError, run
 
 PLAN_FILE = "kl.tfplan"
-
-
-class KlExit(Exception):
-    """Stop a command with an exit code: 1 failed, 2 conflict or stale plan, 3 usage/config."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +74,12 @@ def _fetch(state: str, read: Callable[[], bytes]) -> Snapshot:
     try:
         raw = read()
     except EngineError as exc:
-        if exc.code == "state_not_found":
+        if exc.code == EngineCode.STATE_NOT_FOUND:
             return Snapshot(None, None)
         raise
     parsed = parse_state(raw)
     if not isinstance(parsed, ParsedState):
-        raise KlExit(3, f"state {state!r} is encrypted (OpenTofu state encryption): kl cannot slice it")
+        raise InvalidInput(f"state {state!r} is encrypted (OpenTofu state encryption): kl cannot slice it")
     return Snapshot(raw, parsed)
 
 
@@ -114,7 +107,7 @@ def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str
                      stream=None if quiet or not ctx.stream else forward)
         result.check(ok_codes=ok)
     except TerraformError as exc:
-        raise KlExit(1, f"terraform {args[0]} failed (exit {exc.exit_code}):\n{exc.stderr_tail}") from exc
+        raise Failed(f"terraform {args[0]} failed (exit {exc.exit_code}):\n{exc.stderr_tail}") from exc
     return result.stdout
 
 
@@ -181,7 +174,7 @@ def pin_variables(
         else:
             path = Path(raw).resolve()
             if not path.is_file():
-                raise KlExit(3, f"-var-file {raw}: no such file")
+                raise InvalidInput(f"-var-file {raw}: no such file")
             pinned.append(PinnedVar("var-file", str(path), workspace.file_hash(path)))
     for key in sorted(k for k in env if k.startswith("TF_VAR_")):
         pinned.append(PinnedVar("env", key, hashlib.sha256(env[key].encode()).hexdigest()))
@@ -206,9 +199,9 @@ def plan_in_workspace(
     try:
         doc = json.loads(shown)
     except ValueError as exc:
-        raise KlExit(1, "terraform show -json did not print JSON") from exc
+        raise Failed("terraform show -json did not print JSON") from exc
     if not isinstance(doc, dict):
-        raise KlExit(1, "terraform show -json did not print a plan object")
+        raise Failed("terraform show -json did not print a plan object")
     return doc
 
 
@@ -233,7 +226,7 @@ def make_plan(
     try:
         analysis = analyze_plan(plan, state_edges=edges, state_addresses=addresses)
     except PlanFormatError as exc:
-        raise KlExit(1, f"cannot read Terraform's plan: {exc}") from exc
+        raise Failed(f"cannot read Terraform's plan: {exc}") from exc
     left_alone = orphans(plan.get("resource_changes", []), described)
     warnings = list(analysis.warnings) + (drift_warnings(drift_in_plan(plan)) if refresh else [])
     if left_alone:

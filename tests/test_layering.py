@@ -29,7 +29,8 @@ def _has(modules: set[str], root: str) -> bool:
     ("import app.domain.lifecycle, app.domain.locking", ["flask", "runner", "psycopg"]),
     ("import app.store.states, app.store.graph", ["flask", "runner"]),
     ("import app.web", ["runner", "subprocess_terraform"]),
-    ("import runner.cli", ["app.web", "flask"]),
+    # The CLI imports no job module: kl worker loads the bot (and RQ) inside the command.
+    ("import runner.cli", ["app.web", "flask", "runner.bot", "runner.jobs", "rq"]),
 ])
 def test_entry_points_do_not_load_forbidden_layers(statement, forbidden):
     modules = loaded_modules(statement)
@@ -54,6 +55,14 @@ def test_app_web_never_imports_runner_or_subprocess():
         assert not any(i == "runner" or i.startswith("runner.") for i in imports), path
         if path.is_relative_to(REPO / "app" / "web"):
             assert "subprocess" not in imports, path
+
+
+def test_the_cli_is_imported_by_nothing_but_itself():
+    # runner.cli is an entry point: the core and the bot share runner.errors, never the command line.
+    for path in list((REPO / "app").rglob("*.py")) + list((REPO / "runner").rglob("*.py")):
+        if path.is_relative_to(REPO / "runner" / "cli"):
+            continue
+        assert not any(i == "runner.cli" or i.startswith("runner.cli.") for i in _imports(path)), path
 
 
 def test_sql_lives_only_in_app_store():

@@ -41,7 +41,7 @@ from runner.bot.results import DriftResult
 from runner.config import ClientConfigError
 from runner.drift import DriftRequest, check_drift
 from runner.engine_client import EngineError
-from runner.plan import KlExit
+from runner.errors import KlExit
 
 if TYPE_CHECKING:
     from runner.bot.context import Context

@@ -29,6 +29,7 @@ from runner.bot.config import BotConfig, BotConfigError, Project, load, projects
 from runner.bot.outcomes import ApplyResult, LiveConflict, ProjectFootprint, ProjectPreview
 from runner.config import ClientConfigError, data_dir, process_env, resolve
 from runner.engine_client import EngineClient, EngineError
+from runner.errors import Conflict, InvalidInput, KlExit, NothingToDo, StalePlan
 from runner.filescoped import (
     ScopedFootprint,
     Selection,
@@ -39,7 +40,7 @@ from runner.filescoped import (
     plan_files,
     read_configuration,
 )
-from runner.plan import KlExit, TerraformContext
+from runner.plan import TerraformContext
 from runner.terraform import TerraformNotFoundError, resolve_binary
 
 log = logging.getLogger("kilolock.bot")
@@ -93,7 +94,7 @@ def terraform_context(bench: Bench) -> TerraformContext:
     try:
         binary = resolve_binary(bench.env)
     except TerraformNotFoundError as exc:
-        raise KlExit(3, str(exc)) from exc
+        raise InvalidInput(str(exc)) from exc
     return TerraformContext(binary=binary, env=bench.env, plugin_cache=bench.data_dir / "plugin-cache",
                             echo=lambda line: log.info("%s", line), stream=False)
 
@@ -132,9 +133,9 @@ def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str)
         shown = ProjectFootprint(name=project.name, dir=project.dir, state=project.state, changed=tuple(paths))
         try:
             selection = changed_selection(root / project.dir, base, against=head)
+        except NothingToDo:
+            continue  # every changed path is unrelated to the configuration (state files, .terraform/)
         except KlExit as exc:
-            if exc.code == 0:
-                continue  # every changed path is unrelated to the configuration (state files, .terraform/)
             found.append(_with(shown, error=str(exc)))
             continue
         except git.GitError as exc:
@@ -205,9 +206,9 @@ def preview(bench: Bench, root: Path, config: BotConfig, base: str, head: str) -
             spec = plan_files(engine_client(bench, root, project), ctx, state=project.state,
                               config_dir=root / project.dir, selection=selection, var_args=(),
                               data_dir=bench.data_dir)
+        except NothingToDo:
+            continue
         except KlExit as exc:
-            if exc.code == 0:
-                continue
             found.append(ProjectPreview(project.name, project.state, error=str(exc)))
             continue
         except (git.GitError, EngineError, ClientConfigError) as exc:
@@ -270,10 +271,10 @@ def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: st
         options = ApplyOptions(actor=actor, wait_seconds=max(remaining, 0.0), dry_run=False, data_dir=bench.data_dir,
                                supplied_vars={}, lease_seconds=LEASE_SECONDS)
         outcome = apply_files(client, ctx, spec, options, {}, planned=scoped.footprint)
+    except NothingToDo:
+        return ApplyResult(project.name, project.state, sha, "no_changes")
     except KlExit as exc:
-        if exc.code == 0:
-            return ApplyResult(project.name, project.state, sha, "no_changes")
-        return _failed(project, sha, str(exc), _hint(exc.code), client, actor)
+        return _failed(project, sha, str(exc), _hint(exc), client, actor)
     except (git.GitError, ClientConfigError) as exc:
         return _failed(project, sha, str(exc), "fix the repository or the configuration, then re-run the "
                        "kilolock/apply check", client, actor)
@@ -287,11 +288,11 @@ def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: st
                        actions=tuple(sorted(spec.actions.items())), waited_seconds=round(waited, 1))
 
 
-def _hint(code: int) -> str:
-    if code == 2:
+def _hint(exc: KlExit) -> str:
+    if isinstance(exc, Conflict | StalePlan):
         return ("another apply holds or changed these addresses (a reservation conflict or a stale plan); re-run the "
                 "kilolock/apply check to try again")
-    if code == 3:
+    if isinstance(exc, InvalidInput):
         return ("this change cannot be applied file-scoped; apply it with a full kl plan and kl apply, or fix the "
                 "configuration in a new pull request")
     return ("fix the configuration in a new pull request (the trunk still holds the state before this merge), or "

@@ -42,8 +42,8 @@ from runner.bot.config import BotConfig, BotConfigError, Project, load
 from runner.bot.github import GitHub, PullInfo
 from runner.bot.outcomes import ApplyResult
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
+from runner.errors import Conflict, Failed
 from runner.filescoped import ScopedFootprint
-from runner.plan import KlExit
 
 if TYPE_CHECKING:
     from runner.bot.context import Context
@@ -60,7 +60,7 @@ def bot_principal(settings: Settings, db: Database) -> Principal:
     if settings.auth_mode is AuthMode.DATABASE:
         token = tenancy.authenticate(db, settings.bot_token or "")
         if token is None:
-            raise KlExit(1, "KL_BOT_TOKEN is unknown or revoked: the bot cannot hold reservations with it")
+            raise Failed("KL_BOT_TOKEN is unknown or revoked: the bot cannot hold reservations with it")
         return Principal(tenant_id=token.tenant_id, actor=token.name, scope=token.scope, token_name=token.name)
     return default_principal(actor="kilolock-bot")
 
@@ -181,7 +181,7 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
         if blocking:
             footprint["blocked"] = ()
             _reconcile_numbers(ctx, gh, repo, {h.number for h, _ in blocking})
-            raise KlExit(2, holdtext.blocked_by(blocking))
+            raise Conflict(holdtext.blocked_by(blocking))
         return 0.0
 
     # Our own earlier hold would refuse our own run: hand it back for the length of the apply.

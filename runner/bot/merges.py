@@ -36,8 +36,8 @@ from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, Context, complete, 
 from runner.bot.github import GitHub
 from runner.bot.outcomes import ApplyResult, FootprintOutcome
 from runner.bot.results import ApplyProjectResult, FanOutResult, JobResult, result_of
+from runner.errors import Conflict
 from runner.filescoped import ScopedFootprint
-from runner.plan import KlExit
 
 log = logging.getLogger("kilolock.jobs")
 ZERO_SHA = "0" * 40
@@ -188,7 +188,7 @@ def _wait_for_earlier_merges(root: Path, repo: str, sha: str, state: str, scoped
         if not blocking:
             return max(deadline - time.monotonic(), 0.0)
         if time.monotonic() >= deadline:
-            raise KlExit(2, "an earlier merge that overlaps this one has not finished applying (job "
+            raise Conflict("an earlier merge that overlaps this one has not finished applying (job "
                             f"{blocking[0][0].id}); applying now could undo it")
         log.info("apply of %s waits for earlier merge job(s): %s", sha[:12], ", ".join(j.id for j, _ in blocking))
         time.sleep(POLL_SECONDS)

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from runner.cli import build_parser
-from runner.cli_support import leaf_parsers
+from runner.cli.support import leaf_parsers
 
 CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 SHARED = "## Options shared by the client commands"

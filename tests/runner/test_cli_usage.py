@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from runner.cli import build_parser
-from runner.cli_support import leaf_parsers
+from runner.cli.support import leaf_parsers
 from tests.runner.test_cli_read import seed, write_backend
 
 KL = Path(sys.executable).with_name("kl")

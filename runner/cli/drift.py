@@ -1,6 +1,5 @@
-"""The ``kl drift`` and ``kl refresh`` commands: arguments, output and exit codes over ``runner.drift``.
-
-``runner.cli`` registers them with ``add_commands``; the work happens in ``runner.drift``.
+"""The ``kl drift`` and ``kl refresh`` commands: arguments, output and exit codes over ``runner.drift``,
+which does the work. ``kl drift`` exits 2 when it finds drift (a finding, not an error).
 """
 
 from __future__ import annotations
@@ -8,28 +7,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.config import ClientConfigError, data_dir, default_actor, process_env, resolve
+from runner.cli.changes import terraform_context
+from runner.cli.support import EXIT_OK, Commands, client_config, client_options, parse_duration
+from runner.config import data_dir, default_actor, process_env
 from runner.engine_client import EngineClient
+from runner.errors import UsageError
 
-EXIT_CLEAN, EXIT_DRIFTED = 0, 2
+EXIT_DRIFTED = 2
 
 
 def _request(args: argparse.Namespace, env: dict[str, str]) -> tuple[EngineClient, Any]:
     from runner.drift import DriftRequest
 
     config_dir = Path(args.chdir).resolve()
-    config = resolve(config_dir=config_dir, address=args.address, state=args.state, token=args.token, env=env)
-    if not config.state:
-        raise ClientConfigError("no state name: pass --state NAME or use a backend address ending in /v1/states/NAME")
+    config = client_config(args, config_dir, env)
+    assert config.state
     files = tuple(str(Path(f)) for f in args.file or [])
     for name in files:
         if "/" in name or not name.endswith((".tf", ".tf.json")):
-            from runner.cli_support import UsageError
-
             raise UsageError(f"-f {name}: name a .tf file of the configuration directory (e.g. -f buckets.tf)")
     request = DriftRequest(state=config.state, config_dir=config_dir, files=files, targets=tuple(args.target or ()),
                            actor=getattr(args, "actor", None) or default_actor(env), data_dir=data_dir(env),
@@ -38,9 +36,7 @@ def _request(args: argparse.Namespace, env: dict[str, str]) -> tuple[EngineClien
 
 
 def _context(env: dict[str, str], *, quiet: bool) -> Any:
-    from runner.cli import _terraform_context
-
-    ctx = _terraform_context(env)
+    ctx = terraform_context(env)
     if quiet:  # --json: stdout carries the document only
         from dataclasses import replace
 
@@ -59,7 +55,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print("\n".join(describe(result)))
-    return EXIT_DRIFTED if result.drifted else EXIT_CLEAN
+    return EXIT_DRIFTED if result.drifted else EXIT_OK
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
@@ -75,18 +71,17 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(f"dry run: would refresh {len(result.drifted) - gone} and remove {gone} instance(s) of "
               f"{result.state!r} at serial {result.serial}; nothing committed, reservations released")
-        return EXIT_CLEAN
+        return EXIT_OK
     print(f"refresh complete: {len(result.drifted) - gone} refreshed, {gone} removed "
           f"({result.checked} checked)")
     if outcome.serial is not None:
         print(f"committed at serial {outcome.serial} (run {result.run_id})")
     else:
         print(f"nothing changed on the trunk (run {result.run_id})")
-    return EXIT_CLEAN
+    return EXIT_OK
 
 
-def add_commands(sub: Any, client_options: Callable[[argparse.ArgumentParser], None],
-                 duration: Callable[[str], float]) -> None:
+def register(sub: Commands) -> None:
     """Register ``kl drift`` and ``kl refresh`` on the ``kl`` subparsers."""
     def scope_options(p: argparse.ArgumentParser) -> None:
         client_options(p)
@@ -101,7 +96,7 @@ def add_commands(sub: Any, client_options: Callable[[argparse.ArgumentParser], N
 
     again = sub.add_parser("refresh", help="refresh a slice and commit what the objects are now, row by row")
     scope_options(again)
-    again.add_argument("--wait", type=duration, metavar="DURATION",
+    again.add_argument("--wait", type=parse_duration, metavar="DURATION",
                        help="wait up to this long for conflicting reservations (default: fail fast)")
     again.add_argument("--actor", help="who is refreshing (default: KL_ACTOR or user@host)")
     again.add_argument("--dry-run", action="store_true", help="report what would be refreshed; commit nothing")

@@ -1,0 +1,318 @@
+"""The client commands that change a state: ``kl plan``, ``kl apply``, ``kl recover`` and ``kl abort``.
+
+``kl plan`` writes the plan file (``runner.plan``, or ``runner.filescoped`` with ``-f``/``--changed-from``);
+``kl apply`` carries it out (``runner.apply``); both print Terraform's output through the context's echo.
+With ``--json`` the one document goes to stdout and everything said goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from pathlib import Path
+from typing import Any
+
+from app.domain.reservations import DEFAULT_LEASE
+from runner.cli.support import (
+    EXIT_OK,
+    Commands,
+    client_config,
+    client_options,
+    connect,
+    json_mode,
+    parse_duration,
+    print_json,
+)
+from runner.counts import terraform_counts
+from runner.engine_client import EngineClient
+from runner.errors import UsageError
+
+
+def terraform_context(env: dict[str, str]) -> Any:
+    from runner.config import data_dir
+    from runner.plan import TerraformContext
+    from runner.terraform import TerraformNotFoundError, resolve_binary
+
+    try:
+        binary = resolve_binary(env)
+    except TerraformNotFoundError as exc:
+        raise UsageError(str(exc)) from exc
+    return TerraformContext(binary=binary, env=env, plugin_cache=data_dir(env) / "plugin-cache",
+                            echo=echo)
+
+
+def echo(line: str) -> None:
+    """What a command says as it goes (stdout, or stderr with --json)."""
+    print(line, flush=True)
+
+
+def _var_args(args: argparse.Namespace) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    for raw in args.var or []:
+        if "=" not in raw:
+            raise UsageError(f"-var {raw!r} must be NAME=VALUE")
+        found.append(("var", raw))
+    found += [("var-file", path) for path in args.var_file or []]
+    return found
+
+
+def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
+    """The file selection of -f / --changed-from, or None for a full plan."""
+    from runner.filescoped import Selection, changed_selection
+
+    if not args.file and not args.changed_from:
+        return None
+    files = [str(Path(f)) for f in args.file or []]
+    for name in files:
+        hint = file_hint(config_dir, name)
+        if hint:
+            raise UsageError(hint)
+    if not args.changed_from:
+        return Selection(tuple(files))
+    from runner.git import GitError
+
+    try:
+        chosen = changed_selection(config_dir, args.changed_from)
+    except GitError as exc:
+        raise UsageError(str(exc)) from exc
+    return Selection(tuple(sorted(set(chosen.files) | set(files))), chosen.deleted, chosen.variables)
+
+
+def _plan_spec(args: argparse.Namespace, env: dict[str, str]) -> tuple[Any, Any, Any]:
+    from runner.config import data_dir
+    from runner.filescoped import plan_files
+    from runner.plan import make_plan
+
+    config_dir = Path(args.chdir).resolve()
+    if not config_dir.is_dir():
+        raise UsageError(f"-C {args.chdir}: no such directory")
+    config = client_config(args, config_dir, env)
+    assert config.state
+    client, ctx = EngineClient(config), terraform_context(env)
+    selection = _selection(args, config_dir)
+    if selection is None:
+        return make_plan(client, ctx, state=config.state, config_dir=config_dir, var_args=_var_args(args),
+                         targets=args.target or [], refresh=getattr(args, "refresh", False)), client, selection
+    spec = plan_files(client, ctx, state=config.state, config_dir=config_dir, selection=selection,
+                      var_args=_var_args(args), data_dir=data_dir(env), refresh=getattr(args, "refresh", False))
+    return spec, client, selection
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from runner.config import process_env
+    from runner.plan import summary
+
+    with json_mode(args):
+        spec, _, selection = _plan_spec(args, process_env())
+        out = Path(args.out or ("kl-plan.igplan" if selection is not None else "kl-plan.json"))
+        out.write_text(spec.to_json())
+        print(summary(spec))
+        if spec.write_set or spec.output_changes:
+            print(f"\nwrote {out}: apply it with kl apply {out}")
+        else:
+            print(f"\nwrote {out}; the plan has no changes, so kl apply would do nothing")
+    if args.json:
+        print_json(plan_document(spec, out), args.json_out)
+    return EXIT_OK
+
+
+def _rerun_command(args: argparse.Namespace) -> str:
+    parts = ["kl apply"] + [f"-f {f}" for f in args.file or []]
+    if args.changed_from:
+        parts.append(f"--changed-from {args.changed_from}")
+    if args.chdir != ".":
+        parts.append(f"-C {args.chdir}")
+    return " ".join(parts + ["--confirm-scope"])
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    with json_mode(args):
+        spec, outcome = _apply(args)
+    if args.json:
+        print_json(apply_document(spec, outcome, dry_run=args.dry_run), args.json_out)
+    return EXIT_OK
+
+
+def _apply(args: argparse.Namespace) -> tuple[Any, Any]:
+    from runner.apply import ApplyOptions, ApplyOutcome, apply_spec
+    from runner.config import data_dir, default_actor, process_env
+    from runner.filescoped import apply_files
+    from runner.plan import summary
+    from runner.spec import PlanSpec
+
+    env = process_env()
+    supplied = dict(raw.split("=", 1) for kind, raw in _var_args(args) if kind == "var")
+    options = ApplyOptions(actor=args.actor or default_actor(env), wait_seconds=args.wait, dry_run=args.dry_run,
+                           data_dir=data_dir(env), supplied_vars=supplied, lease_seconds=args.lease)
+    if args.plan_file and (args.file or args.changed_from):
+        raise UsageError("give either a plan file or -f/--changed-from, not both")
+    if args.plan_file:
+        spec = PlanSpec.load(Path(args.plan_file))
+        client = EngineClient(client_config(args, Path(spec.config_dir), env, need_state=False,
+                                            address=spec.address, state=spec.state))
+    elif args.file or args.changed_from:
+        spec, client, _ = _plan_spec(args, env)
+        print(summary(spec))
+        if not spec.write_set and not spec.output_changes:
+            print("\nnothing to apply")
+            return spec, ApplyOutcome("", None, ())
+        if args.dry_run or not args.confirm_scope:
+            print(f"\nto apply exactly this scope, run:\n  {_rerun_command(args)}")
+            if args.dry_run:
+                return spec, ApplyOutcome("", None, ())
+            raise UsageError("a file-scoped apply changes real infrastructure: review the scope above and "
+                             "re-run with --confirm-scope")
+    else:
+        raise UsageError("give a plan file (kl apply kl-plan.json) or files (kl apply -f FILE --confirm-scope)")
+    if spec.mode == "files":
+        outcome = apply_files(client, terraform_context(env), spec, options, {})
+    else:
+        outcome = apply_spec(client, terraform_context(env), spec, Path(spec.config_dir), options)
+    return spec, outcome
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from runner.apply import recover
+    from runner.config import data_dir, process_env
+
+    with json_mode(args):
+        client, _ = connect(args, need_state=False)
+        outcome = recover(client, data_dir(process_env()), args.run_id, args.actor, echo)
+    if args.json:
+        print_json({"recovered_run_id": args.run_id, "run_id": outcome.run_id, "commit_serial": outcome.serial,
+                    "committed_addresses": list(outcome.changed), "rows": dict(outcome.rows)}, args.json_out)
+    return EXIT_OK
+
+
+def cmd_abort(args: argparse.Namespace) -> int:
+    client, _ = connect(args, need_state=False)
+    result = client.run_action(args.run_id, "abort", {"reason": args.reason or ""})
+    run = result["run"]
+    print(f"aborted {run['id']} ({run['state']}, held by {run['actor']}); its reservations are released")
+    return EXIT_OK
+
+
+def plan_document(spec: Any, plan_file: Path | None) -> dict[str, Any]:
+    """kl plan --json: what the plan file holds that a CI wrapper acts on."""
+    return {
+        "state": spec.state,
+        "base_serial": spec.base_serial,
+        "mode": spec.mode,
+        "selected_files": list(spec.selected_files),
+        "write_set": list(spec.write_set),
+        "read_set": list(spec.read_set),
+        "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations],
+        "actions": dict(spec.actions),
+        "counts": terraform_counts(spec.actions),
+        "output_changes": dict(spec.output_changes),
+        "changes": bool(spec.write_set or spec.output_changes),
+        "warnings": list(spec.warnings),
+        "diagnostics": list(spec.diagnostics),
+        "plan_file": str(plan_file) if plan_file else None,
+    }
+
+
+def apply_document(spec: Any, outcome: Any, *, dry_run: bool) -> dict[str, Any]:
+    """kl apply --json: the plan's sets and reservations plus what the commit did."""
+    doc = plan_document(spec, None)
+    del doc["plan_file"]
+    doc.update({
+        "dry_run": dry_run,
+        "run_id": outcome.run_id or None,
+        "commit_serial": outcome.serial,
+        "committed_addresses": list(outcome.changed),
+        "rows": dict(getattr(outcome, "rows", {}) or {}),
+    })
+    return doc
+
+
+def nearest(name: str, candidates: list[str]) -> str:
+    """`` (did you mean x.tf?)`` when a candidate is close to ``name``, else empty."""
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f" (did you mean -f {close[0]}?)" if close else ""
+
+
+def file_hint(config_dir: Path, name: str) -> str | None:
+    """Why ``-f name`` names no root file of ``config_dir``, and what to give instead; None when it does."""
+    if (config_dir / name).is_file() and "/" not in name:
+        return None
+    roots = sorted(p.name for p in config_dir.iterdir() if p.is_file() and p.name.endswith((".tf", ".tf.json"))) \
+        if config_dir.is_dir() else []
+    target = (config_dir / name).resolve()
+    if target.is_file() and target.parent != config_dir.resolve():
+        callers = _module_callers(config_dir, target.parent, roots)
+        via = f"-f {callers[0]} (the file that calls that module)" if callers else "the root file that calls it"
+        return (f"-f {name}: that file belongs to a module, not to the configuration directory; file-scoped plans "
+                f"start from root files: give {via}, or let kl find it with --changed-from GIT_REF")
+    if "/" in name or not name.endswith((".tf", ".tf.json")):
+        return f"-f {name}: name a .tf file of the configuration directory (e.g. -f {roots[0] if roots else 'main.tf'})"
+    return f"-f {name}: no such file in {config_dir}{nearest(name, roots)}"
+
+
+def _module_callers(config_dir: Path, module_dir: Path, roots: list[str]) -> list[str]:
+    from analyzer.hcl import HclError, analyze_file
+
+    found = []
+    for name in roots:
+        try:
+            blocks = analyze_file(name, (config_dir / name).read_text(errors="replace")).blocks
+        except HclError:
+            continue
+        for block in blocks:
+            source = block.module_source or ""
+            if block.type == "module" and source.startswith(("./", "../")) \
+                    and (config_dir / source).resolve() == module_dir:
+                found.append(name)
+                break
+    return found
+
+
+def file_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--file", action="append", metavar="FILE",
+                   help="file-scoped: plan only this .tf file and what it needs (repeatable)")
+    p.add_argument("--changed-from", metavar="GIT_REF",
+                   help="file-scoped: the .tf files changed since GIT_REF (git diff against the working tree)")
+
+
+def register(sub: Commands) -> None:
+    """Add kl plan, apply, recover and abort to the ``kl`` subcommands."""
+    abort = sub.add_parser("abort", help="abort an apply run and release its reservations (operators)")
+    client_options(abort)
+    abort.add_argument("run_id", metavar="RUN_ID")
+    abort.add_argument("--reason", help="recorded in the run and the audit trail")
+    abort.set_defaults(func=cmd_abort)
+
+    plan = sub.add_parser("plan", help="plan against the trunk and write kl-plan.json (reservations to take)")
+    client_options(plan)
+    plan.add_argument("--out", help="where to write the plan file (default kl-plan.json, or kl-plan.igplan with -f)")
+    file_options(plan)
+    plan.add_argument("-var", "--var", action="append", metavar="NAME=VALUE", help="an input variable")
+    plan.add_argument("-var-file", "--var-file", action="append", metavar="FILE", help="a variables file")
+    plan.add_argument("--target", action="append", metavar="ADDRESS", help="plan only this address (repeatable)")
+    plan.add_argument("--refresh", action="store_true",
+                      help="refresh the slice's objects first, so the plan sees drift in what it changes")
+    plan.set_defaults(func=cmd_plan)
+
+    apply = sub.add_parser("apply", help="apply a kl-plan.json: reserve, apply the slice, commit row by row")
+    client_options(apply)
+    apply.add_argument("plan_file", nargs="?", metavar="PLAN_FILE")
+    file_options(apply)
+    apply.add_argument("--confirm-scope", action="store_true",
+                       help="with -f/--changed-from: apply the derived scope (without it, kl prints it and stops)")
+    apply.add_argument("-var-file", "--var-file", action="append", metavar="FILE", help="with -f: a variables file")
+    apply.add_argument("--target", action="append", help=argparse.SUPPRESS)
+    apply.add_argument("--actor", help="who is applying (default: KL_ACTOR or user@host)")
+    apply.add_argument("--wait", type=parse_duration, metavar="DURATION",
+                       help="wait up to this long for conflicting reservations (default: fail fast)")
+    apply.add_argument("--dry-run", action="store_true", help="reserve, report and release; change nothing")
+    apply.add_argument("--lease", type=parse_duration, default=DEFAULT_LEASE.total_seconds(), metavar="DURATION",
+                       help="reservation lease, renewed while Terraform runs (default 15m)")
+    apply.add_argument("-var", "--var", action="append", metavar="NAME=VALUE",
+                       help="a sensitive variable's value again (not stored in the plan file)")
+    apply.set_defaults(func=cmd_apply)
+
+    recover_cmd = sub.add_parser("recover", help="commit the post-apply state kept for a run that did not commit")
+    client_options(recover_cmd)
+    recover_cmd.add_argument("run_id", metavar="RUN_ID")
+    recover_cmd.add_argument("--actor", help="holder for the new run when the old one has ended")
+    recover_cmd.set_defaults(func=cmd_recover)

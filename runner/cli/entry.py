@@ -1,0 +1,148 @@
+"""The ``kl`` entry point: the parser made of every command module's subcommands, and the one place where
+an outcome becomes an exit code and a message.
+
+Each module registers its own commands: ``operator`` (serve, worker, migrate, embedded, tenants, tokens, prune:
+beside the service), ``reads`` (states, state, reservations, runs), ``changes`` (plan, apply, recover, abort)
+and ``drift`` (drift, refresh). Exit codes: 0 ok (or nothing to do), 1 failed, 2 conflict or stale plan
+(re-plan), 3 usage or configuration error: ``EXIT_CODES`` maps each outcome of ``runner.errors`` (and the
+other errors kl knows) to one of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+
+from app.domain.reservations import format_duration
+from app.errors import BadRequestError, ConfigError, ConflictError, KlError, NotFoundError
+from runner.cli import changes, drift, operator, reads
+from runner.cli.support import (
+    EXIT_CONFLICT,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    KlArgumentParser,
+    leaf_parsers,
+    package_version,
+    print_json,
+)
+from runner.config import ClientConfigError
+from runner.engine_client import EngineBadRequest, EngineError
+from runner.errors import Conflict, EngineCode, Failed, InvalidInput, NothingToDo, StalePlan, UsageError
+from runner.spec import SpecError
+
+# Every error kl knows → its exit code; the first class the error is an instance of decides. An error not
+# listed is a bug in kl: its traceback is then the useful output.
+EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
+    (NothingToDo, EXIT_OK),
+    (Failed, EXIT_FAILED),
+    (Conflict, EXIT_CONFLICT),
+    (StalePlan, EXIT_CONFLICT),
+    (UsageError, EXIT_USAGE),
+    (InvalidInput, EXIT_USAGE),
+    (ClientConfigError, EXIT_USAGE),
+    (SpecError, EXIT_USAGE),
+    (EngineBadRequest, EXIT_USAGE),
+    (EngineError, EXIT_FAILED),
+    # The store's own errors, from the operators' commands.
+    (ConfigError, EXIT_USAGE),
+    (BadRequestError, EXIT_USAGE),
+    (NotFoundError, EXIT_USAGE),
+    (ConflictError, EXIT_USAGE),
+    (KlError, EXIT_FAILED),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Every subparser is a KlArgumentParser (usage errors exit 3 with the subcommand's own usage).
+    parser = KlArgumentParser(prog="kl", description="Kilolock: Terraform state as rows, applied in parallel.")
+    parser.add_argument("--version", action="version", version=f"kl {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    operator.register_service(sub)
+    reads.register(sub)
+    changes.register(sub)
+    drift.register(sub)
+    operator.register_admin(sub)
+    return parser
+
+
+def _prepare(parser: argparse.ArgumentParser) -> None:
+    for leaf in leaf_parsers(parser):
+        leaf.set_defaults(kl_parser=leaf)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    _prepare(parser)
+    args = parser.parse_args(argv)
+    try:
+        code = _run(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # kl states | head: the reader left; say nothing more, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        code: int = args.func(args)
+        return code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every error kl knows becomes one message and an exit code
+        found = exit_code(exc)
+        if found is None:
+            raise
+        code, message = found, _message(exc, args)
+        if getattr(args, "json", False):  # the one JSON document, for a wrapper that parses stdout
+            print_json({"ok": False, "exit_code": code, "error": message}, getattr(args, "json_out", None))
+        print(f"kl: {message}", file=sys.stderr)
+        if isinstance(exc, UsageError) and getattr(args, "kl_parser", None) is not None:
+            sys.stderr.write(args.kl_parser.format_usage())
+        return code
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The exit code of an error kl knows (``EXIT_CODES``), None for any other."""
+    return next((code for kind, code in EXIT_CODES if isinstance(exc, kind)), None)
+
+
+def _message(exc: BaseException, args: argparse.Namespace) -> str:
+    """The error's message and what to do next."""
+    if isinstance(exc, KlError):
+        return exc.message
+    message = str(exc)
+    cause = exc.__cause__
+    if isinstance(exc, Conflict) and isinstance(cause, EngineError) and cause.code == EngineCode.RESERVATION_CONFLICT:
+        return message + _waited(args)
+    if isinstance(exc, EngineError):
+        return message + _engine_hint(exc, args)
+    return message
+
+
+def _waited(args: argparse.Namespace) -> str:
+    wait = getattr(args, "wait", None)
+    if not wait:
+        return "\n(kl did not wait: pass --wait 5m to wait for the other run to finish, or re-plan)"
+    return (f"\n(kl waited {format_duration(timedelta(seconds=wait))}, its --wait, and the conflicting "
+            "reservations were still held: wait longer, or re-plan after the other run ends)")
+
+
+def _engine_hint(exc: EngineError, args: argparse.Namespace) -> str:
+    if exc.code == EngineCode.STATE_NOT_FOUND:
+        return " (kl states lists the states on the server; check --state, KL_STATE or the backend address)"
+    if exc.status in (401, 403):
+        source = getattr(args, "token_source", None)
+        if source is None:
+            return (" (kl sent no credential: pass --token, set KL_TOKEN or TF_HTTP_PASSWORD, or put a password in "
+                    "the backend block)")
+        return f" (the credential came from {source}; it takes precedence over the sources after it: --token, " \
+               "KL_TOKEN, TF_HTTP_PASSWORD, the backend block)"
+    return ""

@@ -1,0 +1,320 @@
+"""The operators' kl commands, run beside the service with its settings (``KL_*``) and database access:
+``kl serve``, ``kl worker``, ``kl migrate``, ``kl embedded stop``, ``kl tenants``, ``kl tokens`` and ``kl prune``.
+
+Each command imports what it runs (the web app, the store, the bot's jobs) inside itself, so ``kl`` with a
+client command never loads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from app.domain.blocks import backend_block, scoped_backend_block
+from runner.cli.support import EXIT_OK, Commands, print_json
+from runner.errors import UsageError
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    from app.config import AuthMode, Settings
+    from app.domain.network import is_loopback
+    from app.web import create_app, resolve_database_url
+
+    settings = Settings.from_env()
+    if args.allow_open_on_network:
+        settings = replace(settings, allow_open_on_network=True)
+    if settings.auth_mode is AuthMode.OPEN and not is_loopback(args.host) and not settings.allow_open_on_network:
+        raise UsageError(
+            f"refusing to serve KL_AUTH_MODE=open on {args.host}: anyone who can reach it could rewrite "
+            "your states. Set KL_AUTH_MODE=static with KL_AUTH_TOKEN, or pass --allow-open-on-network "
+            "(KL_ALLOW_OPEN_ON_NETWORK=true)"
+        )
+    port_free(args.host, args.port, "service")
+    if args.control_port:
+        port_free(args.control_host, args.control_port, "control API")
+    where = "KL_DATABASE_URL" if settings.database_url else "embedded Postgres"
+    settings = replace(settings, database_url=resolve_database_url(settings))
+    # Listening only once the apps exist: a client that connects early is refused, not left waiting.
+    main_app = create_app(settings, lanes="public" if args.control_port else "all")
+    control_app = create_app(settings, lanes="control") if args.control_port else None
+    server = listen(args.host, args.port, main_app, "service")
+    shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
+    listening = f"http://{shown_host}:{server.port}"
+    print(f"Kilolock listening on {listening} (database: {where}, auth: {settings.auth_mode.value})")
+    if control_app is not None:
+        control = listen(args.control_host, args.control_port, control_app, "control API")
+        threading.Thread(target=control.serve_forever, name="control-api", daemon=True).start()
+        print(f"control API on http://{args.control_host}:{control.port}/v1/api")
+    print(f"Dashboard: {listening}/ui/")
+    base = (settings.public_url or listening).rstrip("/")
+    if settings.public_url:
+        print(f"Clients reach it as {base} (KL_PUBLIC_URL); the backend block below uses that address.")
+    print("Paste this into your Terraform configuration (rename 'example' to your state's name):\n")
+    print(backend_block(base, static_auth=settings.auth_mode.value == "static"))
+    print(flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import logging
+    from dataclasses import replace as with_fields
+
+    from app.config import Settings
+    from app.embedded import default_data_dir, start_embedded_postgres, start_embedded_redis
+    from runner.bot.jobs import work
+
+    settings = Settings.from_env()
+    if not settings.github_enabled:
+        raise UsageError("kl worker runs the GitHub bot's jobs: set KL_GITHUB_APP_ID and KL_GITHUB_PRIVATE_KEY (a "
+                         "GitHub App) or KL_GITHUB_TOKEN, as for the server")
+    where = settings.data_dir or default_data_dir()
+    settings = with_fields(settings, database_url=settings.database_url or start_embedded_postgres(where),
+                           redis_url=settings.redis_url or start_embedded_redis(where))
+    # The jobs' own loggers (kilolock.*), as text; RQ configures its worker's logger itself.
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    work(settings, burst=args.burst, name=args.name, with_scheduler=not args.no_scheduler)
+    return EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from app.config import Settings
+    from app.store.migrate import migrate
+    from app.web import resolve_database_url
+
+    settings = Settings.from_env()
+    applied = migrate(resolve_database_url(settings))
+    if applied:
+        for m in applied:
+            print(f"applied {m.version:04d}_{m.name}")
+    else:
+        print("database is up to date")
+    return EXIT_OK
+
+
+def _operator_db() -> Any:
+    from app.config import Settings
+    from app.store import Database
+    from app.store.migrate import migrate
+    from app.web import resolve_database_url
+
+    url = resolve_database_url(Settings.from_env())
+    migrate(url)
+    return Database(url, pool_size=2)
+
+
+def cmd_tenants_create(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    tenant = tenancy.create_tenant(_operator_db(), args.slug, args.name or args.slug, actor=_operator_name())
+    print(f"created tenant {tenant.slug} (id {tenant.id})")
+    return EXIT_OK
+
+
+def cmd_tenants_list(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    found = tenancy.list_tenants(_operator_db())
+    if args.json:
+        print_json([{"slug": t.slug, "name": t.name, "created_at": t.created_at.isoformat()} for t in found])
+        return EXIT_OK
+    for t in found:
+        print(f"{t.slug}\t{t.name}")
+    return EXIT_OK
+
+
+def _token_json(info: Any) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(info).items()}
+
+
+def cmd_tokens_create(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    secret, info = tenancy.create_token(_operator_db(), args.tenant, name=args.name, environment=args.environment,
+                                        workspace=args.workspace, actor=_operator_name())
+    if args.json:
+        print_json({"token_secret": secret, "token": _token_json(info)})
+        return EXIT_OK
+    print(f"token {info.id} ({info.name}) for {info.workspace_id}/{info.environment_id}")
+    print(f"secret (shown once, store it now): {secret}\n")
+    print(scoped_backend_block(args.server_url.rstrip("/"), info.workspace_id, info.environment_id))
+    return EXIT_OK
+
+
+def cmd_tokens_list(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    found = tenancy.list_tokens(_operator_db(), args.tenant)
+    if args.json:
+        print_json([_token_json(t) for t in found])
+        return EXIT_OK
+    for t in found:
+        state = "revoked" if t.revoked_at else "active"
+        used = t.last_used_at.isoformat() if t.last_used_at else "never used"
+        print(f"{t.id}\t{t.name}\t{t.workspace}/{t.environment}\t{state}\tcreated {t.created_at.isoformat()}\t{used}")
+    return EXIT_OK
+
+
+def cmd_tokens_revoke(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    info = tenancy.revoke_token(_operator_db(), args.tenant, args.token_id, actor=_operator_name())
+    print(f"revoked {info.id} ({info.name}); it stops working on its next request")
+    return EXIT_OK
+
+
+def _operator_name() -> str:
+    import getpass
+
+    try:
+        return "cli:" + getpass.getuser()
+    except (KeyError, OSError):
+        return "cli"
+
+
+def cmd_embedded_stop(args: argparse.Namespace) -> int:
+    from app.embedded import default_data_dir, stop_embedded_postgres, stop_embedded_redis
+    from runner.config import data_dir, process_env
+
+    where = data_dir(process_env()) if process_env().get("KL_DATA_DIR") else default_data_dir()
+    stopped = [name for name, stop in (("Postgres", stop_embedded_postgres), ("Redis", stop_embedded_redis))
+               if stop(where)]
+    print(f"stopped embedded {' and '.join(stopped)} in {where}" if stopped else f"nothing running in {where}")
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from app.config import Settings
+    from app.store import Database, prune
+    from app.store.migrate import migrate
+    from app.web import resolve_database_url
+
+    settings = Settings.from_env()
+    keep = settings.retain_versions if args.keep is None else args.keep
+    days = settings.retain_days if args.older_than_days is None else args.older_than_days
+    if keep < 0 or days < 0:
+        raise UsageError("--keep and --older-than-days must be zero or more")
+    policy = prune.RetentionPolicy(keep_versions=keep or None, keep_age=timedelta(days=days) if days else None)
+    if not policy.enabled:
+        raise UsageError("retention is off: pass --keep N and/or --older-than-days DAYS, or set "
+                         "KL_RETAIN_VERSIONS / KL_RETAIN_DAYS")
+    url = resolve_database_url(settings)
+    migrate(url)
+    db = Database(url, pool_size=2)
+    try:
+        report = prune.prune(db, policy, dry_run=args.dry_run)
+    finally:
+        db.close()
+    if args.json:
+        print(json.dumps({"states": report.states, "versions": report.versions, "bytes": report.bytes,
+                          "dry_run": report.dry_run, "rule": policy.describe()}))
+        return EXIT_OK
+    verb = "would remove" if report.dry_run else "removed"
+    print(f"{verb} the raw bytes of {report.versions} versions in {report.states} states "
+          f"({report.bytes:,} bytes); rule: versions {policy.describe()}")
+    return EXIT_OK
+
+
+def port_free(host: str, port: int, what: str) -> None:
+    """Refuse a port in use before anything starts or is printed, so the clash is the only thing said."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}. Another process "
+                         "(perhaps another kl serve) holds that port: stop it, or pass --port/--control-port with "
+                         "a free one") from None
+
+
+def listen(host: str, port: int, app: Any, what: str) -> Any:
+    from werkzeug.serving import make_server
+
+    try:
+        return make_server(host, port, app, threaded=True)
+    except (OSError, SystemExit):  # werkzeug reports a clash itself and exits; taken since port_free looked
+        port_free(host, port, what)
+        raise
+
+
+def register_service(sub: Commands) -> None:
+    """Add kl serve, worker and migrate to the ``kl`` subcommands."""
+    serve = sub.add_parser("serve", help="run the service (dev server; use gunicorn in production)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--control-port", type=int, help="serve the control API (/v1/api) only on this port")
+    serve.add_argument("--control-host", default="127.0.0.1", help="address for --control-port (default 127.0.0.1)")
+    serve.add_argument("--allow-open-on-network", action="store_true",
+                       help="serve KL_AUTH_MODE=open on a non-loopback address anyway")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run a GitHub bot worker (RQ) on the kilolock queue")
+    worker.add_argument("--burst", action="store_true", help="run the queued jobs, then exit")
+    worker.add_argument("--name", help="worker name shown by RQ (default: host and pid)")
+    worker.add_argument("--no-scheduler", action="store_true",
+                        help="do not run RQ's scheduler in this worker (retries need one somewhere)")
+    worker.set_defaults(func=cmd_worker)
+
+    migrate = sub.add_parser("migrate", help="apply pending database migrations")
+    migrate.set_defaults(func=cmd_migrate)
+
+
+def register_admin(sub: Commands) -> None:
+    """Add kl embedded, tenants, tokens and prune to the ``kl`` subcommands."""
+    embedded = sub.add_parser("embedded", help="manage the embedded Postgres and Redis under KL_DATA_DIR")
+    embedded_sub = embedded.add_subparsers(dest="embedded_command", required=True, metavar="SUBCOMMAND")
+    embedded_stop = embedded_sub.add_parser("stop", help="stop the embedded servers (they outlive kl serve)")
+    embedded_stop.set_defaults(func=cmd_embedded_stop)
+
+    _register_tenancy(sub)
+
+    p = sub.add_parser("prune", help="remove the raw bytes of old state versions (retention; operators)")
+    p.add_argument("--keep", type=int, metavar="N",
+                   help="keep the bytes of the newest N versions of each state (default: KL_RETAIN_VERSIONS)")
+    p.add_argument("--older-than-days", type=int, metavar="DAYS",
+                   help="prune only versions older than DAYS days (default: KL_RETAIN_DAYS)")
+    p.add_argument("--dry-run", action="store_true", help="report what would be removed; change nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_prune)
+
+
+def _register_tenancy(sub: Commands) -> None:
+    tenants = sub.add_parser("tenants", help="manage tenants (operators with database access)")
+    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="SUBCOMMAND")
+    t_create = tenants_sub.add_parser("create", help="create a tenant")
+    t_create.add_argument("slug", metavar="SLUG")
+    t_create.add_argument("--name", help="display name (default: the slug)")
+    t_create.set_defaults(func=cmd_tenants_create)
+    t_list = tenants_sub.add_parser("list", help="list tenants")
+    t_list.add_argument("--json", action="store_true", help="print JSON")
+    t_list.set_defaults(func=cmd_tenants_list)
+
+    tokens = sub.add_parser("tokens", help="manage API tokens (operators with database access)")
+    tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="SUBCOMMAND")
+    k_create = tokens_sub.add_parser("create", help="create a token for one environment; prints the secret once")
+    k_create.add_argument("tenant", metavar="TENANT")
+    k_create.add_argument("--name", required=True, help="what the token is for, e.g. terraform-ci")
+    k_create.add_argument("--environment", required=True, help="environment name, created on first use")
+    k_create.add_argument("--workspace", default="default", help="workspace name (default: default)")
+    k_create.add_argument("--server-url", default="http://localhost:8080", help="base URL for the backend block")
+    k_create.add_argument("--json", action="store_true", help="print JSON")
+    k_create.set_defaults(func=cmd_tokens_create)
+    k_list = tokens_sub.add_parser("list", help="list a tenant's tokens (never the secrets)")
+    k_list.add_argument("tenant", metavar="TENANT")
+    k_list.add_argument("--json", action="store_true", help="print JSON")
+    k_list.set_defaults(func=cmd_tokens_list)
+    k_revoke = tokens_sub.add_parser("revoke", help="revoke a token; it stops working at once")
+    k_revoke.add_argument("tenant", metavar="TENANT")
+    k_revoke.add_argument("token_id", metavar="TOKEN_ID")
+    k_revoke.set_defaults(func=cmd_tokens_revoke)

@@ -79,7 +79,7 @@ def live_for_state(
     return _held(conn.execute(_LIVE_FOR_STATE, (state_id, now, limit)).fetchall())
 
 
-_CHANGED_SINCE = """
+CHANGED_SINCE = """
 SELECT address, create_serial, delete_serial FROM resources
 WHERE state_id = %s AND (create_serial > %s OR delete_serial > %s)
 """
@@ -87,10 +87,15 @@ WHERE state_id = %s AND (create_serial > %s OR delete_serial > %s)
 
 def changed_since(conn: psycopg.Connection, state_id: int, base_serial: int) -> list[tuple[str, int]]:
     """(address, serial) of every row opened or closed after ``base_serial``."""
-    found: list[tuple[str, int]] = []
-    for address, created, deleted in conn.execute(_CHANGED_SINCE, (state_id, base_serial, base_serial)):
-        found.append((address, created if created > base_serial else deleted))
-    return found
+    return changes_after(conn.execute(CHANGED_SINCE, (state_id, base_serial, base_serial)), base_serial)
+
+
+def changes_after(
+    rows: Iterable[tuple[str, int, int | None]], base_serial: int,
+) -> list[tuple[str, int]]:
+    """(address, serial of the change after ``base_serial``) of rows read as (address, create_serial,
+    delete_serial)."""
+    return [(a, c if c > base_serial else (d or 0)) for a, c, d in rows]
 
 
 _HEAD_VERSION = "SELECT head_version_id, coalesce(current_serial, 0) FROM states WHERE id = %s"
@@ -116,7 +121,12 @@ def check_stale(conn: psycopg.Connection, state_id: int, base_serial: int, globs
     ``base_serial`` (the last writer never silently wins over a reservation's base)."""
     parsed = rules.parse_globs(globs)
     found = rules.stale(changed_since(conn, state_id, base_serial), parsed)
-    outputs = _output_moves(conn, state_id, base_serial, parsed)
+    raise_if_stale(base_serial, found, _output_moves(conn, state_id, base_serial, parsed))
+
+
+def raise_if_stale(base_serial: int, found: list[tuple[str, int]], outputs: list[str]) -> None:
+    """Raise StalePlanError naming the reserved addresses (with the serial that changed them) and root
+    outputs that moved after ``base_serial``, if there are any."""
     if found or outputs:
         items = [f"{a} (serial {s})" for a, s in found] + [f"output.{n}" for n in outputs]
         shown = ", ".join(items[:10])

@@ -126,8 +126,7 @@ def _output_moves(
         return []
     version = conn.execute(_VERSION_AT, (state_id, base_serial)).fetchone()
     base = resources.outputs_of(conn, version_id=version[0]) if version else []
-    head = resources.outputs_of(conn, version_id=head_version_id)
-    return rules.stale_outputs(base, head, globs)
+    return rules.stale_outputs(base, resources.outputs_of(conn, version_id=head_version_id), globs)
 
 
 def check_stale(conn: psycopg.Connection, state_id: int, base_serial: int, globs: Iterable[str]) -> None:

@@ -151,8 +151,8 @@ def _try_grant(
 
     With ``state_id`` (the state as the first look found it), taking the lock and every read under it are
     one pipelined round trip, and so are the grant's writes with COMMIT: the lock is held for two round
-    trips and the in-memory checks between them (a state that is new, or was replaced since, takes the
-    sequential path)."""
+    trips and the in-memory checks between them, plus whatever the grant reads (an open run's early
+    staleness check: one more). A state that is new, or was replaced since, takes the sequential path."""
     roots = {glob_root(w.text) for w in attempt.wanted}
     mine = attempt.waiter_id if attempt.waiter_id is not None else 2**62
     locked = _locked_reads(conn, principal, attempt, state_id, roots, now, window, mine) if state_id else None

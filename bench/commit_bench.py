@@ -15,7 +15,8 @@ database: ``bench.backend_bench.Harness``) serves the state; every request goes 
 (2) one-instance commits, one after another: open a run reserving ``terraform_data.item[k]`` (write), then
     commit a slice changing only that instance. The commit request is timed at the client and, in the
     server thread, at the store (``app.store.commit.commit_run``) and from the moment the commit takes the
-    state's row lock (once ``runs.locked_live_run`` returns: any wait for the lock is not counted) until its
+    state's row lock (the database's clock when ``commit.read_locked``'s pipeline was granted it; for older
+    code, once ``runs.locked_live_run`` returns: any wait for the lock is not counted) until its
     transaction ends: what every other writer of the state waits for;
 (3) the storage of those apply versions: the version row, its outputs and the resource rows it opened
     (``pg_column_size``, so after TOAST compression), against the state's size and its POSTed version's
@@ -81,14 +82,19 @@ QUICK = Sizes(instances=(200, 1_000, 2_000), commits=3, committers=4, cycles_eac
 # --- server-side timers -----------------------------------------------------------------------------
 
 class StoreTimers:
-    """Wraps ``commit_run`` and ``locked_live_run`` in the server's modules: per commit, the store time and
-    the time from taking the state's row lock to the end of the transaction."""
+    """Wraps ``commit_run`` in the server's modules, and the point where a commit holds the state's row lock:
+    per commit, the store time and the time from taking the state's row lock to the end of the transaction.
+
+    Code that reads under the lock in one pipeline (``commit.read_locked``) reports when the database granted
+    the lock (``Locked.locked_at``, the server's clock); older code is timed from ``runs.locked_live_run``'s
+    return."""
 
     def __init__(self) -> None:
         from app.store import commit, runs
 
         self._commit, self._runs = commit, runs
         self._orig_commit, self._orig_lock = commit.commit_run, runs.locked_live_run
+        self._orig_read = getattr(commit, "read_locked", None)
         self._local = threading.local()
         self._mutex = threading.Lock()
         self.store: list[float] = []
@@ -97,21 +103,32 @@ class StoreTimers:
 
         def locked_live_run(*args: Any, **kwargs: Any) -> Any:
             found = self._orig_lock(*args, **kwargs)
-            local.locked_at = perf()  # the state's row lock is taken (and waited for) in there
+            local.locked_at = time.time()  # the state's row lock is taken (and waited for) in there
             return found
+
+        def read_locked(*args: Any, **kwargs: Any) -> Any:
+            assert self._orig_read is not None
+            locked = self._orig_read(*args, **kwargs)
+            local.locked_at = locked.locked_at.timestamp()
+            return locked
 
         def commit_run(*args: Any, **kwargs: Any) -> Any:
             local.locked_at = None
             started = perf()
-            result = self._orig_commit(*args, **kwargs)
-            ended = perf()
-            with self._mutex:
-                self.store.append(ended - started)
-                if local.locked_at is not None:
-                    self.locked.append(ended - local.locked_at)
-            return result
+            try:
+                return self._orig_commit(*args, **kwargs)
+            finally:
+                ended, ended_at = perf(), time.time()
+                with self._mutex:
+                    self.store.append(ended - started)
+                    if local.locked_at is not None:
+                        self.locked.append(max(ended_at - local.locked_at, 0.0))
 
-        commit.commit_run, runs.locked_live_run = commit_run, locked_live_run
+        commit.commit_run = commit_run
+        if self._orig_read is not None:
+            commit.read_locked = read_locked
+        else:
+            runs.locked_live_run = locked_live_run
 
     def take(self) -> tuple[list[float], list[float]]:
         with self._mutex:
@@ -121,6 +138,8 @@ class StoreTimers:
 
     def close(self) -> None:
         self._commit.commit_run, self._runs.locked_live_run = self._orig_commit, self._orig_lock
+        if self._orig_read is not None:
+            self._commit.read_locked = self._orig_read
 
 
 # --- the state and commits --------------------------------------------------------------------------

@@ -18,13 +18,16 @@ filler instances plus the modules without a 50,000-resource apply.
 For N = 1 and N = 8: N checkouts each bump a different module; all N ``kl apply -f m{i}.tf --confirm-scope``
 (file-scoped: plan and apply in one command) start together and the wall time until the last one ends is
 taken; then N fresh bumps are applied one after another. Every
-apply must exit 0 and show up as ``committed``; at the end vanilla ``terraform plan -detailed-exitcode``
-over the merged configuration (all 50,000 filler instances included) must report no changes.
+apply must exit 0 and show up as ``committed``; at the end vanilla ``terraform plan -detailed-exitcode
+-refresh=false`` over the merged configuration (all 50,000 filler instances included) must report no changes.
+CPU seconds are reported per round: the applies' process trees (``RUSAGE_CHILDREN``) and this process, which
+runs the server (``RUSAGE_SELF``).
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import sys
 import tempfile
@@ -89,6 +92,7 @@ class ScaleBench(Bench):
         super().__init__(h, work, Sizes(sleep=scale.sleep, ns=(1, 8), overhead_reps=0), log)
         self.filler = scale.instances
         self.module_of: dict[str, int] = {}
+        self.final_plan_seconds = 0.0
 
     def checkout(self, name: str, versions: Sequence[int], *, backend: bool = True, filler: int | None = None,
                  sleep: int = 0) -> Path:
@@ -131,6 +135,29 @@ class ScaleBench(Bench):
         self.h.request("POST", "bench-parallel", body=(json.dumps(doc, indent=2) + "\n").encode())
         return proc.seconds
 
+    def final_check(self) -> tuple[int, int]:
+        """Vanilla ``terraform plan -detailed-exitcode -refresh=false`` over the merged configuration: the
+        state must hold every commit (no changes). Without refresh: ``terraform_data``'s read returns its
+        state unchanged, so refreshing the 50,000 filler instances checks nothing more and takes most of
+        the plan's time."""
+        d = self.checkout("merged", self.versions)
+        run_checked("terraform init (merged)", [self.tf, "init", "-input=false", "-no-color"], cwd=d, env=self.env)
+        proc = spawn("terraform plan (merged)", [self.tf, "plan", "-detailed-exitcode", "-refresh=false",
+                                                 "-input=false", "-no-color", "-var", f"sleep={self.sz.sleep}"],
+                     cwd=d, env=self.env).wait()
+        if proc.rc != 0:
+            raise BenchError(f"terraform plan -detailed-exitcode over the merged configuration exited {proc.rc}:\n"
+                             f"{proc.output[-3000:]}")
+        self.final_plan_seconds = proc.seconds
+        head = self.h.session.get(self.address, timeout=60)
+        return proc.rc, int(json.loads(head.content)["serial"])
+
+
+def server_cpu() -> float:
+    """CPU seconds of this process so far: the server's threads (and the benchmark's own few requests)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
 
 def filler_instance(i: int) -> dict[str, Any]:
     value = f"f-{i}"
@@ -148,6 +175,8 @@ class ScaleResult:
     rounds: list[Round] = field(default_factory=list)
     final_serial: int = 0
     applies: int = 0
+    server_cpu: dict[int, float] = field(default_factory=dict)  # N -> CPU seconds of the server process in round N
+    final_plan: float = 0.0
 
 
 def render(command: str, machine: list[tuple[str, str]], res: ScaleResult, elapsed: float) -> str:
@@ -172,9 +201,14 @@ def render(command: str, machine: list[tuple[str, str]], res: ScaleResult, elaps
         f"whose provisioner sleeps {res.sleep} s; each is one `kl apply -f m<i>.tf --confirm-scope` (plan and "
         "apply). Run time "
         f"{elapsed / 60:.1f} min; {res.applies} applies, all committed; the trunk ended at serial "
-        f"{res.final_serial} and vanilla `terraform plan` over the merged configuration showed no changes.", "",
+        f"{res.final_serial} and vanilla `terraform plan -refresh=false` over the merged configuration showed no "
+        f"changes ({res.final_plan:.0f} s).", "",
         table(["", "wall", "vs one alone"], rows), "",
         each, "",
+        f"CPU seconds of the applies (kl, Terraform and the provisioners, as their process trees): one alone "
+        f"{one.parallel_cpu:.1f} s; the 8 together {eight.parallel_cpu:.1f} s ({eight.parallel_cpu / 8:.1f} s each). "
+        f"The server process: {res.server_cpu.get(1, 0.0):.1f} s for the N = 1 round, "
+        f"{res.server_cpu.get(8, 0.0):.1f} s for the N = 8 round (both include the one-after-another applies).", "",
         f"Target: 8 together ≤ {TARGET_RATIO}× one alone: {'met' if ratio <= TARGET_RATIO else 'missed'} "
         f"({ratio:.2f}×). Load average before the 8 started: {eight.load_before:.2f}.", "",
     ]) + "\n"
@@ -206,12 +240,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             b.create_trunk()
             log(f"trunk created with {scale.instances:,} filler instances")
             for n in (1, 8):
-                cpu = children_cpu()
+                cpu, own = children_cpu(), server_cpu()
                 res.rounds.append(b.round(n))
-                log(f"  N={n}: load {load1():.2f}, children CPU {children_cpu() - cpu:.1f} s")
+                res.server_cpu[n] = server_cpu() - own
+                log(f"  N={n}: load {load1():.2f}, children CPU {children_cpu() - cpu:.1f} s, "
+                    f"server {res.server_cpu[n]:.1f} s")
             b.check_runs(b.actors)
             res.applies = len(b.actors)
             _, res.final_serial = b.final_check()
+            res.final_plan = b.final_plan_seconds
             if res.final_serial != 2 + len(b.actors):
                 raise BenchError(f"the trunk is at serial {res.final_serial}, expected {2 + len(b.actors)}")
     except BenchError as exc:

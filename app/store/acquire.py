@@ -138,15 +138,27 @@ def _held_by_terraform_lock(row: states.StateRow) -> list[Held]:
 def _try_grant(
     conn: psycopg.Connection, principal: Principal, attempt: Attempt, now: datetime, *, waiting: bool,
     grant: Callable[[psycopg.Connection, states.StateRow], None], window: timedelta,
-    exclude_run: str | None = None,
+    exclude_run: str | None = None, state_id: int | None = None,
 ) -> tuple[list[Conflict], bool]:
     """One all-or-nothing attempt under the state row lock. Returns (conflicts, blocked_by_queue);
     both empty means granted (``grant`` ran in this transaction). The work is one indexed walk per
-    requested glob (``find_conflicts``), never requested × held."""
-    row = states.locked_row(conn, principal, attempt.state_name, create=True)
-    assert row is not None  # create=True
+    requested glob (``find_conflicts``), never requested × held.
+
+    With ``state_id`` (the state as the first look found it), taking the lock and every read under it are
+    one pipelined round trip, and so are the grant's writes with COMMIT: the lock is held for two round
+    trips and the in-memory checks between them, plus whatever the grant reads (an open run's early
+    staleness check: one more). A state that is new, or was replaced since, takes the sequential path."""
     roots = {glob_root(w.text) for w in attempt.wanted}
-    candidates = [h for h in holds.candidates(conn, row.id, roots) if h.run_id != exclude_run]
+    mine = attempt.waiter_id if attempt.waiter_id is not None else 2**62
+    locked = _locked_reads(conn, principal, attempt, state_id, roots, now, window, mine) if state_id else None
+    if locked is None:
+        row = states.locked_row(conn, principal, attempt.state_name, create=True)
+        assert row is not None  # create=True
+        held = holds.candidates(conn, row.id, roots)
+        earlier: list[tuple[Any, ...]] | None = None
+    else:
+        row, held, earlier = locked
+    candidates = [h for h in held if h.run_id != exclude_run]
     expired = [h for h in candidates if h.is_expired(now)]
     if expired:
         met = find_conflicts(attempt.wanted, expired, now=None, limit=CONFLICT_SCAN_LIMIT)
@@ -158,29 +170,49 @@ def _try_grant(
     queued = False
     if not conflicts:
         # Queued requests that compete for our addresses go first, whether or not we wait.
-        conn.execute(_WAITER_PURGE, (row.id, now - window))
-        mine = attempt.waiter_id if attempt.waiter_id is not None else 2**62
-        earlier = conn.execute(_EARLIER_WAITERS, (row.id, mine, now - window)).fetchall()
+        if earlier is None:
+            conn.execute(_WAITER_PURGE, (row.id, now - window))
+            earlier = conn.execute(_EARLIER_WAITERS, (row.id, mine, now - window)).fetchall()
         queued = bool(earlier) and blocks(attempt.wanted, [_wanted_from_json(doc) for (doc,) in earlier])
     if conflicts or queued:
         if waiting:
             _enqueue(conn, principal, attempt, row.id, now)
         return conflicts, queued
-    if attempt.waiter_id is not None:
-        conn.execute(_WAITER_DELETE, (attempt.waiter_id,))
-    grant(conn, row)
+    with conn.pipeline():  # the grant's writes and COMMIT in one round trip (its reads sync on their own)
+        if attempt.waiter_id is not None:
+            conn.execute(_WAITER_DELETE, (attempt.waiter_id,))
+        grant(conn, row)
+        conn.commit()
     return [], False
+
+
+def _locked_reads(
+    conn: psycopg.Connection, principal: Principal, attempt: Attempt, state_id: int, roots: set[str],
+    now: datetime, window: timedelta, mine: int,
+) -> tuple[states.StateRow, list[Held], list[tuple[Any, ...]]] | None:
+    """Take the state's row lock and read its candidate reservations and earlier waiters (purging the
+    lapsed ones first) in one pipeline; None when the state is no longer the one ``state_id`` names."""
+    with conn.pipeline():
+        row_read = states.lock_row_read(conn, principal, attempt.state_name)
+        held_read = holds.candidates_read(conn, state_id, roots)
+        conn.execute(_WAITER_PURGE, (state_id, now - window))
+        earlier_read = conn.execute(_EARLIER_WAITERS, (state_id, mine, now - window))
+    row = row_read.fetchone()
+    if row is None or row.id != state_id:
+        return None
+    return row, holds.candidates_of(held_read), earlier_read.fetchall()
 
 
 def _first_look(
     conn: psycopg.Connection, principal: Principal, attempt: Attempt, now: datetime, *, window: timedelta,
     exclude_run: str | None,
-) -> tuple[int, list[Conflict], bool] | None:
+) -> tuple[int, list[Conflict], bool] | int | None:
     """The live conflicts and earlier waiters a request meets, read without the state's row lock:
     (state id, conflicts, blocked by the queue), or None when it might be granted, which only the
     locked attempt decides. Refusing or queueing on this snapshot is safe (it grants and changes no
     reservation), and it keeps requests that conflict anyway — a hostile 1,000-glob request included —
-    from ever holding the lock that Terraform's LOCK and every grant wait for."""
+    from ever holding the lock that Terraform's LOCK and every grant wait for. A request that might be
+    granted gets the state's id instead (None for a state that does not exist yet)."""
     row = _peek_state(conn, principal, attempt.state_name)
     if row is None:
         return None
@@ -193,7 +225,7 @@ def _first_look(
         earlier = conn.execute(_EARLIER_WAITERS, (row.id, mine, now - window)).fetchall()
         queued = bool(earlier) and blocks(attempt.wanted, [_wanted_from_json(doc) for (doc,) in earlier])
     if not conflicts and not queued:
-        return None
+        return row.id
     return row.id, conflicts, queued
 
 
@@ -251,14 +283,14 @@ def acquire(
             attempt.wait_until = now + policy.wait
         waiting = bool(policy.wait) and attempt.wait_until is not None and now < attempt.wait_until
         seen = _first_look(conn, principal, attempt, now, window=policy.window, exclude_run=exclude_run)
-        if seen is not None:
+        if isinstance(seen, tuple):
             state_id, conflicts, queued = seen
             if waiting:
                 _enqueue(conn, principal, attempt, state_id, now)
-    if seen is None:
+    if not isinstance(seen, tuple):
         with db.transaction() as conn:
             conflicts, queued = _try_grant(conn, principal, attempt, now, waiting=waiting, grant=grant,
-                                           window=policy.window, exclude_run=exclude_run)
+                                           window=policy.window, exclude_run=exclude_run, state_id=seen)
     if not conflicts and not queued:
         return None
     if not waiting:

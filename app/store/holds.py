@@ -48,10 +48,21 @@ def _held(rows: Iterable[tuple[str, str, str, str, datetime, datetime]]) -> list
 
 def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Held]:
     """Reservations of the state that could intersect globs with these roots (expired included)."""
-    everything = "*" in roots
+    return candidates_of(candidates_read(conn, state_id, roots))
+
+
+def candidates_read(
+    conn: psycopg.Connection, state_id: int, roots: set[str],
+) -> psycopg.Cursor[tuple[str, str, str, str, datetime, datetime]]:
+    """``candidates``'s query, sent but not yet fetched (so it can share a pipeline)."""
     # Never prepared: a prepared statement may fall back to a generic plan that cannot use the root
     # index (it must serve the '*' case too) and scans every reservation of the state.
-    return _held(conn.execute(_CANDIDATES, (state_id, sorted(roots), everything), prepare=False).fetchall())
+    cur: psycopg.Cursor[tuple[str, str, str, str, datetime, datetime]] = conn.cursor()
+    return cur.execute(_CANDIDATES, (state_id, sorted(roots), "*" in roots), prepare=False)
+
+
+def candidates_of(read: psycopg.Cursor[tuple[str, str, str, str, datetime, datetime]]) -> list[Held]:
+    return _held(read.fetchall())
 
 
 def reclaim(
@@ -80,7 +91,7 @@ def live_for_state(
     return _held(conn.execute(_LIVE_FOR_STATE, (state_id, now, limit)).fetchall())
 
 
-_CHANGED_SINCE = """
+CHANGED_SINCE = """
 SELECT address, create_serial, delete_serial FROM resources
 WHERE state_id = %s AND (create_serial > %s OR delete_serial > %s)
 """
@@ -88,10 +99,15 @@ WHERE state_id = %s AND (create_serial > %s OR delete_serial > %s)
 
 def changed_since(conn: psycopg.Connection, state_id: int, base_serial: int) -> list[tuple[str, int]]:
     """(address, serial) of every row opened or closed after ``base_serial``."""
-    found: list[tuple[str, int]] = []
-    for address, created, deleted in conn.execute(_CHANGED_SINCE, (state_id, base_serial, base_serial)):
-        found.append((address, created if created > base_serial else deleted))
-    return found
+    return changes_after(conn.execute(CHANGED_SINCE, (state_id, base_serial, base_serial)), base_serial)
+
+
+def changes_after(
+    rows: Iterable[tuple[str, int, int | None]], base_serial: int,
+) -> list[tuple[str, int]]:
+    """(address, serial of the change after ``base_serial``) of rows read as (address, create_serial,
+    delete_serial)."""
+    return [(a, c if c > base_serial else (d or 0)) for a, c, d in rows]
 
 
 _HEAD_VERSION = "SELECT head_version_id, coalesce(current_serial, 0) FROM states WHERE id = %s"
@@ -100,24 +116,35 @@ SELECT id FROM state_versions WHERE state_id = %s AND serial <= %s ORDER BY seri
 """
 
 
-def _output_moves(conn: psycopg.Connection, state_id: int, base_serial: int, globs: list[Glob]) -> list[str]:
-    """Reserved root outputs whose head value differs from their value at ``base_serial``."""
-    head_version_id, head_serial = conn.execute(_HEAD_VERSION, (state_id,)).fetchone() or (None, 0)
+def _output_moves(
+    conn: psycopg.Connection, state_id: int, base_serial: int, globs: list[Glob], head: tuple[int | None, int],
+) -> list[str]:
+    """Reserved root outputs whose head value differs from their value at ``base_serial``; ``head`` is the
+    state's (head version id, serial)."""
+    head_version_id, head_serial = head
     if head_version_id is None or head_serial <= base_serial or not any(
             g.is_output or g.is_everything for g in globs):
         return []
     version = conn.execute(_VERSION_AT, (state_id, base_serial)).fetchone()
     base = resources.outputs_of(conn, version_id=version[0]) if version else []
-    head = resources.outputs_of(conn, version_id=head_version_id)
-    return rules.stale_outputs(base, head, globs)
+    return rules.stale_outputs(base, resources.outputs_of(conn, version_id=head_version_id), globs)
 
 
 def check_stale(conn: psycopg.Connection, state_id: int, base_serial: int, globs: Iterable[str]) -> None:
     """Raise StalePlanError when any address or root output under ``globs`` changed after
     ``base_serial`` (the last writer never silently wins over a reservation's base)."""
     parsed = rules.parse_globs(globs)
-    found = rules.stale(changed_since(conn, state_id, base_serial), parsed)
-    outputs = _output_moves(conn, state_id, base_serial, parsed)
+    with conn.pipeline():  # one round trip: callers hold the state's row lock
+        changed_read = conn.execute(CHANGED_SINCE, (state_id, base_serial, base_serial))
+        head_read = conn.execute(_HEAD_VERSION, (state_id,))
+    found = rules.stale(changes_after(changed_read.fetchall(), base_serial), parsed)
+    head = head_read.fetchone() or (None, 0)
+    raise_if_stale(base_serial, found, _output_moves(conn, state_id, base_serial, parsed, head))
+
+
+def raise_if_stale(base_serial: int, found: list[tuple[str, int]], outputs: list[str]) -> None:
+    """Raise StalePlanError naming the reserved addresses (with the serial that changed them) and root
+    outputs that moved after ``base_serial``, if there are any."""
     if found or outputs:
         items = [f"{a} (serial {s})" for a, s in found] + [f"output.{n}" for n in outputs]
         shown = ", ".join(items[:10])

@@ -191,6 +191,18 @@ def locked_live_run(
     """Lock a live run the caller holds; returns (state name, state id). A lapsed lease fails
     loudly: the holder must stop, because someone else may now hold its addresses."""
     status, actor, state_id, state_name, credential = _lock_run(conn, principal, run_id)
+    expiries = [e for _, _, e in conn.execute(_RUN_RESERVATIONS, (run_id,)).fetchall()]
+    check_live(conn, principal, run_id, holder, now, status=status, actor=actor, state_id=state_id,
+               state_name=state_name, credential=credential, expiries=expiries)
+    return state_name, state_id
+
+
+def check_live(
+    conn: psycopg.Connection, principal: Principal, run_id: str, holder: str | None, now: datetime, *,
+    status: str, actor: str, state_id: int, state_name: str, credential: str, expiries: list[datetime],
+) -> None:
+    """The checks of ``locked_live_run`` on a run already read under its state's row lock (``expiries``:
+    its reservations' ends). A lapsed lease is reclaimed and committed before the refusal."""
     if credential != principal.credential:
         raise NotRunHolderError(
             f"apply run {run_id} was opened with another credential: only the credential that opened a run "
@@ -198,7 +210,6 @@ def locked_live_run(
         )
     if holder is not None and holder != actor:
         raise NotRunHolderError(f"apply run {run_id} is held by {actor}, not {holder}")
-    expiries = [e for _, _, e in conn.execute(_RUN_RESERVATIONS, (run_id,)).fetchall()]
     lapsed = status == RunStatus.EXPIRED or any(e <= now for e in expiries)
     if lapsed:
         if RunStatus(status).is_live:
@@ -212,7 +223,6 @@ def locked_live_run(
         raise RunClosedError(f"apply run {run_id} is {status} and can no longer commit: if it changed "
                              f"infrastructure, kl recover {run_id} commits its kept state through a new run",
                              status=status)
-    return state_name, state_id
 
 
 def acquire_more(

@@ -110,8 +110,13 @@ class VersionRef:
 def locked_row(conn: psycopg.Connection, principal: Principal, name: str, *, create: bool) -> StateRow | None:
     if create:
         conn.execute(_ENSURE, (principal.tenant_id, principal.scope, name))
-    with conn.cursor(row_factory=class_row(StateRow)) as cur:
-        return cur.execute(_FOR_UPDATE, (principal.tenant_id, principal.scope, name)).fetchone()
+    return lock_row_read(conn, principal, name).fetchone()
+
+
+def lock_row_read(conn: psycopg.Connection, principal: Principal, name: str) -> psycopg.Cursor[StateRow]:
+    """``locked_row`` of an existing state, sent but not yet fetched (so it can open a pipeline)."""
+    cur = conn.cursor(row_factory=class_row(StateRow))
+    return cur.execute(_FOR_UPDATE, (principal.tenant_id, principal.scope, name))
 
 
 def find_state(conn: psycopg.Connection, principal: Principal, name: str) -> StateRow:

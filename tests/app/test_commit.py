@@ -4,12 +4,14 @@ reservations, the write set and staleness, and a refused commit writes nothing."
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import psycopg
+import requests
 
 from analyzer.state import ParsedState, parse_state
-from tests.helpers import instance, resource, state
+from tests.helpers import counted_state, instance, resource, state
 
 STATE = "/v1/states/trunk"
 
@@ -210,3 +212,138 @@ def test_a_re_read_data_source_is_kept_from_the_trunk_not_refused(client):
     assert answer.get_json()["commit"]["addresses"] == ["terraform_data.item[1]"]
     data = next(r for r in json.loads(client.get(STATE).data)["resources"] if r["mode"] == "data")
     assert data["instances"][0]["attributes"]["outputs"] == {"v": 1}
+
+
+def _between_reads_and_lock(monkeypatch, action):  # type: ignore[no-untyped-def]
+    """Run ``action(principal)`` once, in the commit's request, after its unlocked reads and just before it
+    takes the state's row lock: what a concurrent writer landing in that gap does."""
+    from app.store import commit as commit_store
+
+    original = commit_store.read_locked
+    fired: list[bool] = []
+
+    def read_locked(conn, principal, run_id, before):  # type: ignore[no-untyped-def]
+        if not fired:
+            fired.append(True)
+            action(principal)
+        return original(conn, principal, run_id, before)
+
+    monkeypatch.setattr(commit_store, "read_locked", read_locked)
+    return fired
+
+
+def test_a_commit_landing_before_the_lock_moves_the_serial_and_its_outputs_are_kept(app, client, monkeypatch):
+    from app.store import commit as commit_store
+
+    client.post(STATE, data=trunk())
+    a = open_run(client, "alice", ("terraform_data.item[0]", "write")).get_json()["run"]["id"]
+    b = open_run(client, "bob", ("terraform_data.item[2]", "write"),
+                 ("output.greeting", "write")).get_json()["run"]["id"]
+    db = app.extensions["kilolock"].db
+    doc_b = result_state(**{"2": "C"})
+    doc_b["outputs"] = {"greeting": {"value": "hello from bob", "type": "string"}}
+    addresses = ["terraform_data.item[2]"]
+
+    def bob_commits(principal) -> None:  # type: ignore[no-untyped-def]
+        done = commit_store.commit_run(db, principal, b, holder="bob", state_body=json.dumps(doc_b).encode(),
+                                       slice_addresses=addresses)
+        assert done.serial == 2
+
+    fired = _between_reads_and_lock(monkeypatch, bob_commits)
+    answer = commit(client, a, "alice", result_state(**{"0": "A"}))
+    assert fired and answer.status_code == 200, answer.get_json()
+    assert answer.get_json()["commit"]["serial"] == 3
+    assert values(client) == {"terraform_data.item[0]": "A", "terraform_data.item[1]": "b",
+                              "terraform_data.item[2]": "C", "module.web.terraform_data.x": "web"}
+    head = json.loads(client.get(STATE).data)
+    assert head["serial"] == 3 and head["outputs"] == {"greeting": {"value": "hello from bob", "type": "string"}}
+
+
+def test_a_reservation_released_before_the_lock_is_not_written(app, client, clean_db, monkeypatch):
+    from app.store import runs as runs_store
+
+    client.post(STATE, data=trunk())
+    run_id = open_run(client, "alice", ("terraform_data.item[0]", "write"),
+                      ("terraform_data.item[1]", "write")).get_json()["run"]["id"]
+    db = app.extensions["kilolock"].db
+    before = snapshot(clean_db)
+
+    def release_item_1(principal) -> None:  # type: ignore[no-untyped-def]
+        runs_store.release(db, principal, run_id, holder="alice", globs=["terraform_data.item[1]"])
+
+    fired = _between_reads_and_lock(monkeypatch, release_item_1)
+    answer = commit(client, run_id, "alice", result_state(**{"0": "A", "1": "B"}))
+    assert fired and answer.status_code == 409, answer.get_json()
+    assert answer.get_json()["code"] == "write_outside_reservation"
+    assert answer.get_json()["addresses"] == ["terraform_data.item[1]"]
+    assert snapshot(clean_db) == before
+
+
+def test_a_lease_reclaimed_before_the_lock_refuses_the_commit(app, client, clean_db, monkeypatch):
+    client.post(STATE, data=trunk())
+    run_id = open_run(client, "alice", ("terraform_data.item[1]", "write")).get_json()["run"]["id"]
+    before = snapshot(clean_db)
+
+    def lapse(principal) -> None:  # type: ignore[no-untyped-def]
+        with psycopg.connect(clean_db, autocommit=True) as conn:
+            conn.execute("UPDATE resource_reservations SET expires_at = now() - interval '1 second'")
+
+    fired = _between_reads_and_lock(monkeypatch, lapse)
+    answer = commit(client, run_id, "alice", result_state(**{"1": "late"}))
+    assert fired and answer.status_code == 409 and answer.get_json()["code"] == "lease_expired"
+    assert snapshot(clean_db) == before
+    assert client.get(f"/v1/engine/runs/{run_id}").get_json()["run"]["status"] == "expired"
+
+
+def test_committers_racing_on_one_state_land_at_consecutive_serials_and_every_get_is_whole(live_server):
+    count, racers = 40, 8
+    http = requests.Session()
+    url = live_server.state_url("race")
+    assert http.post(url, data=counted_state(1, count), timeout=60).status_code == 200
+    runs_url = f"{live_server.url}/v1/engine/states/race/runs"
+    opened = []
+    for k in range(racers):
+        answer = http.post(runs_url, timeout=60, json={
+            "actor": f"dev{k}", "base_serial": 1,
+            "reservations": [{"glob": f"terraform_data.item[{k}]", "mode": "write"}]})
+        assert answer.status_code == 201, answer.json()
+        opened.append(answer.json()["run"]["id"])
+    start = threading.Barrier(racers + 1)
+    serials: list[int] = []
+    problems: list[str] = []
+
+    def racer(k: int) -> None:
+        doc = json.loads(counted_state(1, 1))
+        doc["resources"][0]["instances"][0]["index_key"] = k
+        doc["resources"][0]["instances"][0]["attributes"]["input"]["value"] = f"r-{k}"
+        session = requests.Session()
+        start.wait()
+        answer = session.post(f"{live_server.url}/v1/engine/runs/{opened[k]}/commit", timeout=60, json={
+            "holder": f"dev{k}", "state": doc, "slice_addresses": [f"terraform_data.item[{k}]"]})
+        if answer.status_code != 200:
+            problems.append(f"racer {k}: {answer.status_code} {answer.text[:200]}")
+        else:
+            serials.append(int(answer.json()["commit"]["serial"]))
+
+    def reader() -> None:
+        session = requests.Session()
+        start.wait()
+        while len(serials) + len(problems) < racers:
+            parsed = parse_state(session.get(url, timeout=60).content)
+            assert isinstance(parsed, ParsedState)
+            changed = sum(json.loads(i.instance_json)["attributes"]["input"]["value"].startswith("r-")
+                          for i in parsed.instances)
+            if changed != parsed.serial - 1 or len(parsed.instances) != count:
+                problems.append(f"serial {parsed.serial} holds {changed} commits of {len(parsed.instances)} rows")
+
+    threads = [threading.Thread(target=racer, args=(k,)) for k in range(racers)] + [threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not problems, problems[:5]
+    assert sorted(serials) == list(range(2, racers + 2))
+    parsed = parse_state(http.get(url, timeout=60).content)
+    assert isinstance(parsed, ParsedState) and parsed.serial == racers + 1
+    got = {i.address: json.loads(i.instance_json)["attributes"]["input"]["value"] for i in parsed.instances}
+    assert all(got[f"terraform_data.item[{k}]"] == f"r-{k}" for k in range(racers))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from analyzer.globs import GlobError, conflicts, parse_glob
 from app.config import Settings
-from app.domain.reservations import LIVE_STATUSES
+from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
 from runner import git
 from runner.apply import ApplyOptions
 from runner.bot.config import BotConfig, BotConfigError, Project, load, projects_for, read_raw
@@ -44,7 +44,7 @@ from runner.plan import TerraformContext
 from runner.terraform import TerraformNotFoundError, resolve_binary
 
 log = logging.getLogger("kilolock.bot")
-LEASE_SECONDS = 900.0
+LEASE_SECONDS = DEFAULT_LEASE.total_seconds()
 
 
 @dataclass(frozen=True, slots=True)

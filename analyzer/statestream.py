@@ -122,30 +122,24 @@ class _Window:
 
     def members(self) -> Iterator[str]:
         """The keys of the object that starts here; the caller reads each value before the next key."""
-        self.expect("{")
-        if self.peek() == "}":
-            self.pos += 1
-            return
-        while True:
+        for _ in self._elements("{", "}"):
             yield self.key()
-            char = self.peek()
-            self.pos += 1
-            if char == "}":
-                return
-            if char != ",":
-                raise Unstreamable
 
     def items(self) -> Iterator[None]:
         """One step per element of the array that starts here; the caller reads each element."""
-        self.expect("[")
-        if self.peek() == "]":
+        return self._elements("[", "]")
+
+    def _elements(self, opening: str, closing: str) -> Iterator[None]:
+        """One step per comma-separated element of the container that starts here with ``opening``."""
+        self.expect(opening)
+        if self.peek() == closing:
             self.pos += 1
             return
         while True:
             yield None
             char = self.peek()
             self.pos += 1
-            if char == "]":
+            if char == closing:
                 return
             if char != ",":
                 raise Unstreamable

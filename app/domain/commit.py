@@ -14,9 +14,8 @@ from analyzer.addresses import AddressError, parse_instance_address
 from analyzer.globs import Glob, matches_output, parse_glob
 from analyzer.state import InstanceRow, OutputRow
 from app.domain.globindex import GlobIndex
+from app.domain.lifecycle import Key, changed_instances
 from app.errors import BadRequestError
-
-Key = tuple[str, str]  # (address, deposed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,22 +47,12 @@ def commit_delta(
     if skip is not None:
         base = {k: v for k, v in base.items() if not skip(k[0])}
         result = [r for r in result if not skip(r.address)]
-    upserts: list[InstanceRow] = []
-    created = updated = 0
-    seen: set[Key] = set()
-    for row in result:
-        key = (row.address, row.deposed)
-        seen.add(key)
-        before = base.get(key)
-        if before is None:
-            upserts.append(row)
-            created += 1
-        elif before != row.attributes_hash:
-            upserts.append(row)
-            updated += 1
+    changed, seen = changed_instances(base, result)
+    created = sum(1 for _, before in changed if before is None)
     in_slice = set(slice_addresses) | {address for address, _ in seen}
     deletes = tuple(sorted(k for k in base if k not in seen and k[0] in in_slice))
-    return CommitDelta(upserts=tuple(upserts), deletes=deletes, created=created, updated=updated)
+    return CommitDelta(upserts=tuple(row for row, _ in changed), deletes=deletes, created=created,
+                       updated=len(changed) - created)
 
 
 class GlobCoverage:

@@ -37,18 +37,20 @@ class JobKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class JobArgs:
-    """Base of every kind's arguments. ``subject`` is what the job's ``bot_jobs`` row is about: the
-    fields ``SUBJECT`` names hold its repository, pull request, SHA and project ("" for none)."""
+    """Base of every kind's arguments. ``subject`` is what the job's ``bot_jobs`` row is about: its
+    ``repo``, ``number`` and ``project`` fields where the kind has them, and the field ``SHA`` names."""
 
     kind: ClassVar[JobKind]
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "", "")
+    SHA: ClassVar[str] = ""  # the field that holds the row's SHA ("" for none)
 
     def to_kwargs(self) -> dict[str, str | int]:
         return dict(asdict(self))
 
     def subject(self) -> Subject:
-        repo, number, sha, project = (getattr(self, f) if f else "" for f in self.SUBJECT)
-        return Subject(str(repo) or TICK_REPO, int(number) if number else None, str(sha), str(project))
+        kwargs = self.to_kwargs()
+        number = kwargs.get("number")
+        return Subject(str(kwargs.get("repo", "")) or TICK_REPO, int(number) if number else None,
+                       str(kwargs[self.SHA]) if self.SHA else "", str(kwargs.get("project", "")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +64,23 @@ class Subject:
 
 
 @dataclass(frozen=True, slots=True)
-class PullRequestArgs(JobArgs):
-    kind: ClassVar[JobKind] = JobKind.PULL_REQUEST
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "head_sha", "")
+class RepoArgs(JobArgs):
+    """Arguments of a job about one repository; every kind but the drift tick."""
+
     repo: str
+
+
+@dataclass(frozen=True, slots=True)
+class PullArgs(RepoArgs):
+    """Arguments of a job about one pull request (or, for ``apply_project``, 0 for a push)."""
+
     number: int
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequestArgs(PullArgs):
+    kind: ClassVar[JobKind] = JobKind.PULL_REQUEST
+    SHA: ClassVar[str] = "head_sha"
     head_sha: str
 
 
@@ -81,29 +95,23 @@ class ReviewArgs(PullRequestArgs):
 
 
 @dataclass(frozen=True, slots=True)
-class ClosedArgs(JobArgs):
+class ClosedArgs(PullArgs):
     kind: ClassVar[JobKind] = JobKind.PULL_REQUEST_CLOSED
-    repo: str
-    number: int
 
 
 @dataclass(frozen=True, slots=True)
-class MergeArgs(JobArgs):
+class MergeArgs(PullArgs):
     kind: ClassVar[JobKind] = JobKind.MERGE
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "merge_sha", "")
-    repo: str
-    number: int
+    SHA: ClassVar[str] = "merge_sha"
     merge_sha: str
 
 
 @dataclass(frozen=True, slots=True)
-class ApplyProjectArgs(JobArgs):
+class ApplyProjectArgs(PullArgs):
     """One project of a merge (``number`` > 0) or a push (0), diffed from ``base``."""
 
     kind: ClassVar[JobKind] = JobKind.APPLY_PROJECT
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "sha", "project")
-    repo: str
-    number: int
+    SHA: ClassVar[str] = "sha"
     sha: str
     project: str
     base: str
@@ -116,55 +124,47 @@ class ApplyProjectArgs(JobArgs):
 
 
 @dataclass(frozen=True, slots=True)
-class PushArgs(JobArgs):
-    kind: ClassVar[JobKind] = JobKind.PUSH
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "after", "")
-    repo: str
-    after: str
-    before: str
-
-
-@dataclass(frozen=True, slots=True)
-class RerunArgs(JobArgs):
-    kind: ClassVar[JobKind] = JobKind.RERUN
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "head_sha", "")
-    repo: str
-    external_id: str
-    head_sha: str
-
-
-@dataclass(frozen=True, slots=True)
-class CommentArgs(JobArgs):
+class CommentArgs(PullArgs):
     kind: ClassVar[JobKind] = JobKind.COMMENT
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "number", "comment_id", "")
-    repo: str
-    number: int
+    SHA: ClassVar[str] = "comment_id"  # a comment has no SHA of its own: the row keeps the comment's id
     comment_id: int
     login: str
     body: str
 
 
 @dataclass(frozen=True, slots=True)
-class ReconcileArgs(JobArgs):
+class PushArgs(RepoArgs):
+    kind: ClassVar[JobKind] = JobKind.PUSH
+    SHA: ClassVar[str] = "after"
+    after: str
+    before: str
+
+
+@dataclass(frozen=True, slots=True)
+class RerunArgs(RepoArgs):
+    kind: ClassVar[JobKind] = JobKind.RERUN
+    SHA: ClassVar[str] = "head_sha"
+    external_id: str
+    head_sha: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileArgs(RepoArgs):
     kind: ClassVar[JobKind] = JobKind.RECONCILE_HOLDS
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "", "")
-    repo: str
 
 
 @dataclass(frozen=True, slots=True)
 class DriftTickArgs(JobArgs):
     kind: ClassVar[JobKind] = JobKind.DRIFT_TICK
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("", "", "", "")
     at: int
 
 
 @dataclass(frozen=True, slots=True)
-class DriftCheckArgs(JobArgs):
+class DriftCheckArgs(RepoArgs):
     """The scheduled drift check of one project for the window starting at ``window`` (epoch seconds)."""
 
     kind: ClassVar[JobKind] = JobKind.DRIFT_CHECK
-    SUBJECT: ClassVar[tuple[str, str, str, str]] = ("repo", "", "sha", "project")
-    repo: str
+    SHA: ClassVar[str] = "sha"
     project: str
     window: int
     sha: str

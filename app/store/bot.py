@@ -193,15 +193,18 @@ def open_footprints(db: Database, repo: str, state_name: str, *,
 # --- bot jobs -------------------------------------------------------------------------------------
 
 _COLUMNS = "id, kind, repo, number, sha, project, status, attempts, result, posted, error, args"
-_CLAIM_JOB = f"""
+# A claim inserts the row as running, or takes an existing row over as a new attempt when ``{takeover}``
+# holds; RETURNING yields no row when it does not.
+_CLAIM = f"""
 INSERT INTO bot_jobs (id, kind, repo, number, sha, project, status, attempts, args, started_at)
 VALUES (%s, %s, %s, %s, %s, %s, 'running', 1, %s, now())
 ON CONFLICT (id) DO UPDATE
    SET status = 'running', attempts = bot_jobs.attempts + 1, args = EXCLUDED.args, updated_at = now(),
        started_at = now()
- WHERE bot_jobs.status <> ALL(%s)
+ WHERE {{takeover}}
 RETURNING {_COLUMNS}
 """
+_CLAIM_JOB = _CLAIM.format(takeover="bot_jobs.status <> ALL(%s)")
 _GET_JOB = f"SELECT {_COLUMNS} FROM bot_jobs WHERE id = %s"
 _FINISH_JOB = """
 UPDATE bot_jobs SET status = %s, result = %s, error = %s, posted = false, updated_at = now(), finished_at = now()
@@ -327,16 +330,8 @@ def list_jobs(db: Database, repo: str, number: int | None = None) -> list[BotJob
 
 # Unlike claim_job, a row another worker holds as running is NOT taken over, unless it has been running
 # longer than ``stale`` seconds (its worker died: RQ would have killed it by then) or it was reset.
-_CLAIM_WINDOW = f"""
-INSERT INTO bot_jobs (id, kind, repo, number, sha, project, status, attempts, args, started_at)
-VALUES (%s, %s, %s, %s, %s, %s, 'running', 1, %s, now())
-ON CONFLICT (id) DO UPDATE
-   SET status = 'running', attempts = bot_jobs.attempts + 1, args = EXCLUDED.args, updated_at = now(),
-       started_at = now()
- WHERE bot_jobs.status = 'queued'
-    OR (bot_jobs.status = 'running' AND bot_jobs.updated_at < now() - make_interval(secs => %s))
-RETURNING {_COLUMNS}
-"""
+_CLAIM_WINDOW = _CLAIM.format(takeover="""bot_jobs.status = 'queued'
+    OR (bot_jobs.status = 'running' AND bot_jobs.updated_at < now() - make_interval(secs => %s))""")
 _KNOWN_REPOS = """
 SELECT repo FROM bot_jobs WHERE repo <> '' AND repo <> '-'
 UNION SELECT repo FROM webhook_deliveries WHERE repo <> ''

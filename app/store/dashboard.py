@@ -9,7 +9,7 @@ instance, and outputs with sensitive values replaced by NULL before they leave t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg.rows import class_row
@@ -19,6 +19,7 @@ from app.domain.locking import lock_holder, stored_lock
 from app.domain.principal import Principal
 from app.errors import NotFoundError, StateNotFoundError
 from app.store import states
+from app.store.bot import PrFootprint
 from app.store.db import LIVE_STATUSES_SQL, Database
 from app.store.tenancy import AuthenticatedToken, hash_secret
 
@@ -298,6 +299,7 @@ WHERE %(all)s OR EXISTS (SELECT 1 FROM states s WHERE s.name = f.state_name AND 
 ORDER BY f.repo, f.number, f.project
 LIMIT %(limit)s
 """
+_NEVER = datetime.min.replace(tzinfo=UTC)  # footprint rows always carry updated_at; this only types the max
 _PR_JOBS = """
 SELECT DISTINCT ON (j.repo, j.number, j.kind) j.repo, j.number, j.kind, j.sha, j.project, j.status, j.error,
        j.result, j.updated_at, j.finished_at
@@ -305,20 +307,6 @@ FROM bot_jobs j
 WHERE j.number IS NOT NULL AND (j.repo, j.number) IN (SELECT * FROM unnest(%s::text[], %s::integer[]))
 ORDER BY j.repo, j.number, j.kind, j.updated_at DESC, j.id
 """
-
-
-@dataclass(frozen=True, slots=True)
-class PullFootprint:
-    """One project of an open pull request: the footprint the bot predicts it writes and reads."""
-
-    project: str
-    state_name: str
-    head_sha: str
-    files: tuple[str, ...]
-    write_globs: tuple[str, ...]
-    read_globs: tuple[str, ...]
-    updated_at: datetime
-    number: int = 0  # for app.domain.overlaps
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +328,7 @@ class PullRequest:
     repo: str
     number: int
     head_sha: str
-    footprints: tuple[PullFootprint, ...]
+    footprints: tuple[PrFootprint, ...]  # one a project, as the bot predicts it writes and reads
     checks: tuple[PullJob, ...]
     last_apply: PullJob | None
     overlaps: tuple[tuple[int, tuple[str, ...]], ...]  # (other PR number, shared globs)
@@ -378,11 +366,11 @@ def open_pull_requests(db: Database, principal: Principal, *, limit: int = 2000)
         rows = conn.execute(_PR_FOOTPRINTS, params).fetchall()
         keys = sorted({(r[0], r[1]) for r in rows})
         jobs = conn.execute(_PR_JOBS, ([k[0] for k in keys], [k[1] for k in keys])).fetchall() if keys else []
-    by_pr: dict[tuple[str, int], list[PullFootprint]] = {}
+    by_pr: dict[tuple[str, int], list[PrFootprint]] = {}
     for repo, number, project, state_name, sha, files, writes, reads, updated in rows:
-        by_pr.setdefault((repo, number), []).append(PullFootprint(
-            project=project, state_name=state_name, head_sha=sha, files=tuple(files), write_globs=tuple(writes),
-            read_globs=tuple(reads), updated_at=updated, number=number))
+        by_pr.setdefault((repo, number), []).append(PrFootprint(
+            repo=repo, number=number, project=project, state_name=state_name, head_sha=sha, files=files,
+            write_globs=writes, read_globs=reads, updated_at=updated))
     jobs_by_pr: dict[tuple[str, int], list[PullJob]] = {}
     for repo, number, kind, sha, project, status, error, result, updated, finished in jobs:
         jobs_by_pr.setdefault((repo, number), []).append(PullJob(
@@ -399,7 +387,7 @@ def open_pull_requests(db: Database, principal: Principal, *, limit: int = 2000)
         pr_jobs = jobs_by_pr.get((repo, number), [])
         applies = sorted((j for j in pr_jobs if j.kind in _APPLIES), key=lambda j: j.updated_at)
         found.append(PullRequest(
-            repo=repo, number=number, head_sha=max(footprints, key=lambda f: f.updated_at).head_sha,
+            repo=repo, number=number, head_sha=max(footprints, key=lambda f: f.updated_at or _NEVER).head_sha,
             footprints=tuple(footprints), checks=tuple(j for j in pr_jobs if j.kind not in _APPLIES and
                                                        j.kind != JobKind.PULL_REQUEST_CLOSED),
             last_apply=applies[-1] if applies else None,

@@ -8,8 +8,8 @@ The JSON is the one rows were always written in, so rows stored before read back
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, Self
 
 from app.domain.jobs import JobKind
@@ -24,66 +24,88 @@ from runner.bot.outcomes import (
     to_json,
 )
 
+_META = "stored"
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """How one result field is written to the row's JSON and read back from it."""
+
+    dump: Callable[[Any], Any]
+    load: Callable[[Any], Any]
+    key: str  # the stored name, when it is not the field's
+    always: bool  # written even when it holds its default
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+_PLAIN = _Stored(_same, _same, "", False)
+
+
+def _stored(default: Any = MISSING, *, default_factory: Any = MISSING, dump: Callable[[Any], Any] = _same,
+           load: Callable[[Any], Any] = _same, key: str = "", always: bool = False) -> Any:
+    """A result field: written under ``key`` (its name by default) unless it holds its default and is not
+    ``always`` written; read back with ``load`` when the stored JSON has it, else its default."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={_META: _Stored(dump, load, key, always)})
+
+
+def _texts(**how: Any) -> Any:
+    return _stored((), dump=list, load=tuple, **how)
+
+
+def _outcome(load: Callable[[Any], Any]) -> Any:
+    """An optional nested outcome, stored in its ``asdict`` form; an empty one reads back as None."""
+    return _stored(None, dump=to_json, load=lambda doc: load(doc) if doc else None)
+
+
+def _outcomes(load: Callable[[Any], Any], **how: Any) -> Any:
+    """A tuple of nested outcomes, stored as a list; anything else stored there reads back as none."""
+    return _stored((), dump=lambda items: [to_json(i) for i in items],
+                  load=lambda docs: tuple(map(load, docs)) if isinstance(docs, list) else (), **how)
+
+
+def _default(f: Field[Any]) -> Any:
+    return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
+
+
+def _how_stored(cls: type[Any]) -> list[tuple[Field[Any], _Stored]]:
+    return [(f, f.metadata.get(_META, _PLAIN)) for f in fields(cls)]
+
 
 @dataclass(frozen=True, slots=True)
 class JobResult:
-    """What any job may store: why it did nothing, why it crashed, whom to notify."""
+    """What any job may store: why it did nothing, why it crashed, whom to notify. Each kind's fields say
+    how they are stored (:func:`_stored`); ``to_json``/``from_json`` read those declarations."""
 
-    skipped: str | None = None
+    skipped: str | None = _stored(None, load=lambda v: v if isinstance(v, str) else None)
     crashed: str | None = None
-    notify: tuple[int, ...] = ()
+    notify: tuple[int, ...] = _stored((), dump=sorted, load=lambda ns: tuple(int(n) for n in ns))
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {}
-        if self.skipped is not None:
-            doc["skipped"] = self.skipped
-        if self.crashed is not None:
-            doc["crashed"] = self.crashed
-        if self.notify:
-            doc["notify"] = sorted(self.notify)
+        for f, how in _how_stored(type(self)):
+            value = getattr(self, f.name)
+            if how.always or value != _default(f):
+                doc[how.key or f.name] = how.dump(value)
         return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Self:
-        return cls(**_base(doc))
-
-
-def _base(doc: Mapping[str, Any]) -> dict[str, Any]:
-    skipped = doc.get("skipped")
-    return {"skipped": skipped if isinstance(skipped, str) else None, "crashed": doc.get("crashed"),
-            "notify": tuple(int(n) for n in doc.get("notify", ()))}
+        return cls(**{f.name: how.load(doc[how.key or f.name])
+                      for f, how in _how_stored(cls) if (how.key or f.name) in doc})
 
 
 @dataclass(frozen=True, slots=True)
 class FootprintResult(JobResult):
-    footprint: FootprintOutcome | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        doc = JobResult.to_json(self)
-        if self.footprint is not None:
-            doc["footprint"] = to_json(self.footprint)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Self:
-        fp = doc.get("footprint")
-        return cls(**_base(doc), footprint=footprint_from_json(fp) if fp else None)
+    footprint: FootprintOutcome | None = _outcome(footprint_from_json)
 
 
 @dataclass(frozen=True, slots=True)
 class PreviewResult(JobResult):
-    preview: PreviewOutcome | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        doc = JobResult.to_json(self)
-        if self.preview is not None:
-            doc["preview"] = to_json(self.preview)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Self:
-        preview = doc.get("preview")
-        return cls(**_base(doc), preview=preview_from_json(preview) if preview else None)
+    preview: PreviewOutcome | None = _outcome(preview_from_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +124,6 @@ class Released:
         return cls(doc["project"], doc["state"], doc.get("serial"), doc.get("run_id"), doc.get("head_sha", ""),
                    tuple(doc.get("write_globs", ())))
 
-    def to_json(self) -> dict[str, Any]:
-        return {"project": self.project, "state": self.state, "serial": self.serial, "run_id": self.run_id,
-                "head_sha": self.head_sha, "write_globs": list(self.write_globs)}
-
 
 @dataclass(frozen=True, slots=True)
 class AppliedBefore:
@@ -115,24 +133,15 @@ class AppliedBefore:
     serial: int | None
     state: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"project": self.project, "serial": self.serial, "state": self.state}
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> AppliedBefore:
+        return cls(doc["project"], doc.get("serial"), doc.get("state", ""))
 
 
 @dataclass(frozen=True, slots=True)
 class ClosedResult(JobResult):
-    released: tuple[Released, ...] = ()
-    applied_before: tuple[AppliedBefore, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {**JobResult.to_json(self), "released": [r.to_json() for r in self.released],
-                "applied_before": [a.to_json() for a in self.applied_before]}
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Self:
-        return cls(**_base(doc), released=tuple(Released.from_json(r) for r in doc.get("released", ())),
-                   applied_before=tuple(AppliedBefore(a["project"], a.get("serial"), a.get("state", ""))
-                                        for a in doc.get("applied_before", ())))
+    released: tuple[Released, ...] = _outcomes(Released.from_json, always=True)
+    applied_before: tuple[AppliedBefore, ...] = _outcomes(AppliedBefore.from_json, always=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +151,11 @@ class FanOutResult(JobResult):
 
     base: str = ""
     before: str = ""
-    children: tuple[str, ...] = ()
-    not_applied: tuple[ApplyResult, ...] = ()
-    config_errors: tuple[str, ...] = ()
-    footprint: FootprintOutcome | None = None
+    children: tuple[str, ...] = _texts()
+    # stored as "skipped" (its name in rows written before), beside the string a skipped job keeps there
+    not_applied: tuple[ApplyResult, ...] = _outcomes(apply_from_json, key="skipped")
+    config_errors: tuple[str, ...] = _texts()
+    footprint: FootprintOutcome | None = _outcome(footprint_from_json)
 
     @property
     def has_config_errors(self) -> bool:
@@ -153,43 +163,15 @@ class FanOutResult(JobResult):
 
     def to_json(self) -> dict[str, Any]:
         doc = JobResult.to_json(self)
-        for key, value in (("base", self.base), ("before", self.before)):
-            if value:
-                doc[key] = value
-        if self.children or self.not_applied or self.base:
+        if self.children or self.not_applied or self.base:  # a fan-out that ran keeps both lists, even empty
             doc["children"] = list(self.children)
-            doc["skipped"] = [to_json(r) for r in self.not_applied]  # the stored name of the not-applied list
-        if self.config_errors:
-            doc["config_errors"] = list(self.config_errors)
-        if self.footprint is not None:
-            doc["footprint"] = to_json(self.footprint)
+            doc["skipped"] = [to_json(r) for r in self.not_applied]
         return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Self:
-        skipped = doc.get("skipped")
-        fp = doc.get("footprint")
-        return cls(**_base(doc), base=doc.get("base", ""), before=doc.get("before", ""),
-                   children=tuple(doc.get("children", ())),
-                   not_applied=tuple(apply_from_json(s) for s in skipped) if isinstance(skipped, list) else (),
-                   config_errors=tuple(doc.get("config_errors", ())),
-                   footprint=footprint_from_json(fp) if fp else None)
 
 
 @dataclass(frozen=True, slots=True)
 class ApplyProjectResult(JobResult):
-    apply: ApplyResult | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        doc = JobResult.to_json(self)
-        if self.apply is not None:
-            doc["apply"] = to_json(self.apply)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Self:
-        applied = doc.get("apply")
-        return cls(**_base(doc), apply=apply_from_json(applied) if applied else None)
+    apply: ApplyResult | None = _outcome(apply_from_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,10 +181,6 @@ class PrApply:
     head_sha: str
     results: tuple[ApplyResult, ...]
     notify: tuple[int, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"head_sha": self.head_sha, "results": [to_json(r) for r in self.results],
-                "notify": list(self.notify)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> PrApply:
@@ -214,29 +192,11 @@ class PrApply:
 class CommentResult(JobResult):
     """A comment command: the reply, the command word, and what ``apply``/``unlock`` did."""
 
-    reply: str = ""
-    command: str = ""
-    pr_apply: PrApply | None = None
-    released: tuple[Released, ...] = ()
-    unmet: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        doc = {**JobResult.to_json(self), "reply": self.reply, "command": self.command}
-        if self.pr_apply is not None:
-            doc["pr_apply"] = self.pr_apply.to_json()
-        if self.released:
-            doc["released"] = [r.to_json() for r in self.released]
-        if self.unmet:
-            doc["unmet"] = list(self.unmet)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Self:
-        pr_apply = doc.get("pr_apply")
-        return cls(**_base(doc), reply=str(doc.get("reply", "")), command=str(doc.get("command", "")),
-                   pr_apply=PrApply.from_json(pr_apply) if pr_apply else None,
-                   released=tuple(Released.from_json(r) for r in doc.get("released", ())),
-                   unmet=tuple(doc.get("unmet", ())))
+    reply: str = _stored("", load=str, always=True)
+    command: str = _stored("", load=str, always=True)
+    pr_apply: PrApply | None = _outcome(PrApply.from_json)
+    released: tuple[Released, ...] = _outcomes(Released.from_json)
+    unmet: tuple[str, ...] = _texts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,19 +210,7 @@ class ReadyCheck:
 
 @dataclass(frozen=True, slots=True)
 class ReviewResult(JobResult):
-    ready_check: ReadyCheck | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        doc = JobResult.to_json(self)
-        if self.ready_check is not None:
-            c = self.ready_check
-            doc["ready_check"] = {"sha": c.sha, "title": c.title, "summary": c.summary}
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Self:
-        c = doc.get("ready_check")
-        return cls(**_base(doc), ready_check=ReadyCheck(c["sha"], c["title"], c["summary"]) if c else None)
+    ready_check: ReadyCheck | None = _outcome(lambda c: ReadyCheck(c["sha"], c["title"], c["summary"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,19 +218,8 @@ class DriftResult(JobResult):
     """A scheduled drift check: the outcome ``runner.bot.drifttext`` renders (names only, never values)
     and the issue it keeps in sync."""
 
-    drift: Mapping[str, Any] = field(default_factory=dict)
-    issue_number: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        doc = {**JobResult.to_json(self), "drift": dict(self.drift)}
-        if self.issue_number is not None:
-            doc["issue_number"] = self.issue_number
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Self:
-        number = doc.get("issue_number")
-        return cls(**_base(doc), drift=dict(doc.get("drift", {})), issue_number=int(number) if number else None)
+    drift: Mapping[str, Any] = _stored(default_factory=dict, dump=dict, load=dict, always=True)
+    issue_number: int | None = _stored(None, load=lambda n: int(n) if n else None)
 
 
 RESULTS: dict[JobKind, type[JobResult]] = {

@@ -25,7 +25,7 @@ def kl_in(where: Path, env: dict[str, str], *args: str) -> subprocess.CompletedP
 
 def test_dash_c_json_documents_and_terraforms_own_counts(world):  # noqa: F811
     alice = checkout(world, "alice")
-    alice.write(net="v2", web="v2", db="v2")  # net: update; web and db: replace (triggers_replace)
+    alice.configure(net="v2", web="v2", db="v2")  # net: update; web and db: replace (triggers_replace)
     planned = kl_in(world["root"], alice.env, "plan", "-C", "alice", "--json", "--out", "alice.json")
     assert planned.returncode == 0, planned.stderr
     doc = json.loads(planned.stdout)  # stdout is the one JSON document; the summary went to stderr
@@ -53,7 +53,7 @@ def test_dash_c_json_documents_and_terraforms_own_counts(world):  # noqa: F811
 
 def test_a_dry_run_is_shown_as_a_dry_run_and_a_no_change_plan_asks_for_nothing(world):  # noqa: F811
     bob = checkout(world, "bob")
-    bob.write(db="v3")
+    bob.configure(db="v3")
     assert bob.kl("plan").returncode == 0
     dry = bob.kl("apply", "kl-plan.json", "--dry-run", "--actor", "bob", "--json")
     assert dry.returncode == 0, dry.stderr
@@ -65,7 +65,7 @@ def test_a_dry_run_is_shown_as_a_dry_run_and_a_no_change_plan_asks_for_nothing(w
     assert 'id="run-status">dry-run<' in html and "Nothing was applied" in html
 
     same = checkout(world, "same")
-    same.write()
+    same.configure()
     nothing = same.kl("plan", "-f", "main.tf")
     assert nothing.returncode == 0, nothing.stderr
     assert "No changes: nothing to apply, so kl apply would take no reservations." in nothing.stdout
@@ -84,8 +84,8 @@ def _wait_for(predicate, what: str, timeout: float = 120):  # type: ignore[no-un
 
 def test_a_conflict_after_waiting_says_so_and_a_refused_commit_points_at_kl_recover(world):  # noqa: F811
     alice, bob = checkout(world, "alice"), checkout(world, "bob")
-    alice.write(web="v2", web_cmd="sleep 30")
-    bob.write(web="v3")
+    alice.configure(web="v2", web_cmd="sleep 30")
+    bob.configure(web="v3")
     assert alice.kl("plan").returncode == 0 and bob.kl("plan").returncode == 0
     first = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice", "--lease", "10m")
     run = _wait_for(lambda: next((r for r in runs(world) if r["actor"] == "alice" and r["status"] == "running"),
@@ -111,7 +111,7 @@ def test_a_conflict_after_waiting_says_so_and_a_refused_commit_points_at_kl_reco
 
 def test_a_missing_cli_configuration_file_does_not_bury_terraforms_error(world):  # noqa: F811
     broken = checkout(world, "broken")
-    broken.write()
+    broken.configure()
     (broken.dir / "bad.tf").write_text('resource "terraform_data" "x" {\n  input = var.nowhere\n}\n')
     env = {**broken.env, "TF_CLI_CONFIG_FILE": str(world["root"] / "no-such.tfrc")}
     failed = kl_in(broken.dir, env, "plan")

@@ -35,6 +35,7 @@ from runner.plan import (
     fetch_rows,
     fetch_snapshot,
     init,
+    show_plan,
     terraform,
 )
 
@@ -188,14 +189,7 @@ def refresh_plan(ctx: TerraformContext, ws: workspace.Workspace, scope: Scope) -
     init(ctx, ws)
     terraform(ctx, ws, ["plan", "-refresh-only", "-input=false", "-lock=false", "-no-color", f"-out={PLAN_FILE}",
                         *(f"-target={t}" for t in scope.targets)], quiet=True)
-    shown = terraform(ctx, ws, ["show", "-json", PLAN_FILE], quiet=True)
-    try:
-        doc = json.loads(shown)
-    except ValueError as exc:
-        raise Failed("terraform show -json did not print JSON") from exc
-    if not isinstance(doc, dict):
-        raise Failed("terraform show -json did not print a plan object")
-    return doc
+    return show_plan(ctx, ws)
 
 
 def _close(client: EngineClient, run_id: str, actor: str, status: str, summary: str) -> None:

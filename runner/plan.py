@@ -195,6 +195,11 @@ def plan_in_workspace(
     init(ctx, ws)
     terraform(ctx, ws, ["plan", "-input=false", "-lock=false", *([] if refresh else ["-refresh=false"]), "-no-color",
                         f"-out={PLAN_FILE}", *flags, *(f"-target={t}" for t in targets)], quiet=True)
+    return show_plan(ctx, ws)
+
+
+def show_plan(ctx: TerraformContext, ws: workspace.Workspace) -> dict[str, Any]:
+    """``terraform show -json`` of the workspace's saved plan, as a JSON object."""
     shown = terraform(ctx, ws, ["show", "-json", PLAN_FILE], quiet=True)
     try:
         doc = json.loads(shown)

@@ -104,9 +104,9 @@ def _run_payload(run: runs.Run) -> dict[str, Any]:
     }
 
 
-def _run_response(run: runs.Run, status: int = 200) -> tuple[Response, int]:
+def _run_response(run: runs.Run, status: int = 200, **extra: Any) -> tuple[Response, int]:
     held = runs.run_reservations(services().db, principal(), run.id)
-    return jsonify({"ok": True, "run": _run_payload(run), "reservations": held}), status
+    return jsonify({"ok": True, "run": _run_payload(run), "reservations": held, **extra}), status
 
 
 @bp.post("/states/<path:name>/runs")
@@ -125,7 +125,8 @@ def open_run(name: str) -> tuple[Response, int]:
     )
     if isinstance(run, runs.Ticket):
         return _ticket_response(run)
-    return _run_response(run, 201)
+    # The head serial when the reservations were granted: equal to the plan's base serial, nothing landed since.
+    return _run_response(run, 201, granted_at_serial=run.granted_at_serial)
 
 
 @bp.get("/runs")

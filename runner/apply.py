@@ -1,5 +1,7 @@
 """``kl apply kl-plan.json``: reserve the plan's addresses, re-plan in a private workspace over the
-trunk slice the configuration describes, apply, and commit the write set row by row.
+trunk slice the configuration describes, apply, and commit the write set row by row. ``kl apply -f``
+hands over the workspace it planned in, whose saved plan is applied without re-planning when nothing was
+committed between the plan and the reservations (``saved_plan_refusal``).
 
 The server re-checks every invariant at commit; the checks here only fail earlier and clearer.
 A post-apply state that could not be committed is kept under KL_DATA_DIR/runs/RUN_ID for

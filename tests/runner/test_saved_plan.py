@@ -5,7 +5,6 @@ committing between the plan and the reservations."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,20 +37,25 @@ def other_checkout(repo: Workdir, name: str) -> Workdir:
     return Workdir(dest, repo.url, repo.env)
 
 
-def apply_in_process(repo: Workdir, monkeypatch: pytest.MonkeyPatch, *argv: str,
-                     before_open: Callable[[], None] | None = None) -> int:
-    """``kl apply ...`` in this process (so a commit can land between its plan and its reservations)."""
+def alice_applies_db_after_bob(repo: Workdir, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                               bob_file: str, bob_edit: tuple[str, str]) -> tuple[int, str]:
+    """alice runs ``kl apply -f db.tf --confirm-scope`` in this process; between its plan and its reservations
+    bob, in a second checkout, applies ``bob_edit`` to ``bob_file``. Returns alice's exit code and output."""
+    other = other_checkout(repo, "other")
+    other.edit(bob_file, *bob_edit)
+    original = EngineClient.open_run
+
+    def open_run(self: EngineClient, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        done = other.kl("apply", "-f", bob_file, "--confirm-scope", "--actor", "bob")
+        assert done.returncode == 0 and REUSED in done.stdout, done.stdout + done.stderr
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(EngineClient, "open_run", open_run)
     monkeypatch.chdir(repo.dir)
     monkeypatch.setattr("runner.config.process_env", lambda: dict(repo.env))
-    if before_open is not None:
-        original = EngineClient.open_run
-
-        def open_run(self: EngineClient, *args: Any, **kwargs: Any) -> dict[str, Any]:
-            before_open()
-            return original(self, *args, **kwargs)
-
-        monkeypatch.setattr(EngineClient, "open_run", open_run)
-    return main(["apply", *argv])
+    code = main(["apply", "-f", "db.tf", "--confirm-scope", "--actor", "alice"])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
 
 
 def test_an_unmoved_trunk_applies_the_saved_plan_without_re_planning(repo):
@@ -80,18 +84,9 @@ def test_the_open_answer_says_the_head_serial_at_the_grant(repo):
 
 
 def test_a_commit_between_the_plan_and_the_reservations_re_plans_over_a_fresh_slice(repo, monkeypatch, capsys):
-    other = other_checkout(repo, "other")
-    other.edit("app.tf", "app-v1", "app-v2")
     repo.edit("db.tf", "db-v1", "db-v3")
     before = head_serial(repo)
-
-    def bob_commits() -> None:
-        done = other.kl("apply", "-f", "app.tf", "--confirm-scope", "--actor", "bob")
-        assert done.returncode == 0 and REUSED in done.stdout, done.stdout + done.stderr
-
-    code = apply_in_process(repo, monkeypatch, "-f", "db.tf", "--confirm-scope", "--actor", "alice",
-                            before_open=bob_commits)
-    out = capsys.readouterr().out
+    code, out = alice_applies_db_after_bob(repo, monkeypatch, capsys, "app.tf", ("app-v1", "app-v2"))
     assert code == 0, out
     assert f"{MOVED} (serial {before}, now {before + 1}): re-planning over a fresh slice" in out
     assert REUSED not in out and f"committed at serial {before + 2}" in out
@@ -101,20 +96,11 @@ def test_a_commit_between_the_plan_and_the_reservations_re_plans_over_a_fresh_sl
 
 
 def test_a_commit_to_the_planned_addresses_still_refuses_the_plan_as_stale(repo, monkeypatch, capsys):
-    other = other_checkout(repo, "other")
-    other.edit("db.tf", "db-v1", "db-bob")
     repo.edit("db.tf", "db-v1", "db-alice")
     before = head_serial(repo)
-
-    def bob_commits() -> None:
-        assert other.kl("apply", "-f", "db.tf", "--confirm-scope", "--actor", "bob").returncode == 0
-
-    code = apply_in_process(repo, monkeypatch, "-f", "db.tf", "--confirm-scope", "--actor", "alice",
-                            before_open=bob_commits)
-    captured = capsys.readouterr()
-    assert code == 2, captured.out + captured.err
-    assert "stale" in (captured.out + captured.err).lower()
-    assert REUSED not in captured.out and head_serial(repo) == before + 1
+    code, out = alice_applies_db_after_bob(repo, monkeypatch, capsys, "db.tf", ("db-alice", "db-bob"))
+    assert code == 2 and "stale" in out.lower(), out
+    assert REUSED not in out and head_serial(repo) == before + 1
     repo.edit("db.tf", "db-alice", "db-bob")  # the trunk holds bob's value
     untrap(repo)
     repo.converged()

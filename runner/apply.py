@@ -170,22 +170,27 @@ def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, 
     - the configuration: the kept workspace was cut from the files the spec pins, and the caller has
       checked them (check_files, check_spec) since; the variables, refresh mode and Terraform binary are
       the plan's own (same spec, same binary);
-    - the trunk: the plan's slice was read at ``spec.base_serial``. The run was opened at that base serial
-      and the server read the head serial (``granted_at_serial``) under the state's row lock in the very
-      transaction that granted the reservations. Every write of a new state content (a row-level commit, a
-      Terraform POST) takes that lock and raises the serial strictly in its own transaction, so an equal
-      serial means nothing landed between the slice read and the grant — a commit racing the slice read
-      itself raised the serial too. After the grant the reservations cover every slice glob (write globs
-      and read and validation globs), and the server refuses any other writer on them until this run ends.
+    - the trunk: the plan's slice was read at ``spec.base_serial`` (and ``spec.lineage``). The run was opened
+      at that base serial, and the server read the head serial (``granted_at_serial``) under the state's
+      row lock in the very transaction that granted the reservations, then the lineage of that serial's
+      version (``granted_at_lineage``; a committed version never changes). Every write of a new state content (a row-level commit, a Terraform POST) takes that
+      lock and raises the serial strictly in its own transaction, so an equal serial means nothing landed
+      between the slice read and the grant — a commit racing the slice read itself (the slice's rows are
+      read after its serial) raised the serial too. The lineage also tells a state deleted and created
+      again apart (its serials start over): lineage and serial are what Terraform itself checks before it
+      applies a saved plan. After the grant the reservations cover every slice glob (the write globs and
+      the read and validation globs), and the server refuses any other writer on them until this run ends.
       The rows a rebuild would fetch are therefore the rows the plan was made over.
-    Anything else (an older server that does not say, a commit in between) takes the re-plan."""
-    granted = opened.get("granted_at_serial")
+    Anything else (a server that does not say, a commit in between) takes the re-plan."""
+    serial, lineage = opened.get("granted_at_serial"), opened.get("granted_at_lineage")
     if saved.spec != spec or saved.binary != ctx.binary:
         return "the saved plan is not this plan's"
-    if opened["run"].get("base_serial") != spec.base_serial or not isinstance(granted, int):
+    if opened["run"].get("base_serial") != spec.base_serial or not isinstance(serial, int):
         return "the server did not say where the trunk stood when the reservations were granted"
-    if granted != spec.base_serial:
-        return f"the trunk moved since the plan (serial {spec.base_serial}, now {granted})"
+    if serial != spec.base_serial:
+        return f"the trunk moved since the plan (serial {spec.base_serial}, now {serial})"
+    if lineage != spec.lineage:
+        return "the state was replaced since the plan (its lineage differs)"
     return None
 
 

@@ -120,9 +120,11 @@ class Run:
     info: dict[str, Any]
     state_id: int
     expires_at: datetime | None
-    # The trunk's head serial when the reservations were granted: known only to the answer of the call that
-    # opened the run (read under the state's row lock, in the granting transaction); None everywhere else.
+    # The trunk's head serial when the reservations were granted (read under the state's row lock, in the
+    # granting transaction) and the lineage of that serial's version: known only to the answer of the call
+    # that opened the run; None elsewhere.
     granted_at_serial: int | None = None
+    granted_at_lineage: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +182,12 @@ def open_run(
     ticket = acquire(db, principal, attempt, policy=policy, clock=clock, grant=grant)
     if ticket is not None:
         return ticket
-    return replace(get_run(db, principal, run_id), granted_at_serial=granted_at[-1])
+    serial = granted_at[-1]
+    with db.transaction() as conn:
+        run = get_run_in(conn, principal, run_id)
+        # The version at a committed serial never changes: read after the lock, it is the granted head's.
+        version = states.version_at(conn, run.state_id, serial) if serial else None
+    return replace(run, granted_at_serial=serial, granted_at_lineage=version.lineage if version else None)
 
 
 def _lock_run(conn: psycopg.Connection, principal: Principal, run_id: str) -> tuple[str, str, int, str, str]:

@@ -125,8 +125,9 @@ def open_run(name: str) -> tuple[Response, int]:
     )
     if isinstance(run, runs.Ticket):
         return _ticket_response(run)
-    # The head serial when the reservations were granted: equal to the plan's base serial, nothing landed since.
-    return _run_response(run, 201, granted_at_serial=run.granted_at_serial)
+    # The head when the reservations were granted: the plan's serial and lineage if nothing landed since it.
+    return _run_response(run, 201, granted_at_serial=run.granted_at_serial,
+                         granted_at_lineage=run.granted_at_lineage)
 
 
 @bp.get("/runs")

@@ -5,13 +5,20 @@ committing between the plan and the reservations."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
+from runner.apply import Prepared, SavedPlan, saved_plan_refusal
 from runner.cli.entry import main
 from runner.engine_client import EngineClient
+from runner.plan import TerraformContext
+from runner.spec import PlanSpec
+from runner.terraform import BinaryKind, TerraformBinary
+from runner.workspace import Workspace
 from tests.conftest import Workdir
 from tests.runner.test_file_scoped import make_repo, untrap
 
@@ -79,6 +86,7 @@ def test_the_open_answer_says_the_head_serial_at_the_grant(repo):
     assert answer.status_code == 201, answer.text
     doc = answer.json()
     assert doc["granted_at_serial"] == serial and doc["run"]["base_serial"] == serial - 1
+    assert doc["granted_at_lineage"] == requests.get(repo.url, timeout=10).json()["lineage"]
     requests.post(repo.url.replace("/v1/states/files", f"/v1/engine/runs/{doc['run']['id']}/close"),
                   json={"holder": "eve", "status": "aborted"}, timeout=10).raise_for_status()
 
@@ -114,3 +122,25 @@ def test_the_plan_file_path_keeps_re_planning(repo):
     assert REUSED not in done.stdout and MOVED not in done.stdout
     untrap(repo)
     repo.converged()
+
+
+def test_the_saved_plan_is_applied_only_at_the_plans_serial_and_lineage():
+    spec = PlanSpec(state="files", address="http://kl", lineage="L1", base_serial=3, terraform_version="1.15.0",
+                    config_dir="/c", config_hash="", created_at="", write_set=("terraform_data.db",), read_set=(),
+                    write_globs=("terraform_data.db",), read_globs=(), actions={}, described_resources=(),
+                    orphans=(), warnings=())
+    binary = TerraformBinary(Path("/bin/terraform"), BinaryKind.TERRAFORM)
+    saved = SavedPlan(Prepared(Workspace(Path("/ws")), None, []), spec, binary)
+    ctx = TerraformContext(binary=binary, env={}, plugin_cache=Path("/cache"), echo=print)
+
+    def answer(serial: int | None = 3, lineage: str | None = "L1", base: int = 3) -> dict[str, Any]:
+        return {"run": {"base_serial": base}, "granted_at_serial": serial, "granted_at_lineage": lineage}
+
+    assert saved_plan_refusal(saved, spec, ctx, answer()) is None
+    assert "moved since the plan (serial 3, now 4)" in str(saved_plan_refusal(saved, spec, ctx, answer(4)))
+    assert "replaced" in str(saved_plan_refusal(saved, spec, ctx, answer(lineage="L2")))
+    assert "did not say" in str(saved_plan_refusal(saved, spec, ctx, {"run": {"base_serial": 3}}))
+    assert saved_plan_refusal(saved, replace(spec, refresh=True), ctx, answer()) is not None
+    other = TerraformContext(binary=TerraformBinary(Path("/bin/tofu"), BinaryKind.TOFU), env={},
+                             plugin_cache=Path("/cache"), echo=print)
+    assert saved_plan_refusal(saved, spec, other, answer()) is not None

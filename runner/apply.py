@@ -173,10 +173,10 @@ def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, 
     - the trunk: the plan's slice was read at ``spec.base_serial`` (and ``spec.lineage``). The run was opened
       at that base serial, and the server read the head serial (``granted_at_serial``) under the state's
       row lock in the very transaction that granted the reservations, then the lineage of that serial's
-      version (``granted_at_lineage``; a committed version never changes). Every write of a new state content (a row-level commit, a Terraform POST) takes that
-      lock and raises the serial strictly in its own transaction, so an equal serial means nothing landed
-      between the slice read and the grant — a commit racing the slice read itself (the slice's rows are
-      read after its serial) raised the serial too. The lineage also tells a state deleted and created
+      version (``granted_at_lineage``; a committed version never changes). Every write of a new state
+      content (a row-level commit, a Terraform POST) takes that lock and raises the serial strictly in its
+      own transaction, so an equal serial means nothing landed between the slice read and the grant — a
+      commit racing the slice read itself (the slice's rows are read after its serial) raised it too. The lineage also tells a state deleted and created
       again apart (its serials start over): lineage and serial are what Terraform itself checks before it
       applies a saved plan. After the grant the reservations cover every slice glob (the write globs and
       the read and validation globs), and the server refuses any other writer on them until this run ends.

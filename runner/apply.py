@@ -176,11 +176,12 @@ def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, 
       version (``granted_at_lineage``; a committed version never changes). Every write of a new state
       content (a row-level commit, a Terraform POST) takes that lock and raises the serial strictly in its
       own transaction, so an equal serial means nothing landed between the slice read and the grant — a
-      commit racing the slice read itself (the slice's rows are read after its serial) raised it too. The lineage also tells a state deleted and created
-      again apart (its serials start over): lineage and serial are what Terraform itself checks before it
-      applies a saved plan. After the grant the reservations cover every slice glob (the write globs and
-      the read and validation globs), and the server refuses any other writer on them until this run ends.
-      The rows a rebuild would fetch are therefore the rows the plan was made over.
+      commit racing the slice read itself (the slice's rows are read after its serial) raised it too. The
+      lineage also tells a state deleted and created again apart (its serials start over): lineage and
+      serial are what Terraform itself checks before it applies a saved plan. After the grant the
+      reservations cover every slice glob (the write globs and the read and validation globs), and the
+      server refuses any other writer on them until this run ends. The rows a rebuild would fetch are
+      therefore the rows the plan was made over.
     Anything else (a server that does not say, a commit in between) takes the re-plan."""
     serial, lineage = opened.get("granted_at_serial"), opened.get("granted_at_lineage")
     if saved.spec != spec or saved.binary != ctx.binary:

@@ -1,5 +1,7 @@
 """``kl apply kl-plan.json``: reserve the plan's addresses, re-plan in a private workspace over the
-trunk slice the configuration describes, apply, and commit the write set row by row.
+trunk slice the configuration describes, apply, and commit the write set row by row. ``kl apply -f``
+hands over the workspace it planned in, whose saved plan is applied without re-planning when nothing was
+committed between the plan and the reservations (``saved_plan_refusal``).
 
 The server re-checks every invariant at commit; the checks here only fail earlier and clearer.
 A post-apply state that could not be committed is kept under KL_DATA_DIR/runs/RUN_ID for
@@ -36,6 +38,7 @@ from runner.plan import (
     var_flags,
 )
 from runner.spec import PlanSpec
+from runner.terraform import TerraformBinary
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,17 @@ class Prepared:
     ws: workspace.Workspace
     slice_raw: bytes | None
     slice_addresses: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class SavedPlan:
+    """The plan phase's workspace, kept for the apply of the same ``kl apply -f`` invocation: ``prepared``
+    holds the saved plan (kl.tfplan) beside the slice it was made over; ``spec`` is what that plan produced
+    and ``binary`` the Terraform that made it."""
+
+    prepared: Prepared
+    spec: PlanSpec
+    binary: TerraformBinary
 
 
 # Where a command's account of what it did goes (the TerraformContext's echo).
@@ -148,6 +162,39 @@ def _fail(client: EngineClient, run_id: str, holder: str, summary: str) -> None:
         pass  # the lease or an operator may have ended it already; the error below is what matters
 
 
+def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, opened: Mapping[str, Any]
+                       ) -> str | None:
+    """Why the saved plan may not be applied as it is (None: it may), given the answer that opened the run.
+
+    A re-plan would see exactly the saved plan's inputs, so applying the saved plan is what it would apply:
+    - the configuration: the kept workspace was cut from the files the spec pins, and the caller has
+      checked them (check_files, check_spec) since; the variables, refresh mode and Terraform binary are
+      the plan's own (same spec, same binary);
+    - the trunk: the plan's slice was read at ``spec.base_serial`` (and ``spec.lineage``). The run was opened
+      at that base serial, and the server read the head serial (``granted_at_serial``) under the state's
+      row lock in the very transaction that granted the reservations, then the lineage of that serial's
+      version (``granted_at_lineage``; a committed version never changes). Every write of a new state
+      content (a row-level commit, a Terraform POST) takes that lock and raises the serial strictly in its
+      own transaction, so an equal serial means nothing landed between the slice read and the grant — a
+      commit racing the slice read itself (the slice's rows are read after its serial) raised it too. The
+      lineage also tells a state deleted and created again apart (its serials start over): lineage and
+      serial are what Terraform itself checks before it applies a saved plan. After the grant the
+      reservations cover every slice glob (the write globs and the read and validation globs), and the
+      server refuses any other writer on them until this run ends. The rows a rebuild would fetch are
+      therefore the rows the plan was made over.
+    Anything else (a server that does not say, a commit in between) takes the re-plan."""
+    serial, lineage = opened.get("granted_at_serial"), opened.get("granted_at_lineage")
+    if saved.spec != spec or saved.binary != ctx.binary:
+        return "the saved plan is not this plan's"
+    if opened["run"].get("base_serial") != spec.base_serial or not isinstance(serial, int):
+        return "the server did not say where the trunk stood when the reservations were granted"
+    if serial != spec.base_serial:
+        return f"the trunk moved since the plan (serial {spec.base_serial}, now {serial})"
+    if lineage != spec.lineage:
+        return "the state was replaced since the plan (its lineage differs)"
+    return None
+
+
 def full_builder(client: EngineClient, spec: PlanSpec, config_dir: Path) -> Builder:
     """The whole configuration over the trunk instances it describes (kl apply kl-plan.json)."""
     def build(dest: Path) -> Prepared:
@@ -163,9 +210,12 @@ def full_builder(client: EngineClient, spec: PlanSpec, config_dir: Path) -> Buil
 
 
 def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, config_dir: Path,
-               options: ApplyOptions, *, builder: Builder | None = None, checked: bool = False) -> ApplyOutcome:
+               options: ApplyOptions, *, builder: Builder | None = None, checked: bool = False,
+               saved: SavedPlan | None = None) -> ApplyOutcome:
     """Reserve, re-plan, apply and commit ``spec``. ``builder`` makes the workspace (default: the whole
-    configuration); ``checked`` says the caller already verified the configuration against the spec."""
+    configuration); ``checked`` says the caller already verified the configuration against the spec;
+    ``saved`` is the plan phase's kept workspace, applied without re-planning when ``saved_plan_refusal``
+    allows it."""
     if not checked:
         check_spec(spec, config_dir, ctx.env, options.supplied_vars)
     builder = builder or full_builder(client, spec, config_dir)
@@ -193,32 +243,48 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
         echo(f"dry run: would apply {len(spec.write_set)} change(s) to {spec.state!r} at serial "
              f"{spec.base_serial}; reservations released")
         return ApplyOutcome(run_id, None, ())
+    reuse: Prepared | None = None
+    if saved is not None:
+        refused = saved_plan_refusal(saved, spec, ctx, opened)
+        if refused is None:
+            reuse = saved.prepared
+            echo(f"the trunk has not moved since the plan (serial {spec.base_serial}): applying the saved plan")
+        else:
+            echo(f"{refused}: re-planning over a fresh slice")
     with Heartbeat(client, run_id, options.actor, max(options.lease_seconds / 3, 1.0), echo) as heartbeat:
-        return _apply_run(client, ctx, spec, builder, options, run_id, heartbeat)
+        return _apply_run(client, ctx, spec, builder, options, run_id, heartbeat, reuse)
+
+
+def _replan(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, prepared: Prepared,
+            options: ApplyOptions, run_id: str) -> None:
+    """Plan again in the run's workspace; refuse (exit 2) when the write set differs from the spec's."""
+    try:
+        plan = plan_in_workspace(ctx, prepared.ws, var_flags(spec.variables, options.supplied_vars), spec.targets,
+                                 refresh=spec.refresh)
+    except KlExit as exc:
+        _fail(client, run_id, options.actor, str(exc))
+        raise
+    replanned_writes = analyze_plan(plan).write_set - set(spec.orphans)
+    if replanned_writes != set(spec.write_set):
+        extra = sorted(replanned_writes - set(spec.write_set))
+        missing = sorted(set(spec.write_set) - replanned_writes)
+        message = (f"the re-plan over the trunk slice differs from kl-plan.json (new: {extra[:10]}, gone: "
+                   f"{missing[:10]}); nothing was applied: re-run kl plan")
+        _fail(client, run_id, options.actor, message)
+        raise StalePlan(message)
 
 
 def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, builder: Builder,
-               options: ApplyOptions, run_id: str, heartbeat: Heartbeat) -> ApplyOutcome:
+               options: ApplyOptions, run_id: str, heartbeat: Heartbeat, saved: Prepared | None) -> ApplyOutcome:
+    """Apply ``saved`` (the plan phase's workspace, its plan already checked to hold) as it is, or build the
+    run's workspace and re-plan; then apply kl.tfplan and commit."""
     echo, holder = ctx.echo, options.actor
     tmp = Path(tempfile.mkdtemp(prefix=f"kl-apply-{run_id}-"))
     try:
-        prepared = builder(tmp / "ws")
+        prepared = saved or builder(tmp / "ws")
         ws, slice_raw, slice_addresses = prepared.ws, prepared.slice_raw, prepared.slice_addresses
-        flags = var_flags(spec.variables, options.supplied_vars)
-        try:
-            plan = plan_in_workspace(ctx, ws, flags, spec.targets, refresh=spec.refresh)
-        except KlExit as exc:
-            _fail(client, run_id, holder, str(exc))
-            raise
-        replanned = analyze_plan(plan)
-        replanned_writes = replanned.write_set - set(spec.orphans)
-        if replanned_writes != set(spec.write_set):
-            extra = sorted(replanned_writes - set(spec.write_set))
-            missing = sorted(set(spec.write_set) - replanned_writes)
-            message = (f"the re-plan over the trunk slice differs from kl-plan.json (new: {extra[:10]}, gone: "
-                       f"{missing[:10]}); nothing was applied: re-run kl plan")
-            _fail(client, run_id, holder, message)
-            raise StalePlan(message)
+        if saved is None:
+            _replan(client, ctx, spec, prepared, options, run_id)
         client.run_action(run_id, "running", {"holder": holder})
         echo(f"applying {len(spec.write_set)} change(s)...")
         try:

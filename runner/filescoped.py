@@ -38,7 +38,7 @@ from analyzer.scoping import (
     selection_from_changes,
 )
 from runner import workspace
-from runner.apply import ApplyOptions, ApplyOutcome, Builder, Prepared, apply_spec, check_spec
+from runner.apply import ApplyOptions, ApplyOutcome, Builder, Prepared, SavedPlan, apply_spec, check_spec
 from runner.engine_client import EngineClient, EngineError
 from runner.errors import EngineCode, Failed, InvalidInput, NothingToDo, StalePlan
 from runner.git import work_tree_root
@@ -55,7 +55,8 @@ from runner.plan import (
 )
 from runner.spec import PlanSpec
 
-__all__ = ["Selection", "apply_files", "changed_selection", "module_sources", "plan_files", "read_configuration"]
+__all__ = ["Selection", "apply_files", "changed_selection", "module_sources", "plan_files", "plan_files_saved",
+           "read_configuration"]
 
 
 def read_configuration(config_dir: Path) -> dict[str, str]:
@@ -303,6 +304,17 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
                scoped: ScopedFootprint | None = None) -> PlanSpec:
     """kl plan -f: the footprint (``scoped`` when the caller derived it already), the minimal workspace, a
     plan over it, and the artifact."""
+    with tempfile.TemporaryDirectory(prefix="kl-plan-f-") as tmp:
+        return plan_files_saved(client, ctx, state=state, config_dir=config_dir, selection=selection,
+                                var_args=var_args, data_dir=data_dir, refresh=refresh, scoped=scoped,
+                                dest=Path(tmp)).spec
+
+
+def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path,
+                     selection: Selection, var_args: Sequence[tuple[str, str]], data_dir: Path, dest: Path,
+                     refresh: bool = False, scoped: ScopedFootprint | None = None) -> SavedPlan:
+    """plan_files with the workspace kept under ``dest`` (the caller removes it): the spec, and the saved plan
+    ``apply_files`` applies without re-planning when the trunk has not moved."""
     files = read_configuration(config_dir)
     with gc_paused():
         cache = load_cache(data_dir)
@@ -319,9 +331,8 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
     slice_raw, slice_addresses, snapshot = fetch_slice(client, state, slice_globs, frozenset(described))
     flags = given_var_flags(var_args, _declared_variables(fp))
     layout = module_layout(config_dir, fp, cache, work_tree_root(config_dir))
-    with tempfile.TemporaryDirectory(prefix="kl-plan-f-") as tmp:
-        ws = build_minimal(config_dir, files, fp, Path(tmp) / "ws", slice_raw, layout)
-        plan = plan_in_workspace(ctx, ws, flags, (), refresh=refresh)
+    ws = build_minimal(config_dir, files, fp, dest / "ws", slice_raw, layout)
+    plan = plan_in_workspace(ctx, ws, flags, (), refresh=refresh)
     try:
         analysis = analyze_plan(plan)
     except PlanFormatError as exc:
@@ -344,13 +355,14 @@ def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, confi
         # file-scoped commit never prunes outputs, so those are not changes of this plan.
         output_changes=changed_outputs(analysis, frozenset({("no-op",), ("delete",)})), refresh=refresh,
     )
-    return replace(
+    spec = replace(
         spec, mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, layout),
         seed_variables=selection.variables,
         deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},
         deleted_globs=gone, validation_globs=tuple(fp.validation_globs), slice_globs=slice_globs,
         diagnostics=tuple(asdict(d) for d in fp.diagnostics),
     )
+    return SavedPlan(Prepared(ws, slice_raw, slice_addresses), spec, ctx.binary)
 
 
 def check_files(spec: PlanSpec, config_dir: Path) -> None:
@@ -387,13 +399,17 @@ def files_builder(client: EngineClient, spec: PlanSpec, config_dir: Path, data_d
 
 
 def apply_files(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, options: ApplyOptions,
-                deleted: Mapping[str, str], planned: Footprint | None = None) -> ApplyOutcome:
+                deleted: Mapping[str, str], planned: Footprint | None = None,
+                saved: SavedPlan | None = None) -> ApplyOutcome:
+    """Check the files and inputs against ``spec``, then reserve, apply and commit it: the ``saved`` plan as it
+    is when the trunk has not moved since it was made (``runner.apply.saved_plan_refusal``), else a re-plan
+    over a rebuilt workspace and a fresh slice."""
     config_dir = Path(spec.config_dir)
     check_files(spec, config_dir)
     check_spec(replace(spec, config_hash=workspace.config_hash(config_dir)), config_dir, ctx.env,
                options.supplied_vars)
     builder = files_builder(client, spec, config_dir, options.data_dir, deleted, planned)
-    return apply_spec(client, ctx, spec, config_dir, options, builder=builder, checked=True)
+    return apply_spec(client, ctx, spec, config_dir, options, builder=builder, checked=True, saved=saved)
 
 
 def changed_selection(config_dir: Path, ref: str, *, against: str | None = None) -> Selection:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -120,6 +120,11 @@ class Run:
     info: dict[str, Any]
     state_id: int
     expires_at: datetime | None
+    # The trunk's head serial when the reservations were granted (read under the state's row lock, in the
+    # granting transaction) and the lineage of that serial's version: known only to the answer of the call
+    # that opened the run; None elsewhere.
+    granted_at_serial: int | None = None
+    granted_at_lineage: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +161,13 @@ def open_run(
     run_id = run_id or new_run_id()
     attempt = Attempt(state_name=state_name, holder=actor, wanted=wanted, lease=lease)
     details = dict(info or {})
+    granted_at: list[int] = []
 
     def grant(conn: psycopg.Connection, row: states.StateRow) -> None:
         now = clock()
+        # ``row`` was read under the state's row lock, which every write of a new serial (a commit, a POST)
+        # takes too and holds until it commits: no serial can land between this read and our COMMIT.
+        granted_at.append(row.current_serial or 0)
         if base_serial is not None:
             if base_serial > (row.current_serial or 0):
                 raise BadRequestError(f"base_serial {base_serial} is ahead of the trunk (serial {row.current_serial})")
@@ -171,7 +180,14 @@ def open_run(
                       holder=actor, base_serial=base_serial)
 
     ticket = acquire(db, principal, attempt, policy=policy, clock=clock, grant=grant)
-    return ticket if ticket is not None else get_run(db, principal, run_id)
+    if ticket is not None:
+        return ticket
+    serial = granted_at[-1]
+    with db.transaction() as conn:
+        run = get_run_in(conn, principal, run_id)
+        # The version at a committed serial never changes: read after the lock, it is the granted head's.
+        version = states.version_at(conn, run.state_id, serial) if serial else None
+    return replace(run, granted_at_serial=serial, granted_at_lineage=version.lineage if version else None)
 
 
 def _lock_run(conn: psycopg.Connection, principal: Principal, run_id: str) -> tuple[str, str, int, str, str]:

@@ -90,9 +90,12 @@ OPERATIONS: tuple[Operation, ...] = (
                   body={"globs": _GLOBS}, required=("globs",)),
     _engine_state("/edges", "post", "Dependency edges at the head touching the globs",
                   body={"globs": _GLOBS}, required=("globs",)),
-    _engine_state("/runs", "post", "Open an apply run holding reservations (all or nothing)", body={
+    _engine_state("/runs", "post", "Open an apply run holding reservations (all or nothing); the answer's "
+                  "granted_at_serial and granted_at_lineage are the head's when they were granted", body={
         "actor": _STR, "reservations": _WANTED, "lease_seconds": {"type": "number", "minimum": 1, "maximum": 43200},
-        "wait_seconds": {"type": "number", "minimum": 0}, "base_serial": _INT, "info": {"type": "object"},
+        "wait_seconds": {"type": "number", "minimum": 0},
+        "base_serial": {**_INT, "description": "the serial the plan was made at: refused when a reserved address "
+                        "changed since"}, "info": {"type": "object"},
     }, required=("actor", "reservations"), success=201),
     Operation("get", "/v1/engine/runs", "List apply runs", (
         Param("state", _STR), Param("status", _STR), Param("limit", {"type": "integer", "minimum": 1,

@@ -104,9 +104,9 @@ def _run_payload(run: runs.Run) -> dict[str, Any]:
     }
 
 
-def _run_response(run: runs.Run, status: int = 200) -> tuple[Response, int]:
+def _run_response(run: runs.Run, status: int = 200, **extra: Any) -> tuple[Response, int]:
     held = runs.run_reservations(services().db, principal(), run.id)
-    return jsonify({"ok": True, "run": _run_payload(run), "reservations": held}), status
+    return jsonify({"ok": True, "run": _run_payload(run), "reservations": held, **extra}), status
 
 
 @bp.post("/states/<path:name>/runs")
@@ -125,7 +125,9 @@ def open_run(name: str) -> tuple[Response, int]:
     )
     if isinstance(run, runs.Ticket):
         return _ticket_response(run)
-    return _run_response(run, 201)
+    # The head when the reservations were granted: the plan's serial and lineage if nothing landed since it.
+    return _run_response(run, 201, granted_at_serial=run.granted_at_serial,
+                         granted_at_lineage=run.granted_at_lineage)
 
 
 @bp.get("/runs")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,11 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
     return Selection(tuple(sorted(set(chosen.files) | set(files))), chosen.deleted, chosen.variables)
 
 
-def _plan_spec(args: argparse.Namespace, env: dict[str, str]) -> tuple[Any, Any, Any]:
+def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None = None) -> tuple[Any, Any, Any, Any]:
+    """The plan (full, or file-scoped with -f/--changed-from), the engine client, the selection, and with
+    ``keep`` the file-scoped plan's workspace kept there for the apply (None otherwise)."""
     from runner.config import data_dir
-    from runner.filescoped import plan_files
+    from runner.filescoped import plan_files, plan_files_saved
     from runner.plan import make_plan
 
     config_dir = Path(args.chdir).resolve()
@@ -92,10 +95,15 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str]) -> tuple[Any, Any,
     selection = _selection(args, config_dir)
     if selection is None:
         return make_plan(client, ctx, state=config.state, config_dir=config_dir, var_args=_var_args(args),
-                         targets=args.target or [], refresh=getattr(args, "refresh", False)), client, selection
+                         targets=args.target or [], refresh=getattr(args, "refresh", False)), client, selection, None
+    refresh = getattr(args, "refresh", False)
+    if keep is not None:
+        saved = plan_files_saved(client, ctx, state=config.state, config_dir=config_dir, selection=selection,
+                                 var_args=_var_args(args), data_dir=data_dir(env), refresh=refresh, dest=keep)
+        return saved.spec, client, selection, saved
     spec = plan_files(client, ctx, state=config.state, config_dir=config_dir, selection=selection,
-                      var_args=_var_args(args), data_dir=data_dir(env), refresh=getattr(args, "refresh", False))
-    return spec, client, selection
+                      var_args=_var_args(args), data_dir=data_dir(env), refresh=refresh)
+    return spec, client, selection, None
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -103,7 +111,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from runner.plan import summary
 
     with json_mode(args):
-        spec, _, selection = _plan_spec(args, process_env())
+        spec, _, selection, _ = _plan_spec(args, process_env())
         out = Path(args.out or ("kl-plan.igplan" if selection is not None else "kl-plan.json"))
         out.write_text(spec.to_json())
         print(summary(spec))
@@ -134,6 +142,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> tuple[Any, Any]:
+    # With -f/--changed-from the plan phase's workspace is kept here, so the apply can use its saved plan.
+    with tempfile.TemporaryDirectory(prefix="kl-apply-f-") as kept:
+        return _apply_in(args, Path(kept))
+
+
+def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
     from runner.apply import ApplyOptions, ApplyOutcome, apply_spec
     from runner.config import data_dir, default_actor, process_env
     from runner.filescoped import apply_files
@@ -146,12 +160,13 @@ def _apply(args: argparse.Namespace) -> tuple[Any, Any]:
                            data_dir=data_dir(env), supplied_vars=supplied, lease_seconds=args.lease)
     if args.plan_file and (args.file or args.changed_from):
         raise UsageError("give either a plan file or -f/--changed-from, not both")
+    saved = None
     if args.plan_file:
         spec = PlanSpec.load(Path(args.plan_file))
         client = EngineClient(client_config(args, Path(spec.config_dir), env, need_state=False,
                                             address=spec.address, state=spec.state))
     elif args.file or args.changed_from:
-        spec, client, _ = _plan_spec(args, env)
+        spec, client, _, saved = _plan_spec(args, env, keep=kept)
         print(summary(spec))
         if not spec.write_set and not spec.output_changes:
             print("\nnothing to apply")
@@ -165,7 +180,7 @@ def _apply(args: argparse.Namespace) -> tuple[Any, Any]:
     else:
         raise UsageError("give a plan file (kl apply kl-plan.json) or files (kl apply -f FILE --confirm-scope)")
     if spec.mode == "files":
-        outcome = apply_files(client, terraform_context(env), spec, options, {})
+        outcome = apply_files(client, terraform_context(env), spec, options, {}, saved=saved)
     else:
         outcome = apply_spec(client, terraform_context(env), spec, Path(spec.config_dir), options)
     return spec, outcome

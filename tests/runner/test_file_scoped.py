@@ -28,6 +28,11 @@ FILES = {
 
 @pytest.fixture
 def repo(live_server, workdir_factory):  # type: ignore[no-untyped-def]
+    return make_repo(live_server, workdir_factory)
+
+
+def make_repo(live_server, workdir_factory) -> Workdir:  # type: ignore[no-untyped-def]
+    """A git repository holding FILES, applied to the state ``files``, whose trap.tf no full plan survives."""
     r = workdir_factory("repo", live_server.state_url("files"))
     r.seed(FILES)
     r.write(".gitignore", ".terraform/\n*.igplan\nkl-plan.json\n.terraform.lock.hcl\n")

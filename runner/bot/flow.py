@@ -14,6 +14,7 @@ the environment (``runner.config.process_env`` does, once per job).
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -38,6 +39,7 @@ from runner.filescoped import (
     derive_footprint,
     load_cache,
     plan_files,
+    plan_files_saved,
     read_configuration,
 )
 from runner.plan import TerraformContext
@@ -266,11 +268,16 @@ def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: st
             remaining = before_apply(scoped)
             waited = time.monotonic() - waiting
         ctx = terraform_context(bench)
-        spec = plan_files(client, ctx, state=project.state, config_dir=root / project.dir, selection=selection,
-                          var_args=(), data_dir=bench.data_dir, scoped=scoped)
         options = ApplyOptions(actor=actor, wait_seconds=max(remaining, 0.0), dry_run=False, data_dir=bench.data_dir,
                                supplied_vars={}, lease_seconds=LEASE_SECONDS)
-        outcome = apply_files(client, ctx, spec, options, {}, planned=scoped.footprint)
+        # The plan's workspace is kept through the apply: when nothing landed on the trunk between the plan
+        # and the grant, the apply runs the saved plan instead of planning again (as kl apply -f does).
+        with tempfile.TemporaryDirectory(prefix="kl-bot-plan-") as kept:
+            saved = plan_files_saved(client, ctx, state=project.state, config_dir=root / project.dir,
+                                     selection=selection, var_args=(), data_dir=bench.data_dir, dest=Path(kept),
+                                     scoped=scoped)
+            spec = saved.spec
+            outcome = apply_files(client, ctx, spec, options, {}, planned=scoped.footprint, saved=saved)
     except NothingToDo:
         return ApplyResult(project.name, project.state, sha, "no_changes")
     except KlExit as exc:

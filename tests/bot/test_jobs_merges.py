@@ -5,6 +5,7 @@ go to the simulation served on a loopback port."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import uuid
 from pathlib import Path
@@ -45,14 +46,18 @@ def finish(workers: list[subprocess.Popen[str]]) -> list[str]:
     return outputs
 
 
-def test_a_merged_pull_request_is_applied_on_the_merge_commit_and_reported(world_factory, request):  # noqa: F811
+def test_a_merged_pull_request_is_applied_on_the_merge_commit_and_reported(world_factory, request,  # noqa: F811
+                                                                          caplog):
     w = world_factory()
     head = w.open_pr(1, "db-v2", {"db.tf": DB_V2})
     w.run_jobs()
     before = len(w.sim.writes())
 
     merge = w.merge(1)
+    caplog.set_level(logging.INFO, logger="kilolock.bot")
     w.run_jobs()
+    # Nothing landed on the trunk between the project's plan and its reservations: the saved plan is applied.
+    assert "the trunk has not moved since the plan (serial 1): applying the saved plan" in caplog.text
 
     assert w.trunk()["terraform_data.db"] == "prod-app-db-v2" and w.serial() == 2
     [run] = [r for r in w.runs() if r["status"] == "committed"]

@@ -12,6 +12,8 @@ import pytest
 import requests
 
 pytestmark = pytest.mark.terraform
+# A drifted value long enough never to appear by chance in a run id, a serial or a time beside it.
+DRIFTED_SIZE = 48213907
 
 SECRET = "s3cret-value-that-must-never-leak"
 
@@ -25,11 +27,11 @@ def _metric(text: str, name: str, **labels: str) -> float | None:
 
 def test_drift_names_the_instance_and_attribute_and_leaves_the_trunk_alone(cloud_repo, live_server):
     before = cloud_repo.trunk()
-    cloud_repo.cloud.edit("local", "bucket", "logs", size=99)
+    cloud_repo.cloud.edit("local", "bucket", "logs", size=DRIFTED_SIZE)
     done = cloud_repo.kl("drift")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "drifted  fakecloud_bucket.logs: size" in done.stdout
-    assert "99" not in done.stdout
+    assert str(DRIFTED_SIZE) not in done.stdout
     assert cloud_repo.trunk()["serial"] == before["serial"]
     assert cloud_repo.instance("fakecloud_bucket.logs")["size"] == 10
 
@@ -165,7 +167,7 @@ def test_drift_with_the_machines_terraform(cloud_repo):
 
 
 def test_plan_refresh_sees_drift_in_what_it_changes_and_the_apply_puts_it_back(cloud_repo):
-    cloud_repo.cloud.edit("local", "bucket", "logs", size=99)
+    cloud_repo.cloud.edit("local", "bucket", "logs", size=DRIFTED_SIZE)
     plain = cloud_repo.kl("plan", "-f", "buckets.tf")
     assert plain.returncode == 0, plain.stdout + plain.stderr
     # Without refresh no managed instance changes; the data source reading the bucket is read at plan time
@@ -175,7 +177,7 @@ def test_plan_refresh_sees_drift_in_what_it_changes_and_the_apply_puts_it_back(c
     refreshed = cloud_repo.kl("plan", "-f", "buckets.tf", "--refresh")
     assert refreshed.returncode == 0, refreshed.stdout + refreshed.stderr
     assert "fakecloud_bucket.logs changed outside Terraform: size" in refreshed.stdout
-    assert "99" not in refreshed.stdout
+    assert str(DRIFTED_SIZE) not in refreshed.stdout
     spec = json.loads((cloud_repo.dir / "kl-plan.igplan").read_text())
     assert spec["refresh"] is True and spec["write_set"] == ["fakecloud_bucket.logs"]
     applied = cloud_repo.kl("apply", "kl-plan.igplan", "--actor", "ivan")

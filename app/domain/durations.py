@@ -29,10 +29,13 @@ def parse_duration(text: str) -> float:
 
 
 def format_duration(delta: timedelta) -> str:
-    """``14m48s``, ``12s``, ``2h03m``: what an operator reads at a glance."""
+    """``14m48s``, ``12s``, ``2h03m``, ``3d04h``: what an operator reads at a glance."""
     seconds = max(int(delta.total_seconds()), 0)
-    hours, rest = divmod(seconds, 3600)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
     if hours:
         return f"{hours}h{minutes:02d}m"
     if minutes:

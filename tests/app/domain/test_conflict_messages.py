@@ -29,6 +29,8 @@ def held(glob: str, *, run: str = "ar_4f2a", lease: timedelta | None = timedelta
 def test_durations_read_at_a_glance() -> None:
     assert [format_duration(timedelta(seconds=s)) for s in (0, 12, 60, 888, 3599, 3600, 7380, -5)] == [
         "0s", "12s", "1m00s", "14m48s", "59m59s", "1h00m", "2h03m", "0s"]
+    assert [format_duration(timedelta(hours=h)) for h in (23, 24, 26, 24 * 30 + 5)] == [
+        "23h00m", "1d00h", "1d02h", "30d05h"]
 
 
 def test_a_conflict_on_the_same_glob_names_run_age_and_lease() -> None:

@@ -26,6 +26,7 @@ tests drive windows without waiting. Must not: render Markdown (``runner.bot.dri
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from runner import git
 from runner.bot import drifttext, flow
 from runner.bot.config import BotConfigError, load
 from runner.bot.github import GitHubError
+from runner.bot.outcomes import DriftOutcome, DriftTarget
 from runner.bot.results import DriftResult
 from runner.config import ClientConfigError
 from runner.drift import DriftRequest, check_drift
@@ -132,32 +134,30 @@ def check(ctx: Context, args: DriftCheckArgs) -> str:
 
 
 def _run(ctx: Context, repo: str, name: str, window: int, sha: str,
-         branch: str) -> tuple[JobStatus, dict[str, Any]]:
-    outcome: dict[str, Any] = {"project": name, "sha": sha, "branch": branch, "window": window, "drifted": [],
-                               "checked": 0, "serial": 0}
+         branch: str) -> tuple[JobStatus, DriftOutcome]:
+    outcome = DriftOutcome(name, sha, branch, window)
     gh = ctx.github(repo)
     try:
         with flow.checkout(ctx.bench, repo, sha, gh.clone_token()) as root:
             try:
                 config = load(root)
             except BotConfigError as exc:
-                return JobStatus.FAILED, {**outcome, "error": str(exc)}
+                return JobStatus.FAILED, replace(outcome, error=str(exc))
             project = config.project(name)
             if project is None or project.drift is None:
-                return JobStatus.SKIPPED, {**outcome,
-                                           "skipped": f"project {name!r} has no drift schedule on {branch} now"}
-            outcome.update(state=project.state, dir=project.shown_dir, every=project.drift.every,
-                           issue=project.drift.issue)
+                return JobStatus.SKIPPED, replace(
+                    outcome, skipped=f"project {name!r} has no drift schedule on {branch} now")
+            outcome = replace(outcome, target=DriftTarget(project.state, project.shown_dir, project.drift.every,
+                                                          project.drift.issue))
             request = DriftRequest(state=project.state, config_dir=root / project.dir,
                                    actor=f"github:{repo}@{sha[:12]}/{name}:drift", data_dir=ctx.bench.data_dir,
                                    lease_seconds=flow.LEASE_SECONDS)
             result = check_drift(flow.engine_client(ctx.bench, root, project), flow.terraform_context(ctx.bench),
                                  request)
     except (KlExit, EngineError, ClientConfigError, git.GitError) as exc:
-        return JobStatus.FAILED, {**outcome, "error": safe_error(str(exc))}
-    outcome.update(serial=result.serial, checked=result.checked, run_id=result.run_id,
-                   drifted=[d.to_json() for d in result.drifted])
-    return JobStatus.SUCCEEDED, outcome
+        return JobStatus.FAILED, replace(outcome, error=safe_error(str(exc)))
+    return JobStatus.SUCCEEDED, replace(outcome, serial=result.serial, checked=result.checked,
+                                        run_id=result.run_id, drifted=result.drifted)
 
 
 def safe_error(text: str) -> str:
@@ -177,19 +177,19 @@ def deliver(ctx: Context, row: BotJob) -> None:
         fresh = store.get_job(ctx.db, row.id) or row
         if fresh.posted:
             return
-        d = dict(DriftResult.from_json(fresh.result).drift)
-        if fresh.status is JobStatus.SKIPPED or not d:
-            log.info("drift check %s: %s", fresh.id, d.get("skipped") or fresh.result)
+        outcome = DriftResult.from_json(fresh.result).drift
+        if fresh.status is JobStatus.SKIPPED or outcome is None:
+            log.info("drift check %s: %s", fresh.id, (outcome and outcome.skipped) or fresh.result)
             store.mark_posted(ctx.db, fresh.id)
             return
         gh = ctx.github(fresh.repo)
-        shown = drifttext.check_output(d)
-        gh.set_check(d["sha"], DRIFT_CHECK, status="completed", conclusion=shown.conclusion, title=shown.title,
+        shown = drifttext.check_output(outcome)
+        gh.set_check(outcome.sha, DRIFT_CHECK, status="completed", conclusion=shown.conclusion, title=shown.title,
                      summary=shown.summary, text=shown.text, external_id=fresh.id)
-        if d.get("issue") and not d.get("error"):
+        if outcome.keeps_issue and not outcome.error:
             earlier = store.last_result(ctx.db, fresh.repo, JobKind.DRIFT_CHECK, fresh.project, "issue_number")
-            number = gh.sync_issue(drifttext.issue_marker(fresh.project), drifttext.issue_title(d),
-                                   drifttext.issue_body(d), open_=bool(d["drifted"]),
+            number = gh.sync_issue(drifttext.issue_marker(fresh.project), drifttext.issue_title(outcome),
+                                   drifttext.issue_body(outcome), open_=bool(outcome.drifted),
                                    number=int(earlier["issue_number"]) if earlier else None)
             if number is not None:
                 store.merge_result(ctx.db, fresh.id, {"issue_number": number})

@@ -1,8 +1,8 @@
 """The outcomes the bot's jobs store in ``bot_jobs.result``: frozen dataclasses with their JSON form.
 
 Owns the shape of what a job computed (the predicted footprint per project, the plan preview, the apply
-results, overlaps with other pull requests) and its round trip through JSON. Must not: render text
-(``runner.bot.render`` does), talk to GitHub, the database or the server. Outcomes hold addresses,
+results, overlaps with other pull requests, a scheduled drift check) and its round trip through JSON.
+Must not: render text (``runner.bot.render`` does), talk to GitHub, the database or the server. Outcomes hold addresses,
 actions, globs, file names and error messages only — never attribute values or variable values — so
 nothing sensitive can reach a comment.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from analyzer.drift import DriftedInstance
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,60 @@ class Overlap:
     globs: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class DriftTarget:
+    """What a scheduled drift check read of its project at the branch head: the state, the project's
+    directory as shown, the window length in seconds and whether an issue is kept in sync."""
+
+    state: str
+    dir: str
+    every: int
+    issue: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DriftOutcome:
+    """One project's scheduled drift check in one window (``runner.bot.drift``); addresses and attribute
+    names only. ``target`` is None when the check stopped before it read the project's schedule;
+    ``error`` says why a check could not run, ``skipped`` why it did not; ``run_id`` is set once it ran."""
+
+    project: str
+    sha: str
+    branch: str
+    window: int
+    drifted: tuple[DriftedInstance, ...] = ()
+    checked: int = 0
+    serial: int = 0
+    target: DriftTarget | None = None
+    error: str | None = None
+    skipped: str | None = None
+    run_id: str | None = None
+
+    @property
+    def state(self) -> str:
+        return self.target.state if self.target is not None else ""
+
+    @property
+    def shown_dir(self) -> str:
+        return (self.target.dir if self.target is not None else "") or "."
+
+    @property
+    def keeps_issue(self) -> bool:
+        return self.target is not None and self.target.issue
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON rows were always written in: the target's fields inline, absent ones left out."""
+        doc: dict[str, Any] = {"project": self.project, "sha": self.sha, "branch": self.branch,
+                               "window": self.window, "drifted": [d.to_json() for d in self.drifted],
+                               "checked": self.checked, "serial": self.serial}
+        if self.target is not None:
+            doc.update(asdict(self.target))
+        for key, value in (("error", self.error), ("skipped", self.skipped), ("run_id", self.run_id)):
+            if value is not None:
+                doc[key] = value
+        return doc
+
+
 def compact_shared(globs: Sequence[str]) -> tuple[str, ...]:
     """The shared globs worth naming: a ``mine ∩ theirs`` pair is left out when both sides are shared as
     they are (``a.*`` and ``a``, each shared, need no ``a ∩ a.*``)."""
@@ -145,6 +201,17 @@ def preview_from_json(doc: Mapping[str, Any]) -> PreviewOutcome:
 
 def apply_from_json(doc: Mapping[str, Any]) -> ApplyResult:
     return ApplyResult(**{**doc, "actions": _pairs(doc.get("actions", ()))})
+
+
+def drift_from_json(doc: Mapping[str, Any]) -> DriftOutcome:
+    """A stored drift outcome; rows written by older versions may lack any key."""
+    target = (DriftTarget(str(doc["state"]), str(doc.get("dir", "")), int(doc.get("every", 0)),
+                          bool(doc.get("issue"))) if "state" in doc else None)
+    drifted = tuple(DriftedInstance(str(i.get("address", "")), tuple(str(a) for a in i.get("attributes", ())),
+                                    bool(i.get("gone"))) for i in doc.get("drifted", ()))
+    return DriftOutcome(str(doc.get("project", "")), str(doc.get("sha", "")), str(doc.get("branch", "")),
+                        int(doc.get("window", 0)), drifted, int(doc.get("checked", 0)), int(doc.get("serial", 0)),
+                        target, doc.get("error"), doc.get("skipped"), doc.get("run_id"))
 
 
 def _pairs(items: Iterable[Sequence[str]]) -> tuple[tuple[str, str], ...]:

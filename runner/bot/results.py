@@ -16,9 +16,11 @@ from app.domain.jobs import JobKind
 from app.store.bot import BotJob
 from runner.bot.outcomes import (
     ApplyResult,
+    DriftOutcome,
     FootprintOutcome,
     PreviewOutcome,
     apply_from_json,
+    drift_from_json,
     footprint_from_json,
     preview_from_json,
     to_json,
@@ -218,7 +220,8 @@ class DriftResult(JobResult):
     """A scheduled drift check: the outcome ``runner.bot.drifttext`` renders (names only, never values)
     and the issue it keeps in sync."""
 
-    drift: Mapping[str, Any] = _stored(default_factory=dict, dump=dict, load=dict, always=True)
+    drift: DriftOutcome | None = _stored(None, dump=lambda o: o.to_json() if o is not None else {},
+                                         load=lambda doc: drift_from_json(doc) if doc else None, always=True)
     issue_number: int | None = _stored(None, load=lambda n: int(n) if n else None)
 
 

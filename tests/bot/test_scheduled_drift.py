@@ -252,3 +252,49 @@ def test_github_failing_after_the_check_is_retried_by_posting_the_stored_outcome
     assert len(runs) == 1 and runs[0]["conclusion"] == "success"
     (row,) = _drift_jobs(world)
     assert (row.status, row.attempts, row.posted) == ("succeeded", 1, True)  # Terraform ran once
+
+
+# --- the stored outcome -------------------------------------------------------------------------------
+
+STORED_DRIFT = [  # each shape a drift check stores in bot_jobs.result["drift"]
+    {"project": "infra", "sha": "a" * 40, "branch": "main", "window": 7200,
+     "drifted": [{"address": "fakecloud_bucket.archive", "attributes": ["size", "tags"], "gone": False},
+                 {"address": "fakecloud_bucket.logs", "attributes": [], "gone": True}],
+     "checked": 3, "serial": 4, "state": "prod", "dir": "infra", "every": 3600, "issue": True, "run_id": "r-1"},
+    {"project": "infra", "sha": "a" * 40, "branch": "main", "window": 7200, "drifted": [], "checked": 0,
+     "serial": 0, "state": "prod", "dir": ".", "every": 3600, "issue": False, "error": "terraform plan failed"},
+    {"project": "infra", "sha": "a" * 40, "branch": "main", "window": 7200, "drifted": [], "checked": 0,
+     "serial": 0, "error": ".kilolock.yml: projects: must be a list"},
+    {"project": "infra", "sha": "a" * 40, "branch": "main", "window": 7200, "drifted": [], "checked": 0,
+     "serial": 0, "skipped": "project 'infra' has no drift schedule on main now"},
+]
+
+
+@pytest.mark.parametrize("stored", STORED_DRIFT)
+def test_a_stored_drift_outcome_reads_back_and_writes_the_same_json(stored: dict[str, Any]) -> None:
+    from runner.bot.results import DriftResult
+
+    result = DriftResult.from_json({"drift": stored, "issue_number": 12})
+    assert result.drift is not None and result.issue_number == 12
+    assert result.to_json() == {"drift": stored, "issue_number": 12}
+    assert json.dumps(result.drift.to_json()) == json.dumps(stored)  # same keys, in the same order
+
+
+def test_a_drift_outcome_renders_from_its_stored_form() -> None:
+    from runner.bot import drifttext
+    from runner.bot.outcomes import drift_from_json
+
+    drifted = drift_from_json(STORED_DRIFT[0])
+    shown = drifttext.check_output(drifted)
+    assert (shown.conclusion, shown.title) == ("failure", "2 drifted instance(s) in infra")
+    assert "| `fakecloud_bucket.archive` | `size`, `tags` |" in shown.summary
+    assert "| `fakecloud_bucket.logs` | gone: the object was deleted |" in shown.summary
+    assert "in `infra`;" in shown.summary and drifttext.issue_title(drifted) == "Kilolock: drift in infra (prod)"
+    failed = drift_from_json(STORED_DRIFT[2])
+    assert drifttext.check_output(failed).title == "drift check of infra failed"
+    assert "(state ``)" in drifttext.check_output(failed).summary and not failed.keeps_issue
+    # A row written before every key was kept still reads; an empty one reads as no outcome.
+    partial = drift_from_json({"window": 3600, "branch": "main"})
+    assert (partial.window, partial.branch, partial.drifted, partial.target) == (3600, "main", (), None)
+    from runner.bot.results import DriftResult
+    assert DriftResult.from_json({"drift": {}}).drift is None and DriftResult().to_json() == {"drift": {}}

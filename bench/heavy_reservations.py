@@ -60,31 +60,20 @@ HEAVY_FULL = HeavySizes(requested=1000, held=2000, repeats=7, lock_samples=200, 
 HEAVY_QUICK = HeavySizes(requested=200, held=400, repeats=2, lock_samples=30, waiters=10, health_samples=50)
 
 
+def _globs(n: int, tag: str) -> list[str]:
+    """Exact instances, resource prefixes and nested module prefixes, all under module.big, named by ``tag``
+    (the held and the requested sets never overlap)."""
+    shapes = ('module.big.terraform_data.{t}{i}["k{i}"]', "module.big.terraform_data.{t}r{i}.*",
+              'module.big.module.inner["{t}{i}"].*')
+    return [shapes[i % 3].format(t=tag, i=i) for i in range(n)]
+
+
 def held_globs(n: int) -> list[str]:
-    """Exact instances, resource prefixes and nested module prefixes, all under module.big."""
-    out: list[str] = []
-    for i in range(n):
-        kind = i % 3
-        if kind == 0:
-            out.append(f'module.big.terraform_data.h{i}["k{i}"]')
-        elif kind == 1:
-            out.append(f"module.big.terraform_data.hr{i}.*")
-        else:
-            out.append(f'module.big.module.inner["h{i}"].*')
-    return out
+    return _globs(n, "h")
 
 
 def requested_globs(n: int) -> list[str]:
-    out: list[str] = []
-    for i in range(n):
-        kind = i % 3
-        if kind == 0:
-            out.append(f'module.big.terraform_data.w{i}["k{i}"]')
-        elif kind == 1:
-            out.append(f"module.big.terraform_data.wr{i}.*")
-        else:
-            out.append(f'module.big.module.inner["w{i}"].*')
-    return out
+    return _globs(n, "w")
 
 
 def pairwise(wanted: Sequence[Wanted], held: Sequence[Held]) -> int:

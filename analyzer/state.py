@@ -39,6 +39,7 @@ from analyzer.addresses import (
     resource_address,
 )
 from analyzer.gcpause import gc_paused
+from analyzer.values import json_number, normal_value
 
 try:
     import orjson
@@ -130,11 +131,12 @@ class EncryptedState:
 
 
 def canonical_json(value: object) -> str:
-    """Compact JSON with sorted keys and raw Unicode: equal values always give equal text.
+    """Compact JSON with sorted keys and raw Unicode, numbers in ``analyzer.values``' canonical form:
+    equal values always give equal text.
 
     Raises ValueError for values JSON cannot hold (NaN, infinities).
     """
-    text, _ = _canonical(value)
+    text, _ = _canonical(normal_value(value))
     return text
 
 
@@ -215,8 +217,10 @@ def _canonical_accelerated(value: object) -> tuple[str, bytes]:
 
 
 class _FloatCheck:
-    """The ``parse_float`` hook of ``_load``: converts exactly like json's default (``float``) and notes
-    whether every float in the body is one orjson writes the same way as json (see ``_ORJSON_FLOAT_MIN``).
+    """The ``parse_float`` hook of ``_load``: converts numbers into the canonical form of
+    ``analyzer.values`` (``1.0`` is the integer 1, so a value reads the same whoever wrote it) and notes
+    whether every float kept in the body is one orjson writes the same way as json (see
+    ``_ORJSON_FLOAT_MIN``).
     """
 
     __slots__ = ("orjson_safe",)
@@ -224,9 +228,9 @@ class _FloatCheck:
     def __init__(self) -> None:
         self.orjson_safe = True
 
-    def __call__(self, text: str) -> float:
-        value = float(text)
-        if value and not _ORJSON_FLOAT_MIN <= abs(value) <= _FLOAT_MAX:
+    def __call__(self, text: str) -> int | float:
+        value = json_number(text)
+        if type(value) is float and value and not _ORJSON_FLOAT_MIN <= abs(value) <= _FLOAT_MAX:
             self.orjson_safe = False
         return value
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from analyzer.addresses import AddressError, parse_instance_address
 from analyzer.globs import Glob, matches_output, parse_glob
 from analyzer.state import InstanceRow, OutputRow
+from analyzer.values import same_json
 from app.domain.globindex import GlobIndex
 from app.domain.lifecycle import Key, changed_instances
 from app.errors import BadRequestError
@@ -130,7 +131,7 @@ def changed_outputs(base: Iterable[OutputRow], result: Iterable[OutputRow], *, p
     its base: exactly the outputs ``merge_outputs`` takes from it, so exactly what it must reserve."""
     before = {o.name: o for o in base}
     after = {o.name: o for o in result}
-    changed = {n for n, o in after.items() if n not in before or not _same(before[n], o)}
+    changed = {n for n, o in after.items() if n not in before or not same_output(before[n], o)}
     if prune:
         changed |= before.keys() - after.keys()
     return sorted(changed)
@@ -148,12 +149,18 @@ def stale_outputs(base: Iterable[OutputRow], head: Iterable[OutputRow], globs: S
     before = {o.name: o for o in base}
     now = {o.name: o for o in head}
     moved = [n for n in before.keys() | now.keys()
-             if n not in before or n not in now or not _same(before[n], now[n])]
+             if n not in before or n not in now or not same_output(before[n], now[n])]
     coverage = GlobCoverage(globs)
     return sorted(n for n in moved if coverage.covers_output(n))
 
-def _same(a: OutputRow, b: OutputRow) -> bool:
-    return (a.value_json, a.type_json, a.sensitive) == (b.value_json, b.type_json, b.sensitive)
+
+def same_output(a: OutputRow | None, b: OutputRow | None) -> bool:
+    """Whether two root outputs are the same (value, type and sensitivity), compared as JSON values and
+    never as text: the trunk's come back from Postgres in jsonb's spelling, an apply's in Terraform's."""
+    if a is None or b is None:
+        return a is b
+    return a.sensitive == b.sensitive and same_json(a.value_json, b.value_json) and same_json(a.type_json,
+                                                                                               b.type_json)
 
 
 def merge_outputs(
@@ -168,7 +175,7 @@ def merge_outputs(
     before = {o.name: o for o in base}
     after = {o.name: o for o in result}
     for name, output in after.items():
-        if name not in before or not _same(before[name], output):
+        if name not in before or not same_output(before[name], output):
             merged[name] = output
     for name in before if prune else ():
         if name not in after:

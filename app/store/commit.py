@@ -285,7 +285,7 @@ def _write(
     outputs = rules.merge_outputs(locked.head_outputs, before.base_outputs, parsed.outputs, prune=prune_outputs)
     previous, following = {o.name: o for o in locked.head_outputs}, {o.name: o for o in outputs}
     outputs_changed = tuple(sorted(n for n in previous.keys() | following.keys()
-                                   if previous.get(n) != following.get(n)))
+                                   if not rules.same_output(previous.get(n), following.get(n))))
     counters = {"created": delta.created, "updated": delta.updated, "deleted": len(delta.deletes)}
     if delta.is_empty and not outputs_changed:
         with conn.pipeline():

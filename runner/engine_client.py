@@ -169,7 +169,7 @@ class EngineClient:
         return self._post(path, body)
 
     def commit(self, run_id: str, *, holder: str, state: dict[str, Any], slice_addresses: list[str],
-               prune_outputs: bool = True) -> dict[str, Any]:
+               prune_outputs: bool | list[str] = True) -> dict[str, Any]:
         body = {"holder": holder, "state": state, "slice_addresses": slice_addresses, "prune_outputs": prune_outputs}
         return self._post(f"/runs/{quote(run_id)}/commit", body, timeout=self.timeout * 5)
 

@@ -352,8 +352,10 @@ def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str,
         read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))), described=described,
         warnings=tuple(warnings),
         # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a
-        # file-scoped commit never prunes outputs, so those are not changes of this plan.
-        output_changes=changed_outputs(analysis, frozenset({("no-op",), ("delete",)})), refresh=refresh,
+        # file-scoped commit removes only the outputs it declares (one that became null), so the others
+        # are not changes of this plan.
+        output_changes={name: action for name, action in changed_outputs(analysis).items()
+                        if action != "delete" or name in fp.outputs}, refresh=refresh,
     )
     spec = replace(
         spec, mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, layout),

@@ -126,15 +126,26 @@ def check_addresses(addresses: Iterable[str], what: str) -> list[str]:
     return checked
 
 
-def changed_outputs(base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True) -> list[str]:
-    """Names of the root outputs the apply added, changed or (when ``prune``) removed relative to
+# Which base outputs an apply's state may remove by leaving them out: all (True: the workspace held the whole
+# configuration), none (False), or these names (the outputs a partial workspace declares: one it declares but
+# its state lacks evaluated to null, and Terraform keeps no null output).
+Prune = bool | frozenset[str]
+
+
+def _removed(before: Mapping[str, OutputRow], after: Mapping[str, OutputRow], prune: Prune) -> set[str]:
+    gone = before.keys() - after.keys()
+    if isinstance(prune, bool):
+        return set(gone) if prune else set()
+    return gone & prune
+
+
+def changed_outputs(base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: Prune = True) -> list[str]:
+    """Names of the root outputs the apply added, changed or removed (as ``prune`` allows) relative to
     its base: exactly the outputs ``merge_outputs`` takes from it, so exactly what it must reserve."""
     before = {o.name: o for o in base}
     after = {o.name: o for o in result}
     changed = {n for n, o in after.items() if n not in before or not same_output(before[n], o)}
-    if prune:
-        changed |= before.keys() - after.keys()
-    return sorted(changed)
+    return sorted(changed | _removed(before, after, prune))
 
 
 def outputs_outside(names: Iterable[str], write_globs: Sequence[Glob]) -> list[str]:
@@ -164,20 +175,19 @@ def same_output(a: OutputRow | None, b: OutputRow | None) -> bool:
 
 
 def merge_outputs(
-    head: Iterable[OutputRow], base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True
+    head: Iterable[OutputRow], base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: Prune = True
 ) -> tuple[OutputRow, ...]:
     """Keep the trunk's outputs; take from the apply only what it changed relative to its base
-    (new or different values), and — when ``prune``, i.e. the workspace held the whole
-    configuration — drop the outputs it no longer has. An output the apply did not touch keeps
-    whatever value a concurrent commit gave it. A file-scoped workspace holds only some outputs, so
-    it never prunes: its missing outputs are simply not its business."""
+    (new or different values), and drop the outputs it no longer has as ``prune`` allows: all of them
+    when the workspace held the whole configuration, the named ones for a file-scoped workspace (the
+    outputs it declares; the others are simply not its business). An output the apply did not touch
+    keeps whatever value a concurrent commit gave it."""
     merged = {o.name: o for o in head}
     before = {o.name: o for o in base}
     after = {o.name: o for o in result}
     for name, output in after.items():
         if name not in before or not same_output(before[name], output):
             merged[name] = output
-    for name in before if prune else ():
-        if name not in after:
-            merged.pop(name, None)
+    for name in _removed(before, after, prune):
+        merged.pop(name, None)
     return tuple(merged[n] for n in sorted(merged))

@@ -157,7 +157,7 @@ class _Checked:
 
 def commit_run(
     db: Database, principal: Principal, run_id: str, *, holder: str, state_body: bytes,
-    slice_addresses: Sequence[str], prune_outputs: bool = True, clock: runs.Clock = runs.utcnow,
+    slice_addresses: Sequence[str], prune_outputs: rules.Prune = True, clock: runs.Clock = runs.utcnow,
 ) -> CommitResult:
     """Commit the post-apply state of a run's slice. Raises WriteOutsideReservationError,
     StalePlanError, LeaseExpiredError, RunClosedError, NotRunHolderError; refusals write nothing."""
@@ -250,7 +250,7 @@ def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, bef
 
 def _check(
     before: _Before, reserved: tuple[tuple[str, str], ...], parsed: ParsedState, slice_addresses: list[str],
-    prune_outputs: bool,
+    prune_outputs: rules.Prune,
 ) -> _Checked:
     """The delta against the base rows, the addresses and outputs it changes outside the write globs, and
     which of the changes read before the lock touch a reserved address."""
@@ -278,7 +278,7 @@ def _check_stale(before: _Before, locked: Locked, checked: _Checked, base_serial
 
 def _write(
     conn: psycopg.Connection, principal: Principal, run_id: str, now: datetime, parsed: ParsedState,
-    before: _Before, locked: Locked, checked: _Checked, prune_outputs: bool,
+    before: _Before, locked: Locked, checked: _Checked, prune_outputs: rules.Prune,
 ) -> CommitResult:
     """The writes and COMMIT, in one pipeline: one round trip."""
     delta, state_id, state_name = checked.delta, before.state_id, locked.state_name

@@ -39,7 +39,7 @@ from analyzer.addresses import (
     resource_address,
 )
 from analyzer.gcpause import gc_paused
-from analyzer.values import json_number, normal_value
+from analyzer.values import WholeNumber, json_number, normal_value
 
 try:
     import orjson
@@ -383,7 +383,7 @@ def _instance_row(
         address = f"{res_address}[{key}]"
     elif type(key) is str:
         address = f"{res_address}[{quote_hcl_string(key)}]"
-    elif type(key) is float and key.is_integer():
+    elif isinstance(key, WholeNumber):
         # Go reads every JSON number as float64, so Terraform accepts 1.0 as the key [1]; so do we.
         key = int(key)
         address = f"{res_address}[{key}]"

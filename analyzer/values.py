@@ -25,7 +25,7 @@ import json
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["canonical_text", "json_number", "load_json", "normal_value", "same_json", "same_value"]
+__all__ = ["WholeNumber", "canonical_text", "json_number", "load_json", "normal_value", "same_json", "same_value"]
 
 # Below this magnitude every integral float converts to int exactly and its shortest repr is that integer.
 _EXACT_INT = 2.0**53
@@ -39,12 +39,21 @@ def _integral(value: float) -> int:
     return int(value) if -_EXACT_INT < value < _EXACT_INT else int(Decimal(repr(value)))
 
 
+class WholeNumber(int):
+    """An integer that was written with a fraction or an exponent (``1.0``, ``1e3``). It equals, hashes and
+    serialises as the plain integer; only fields whose type is part of the format (a state's ``version`` and
+    ``serial``, which Terraform reads as integers) tell it apart, by ``type(x) is int``."""
+
+    __slots__ = ()
+
+
 def json_number(text: str) -> int | float:
-    """A JSON number with a fraction or an exponent, in the canonical form: an exact ``int`` when it has
-    no fractional part, else the float it parses to (infinities stay floats: callers reject them)."""
+    """A JSON number with a fraction or an exponent, in the canonical form: an exact integer (a
+    ``WholeNumber``) when it has no fractional part, else the float it parses to (infinities stay floats:
+    callers reject them)."""
     value = float(text)
     if value.is_integer():  # False for inf and nan
-        return _integral(value)
+        return WholeNumber(_integral(value))
     return value
 
 

@@ -452,7 +452,8 @@ _EMPTY_METADATA_ITEMS = tuple(_EMPTY_METADATA.items())
 
 
 def normalize_instance(instance: dict[str, Any]) -> dict[str, Any]:
-    """The instance without metadata keys whose value means the same as their absence."""
+    """The instance without metadata keys whose value means the same as their absence, and with the lists
+    Terraform reads as sets (``_SET_METADATA``) in sorted order."""
     # A copy made only when a key goes, and no comprehensions: this runs once per instance of every upload.
     kept = None
     for key, empty in _EMPTY_METADATA_ITEMS:
@@ -465,7 +466,24 @@ def normalize_instance(instance: dict[str, Any]) -> dict[str, Any]:
         if kept is None:
             kept = instance.copy()
         del kept["identity_schema_version"]
+    for key in _SET_METADATA:
+        items = instance.get(key)
+        if type(items) is list and len(items) > 1:
+            keys = [_set_order(item) for item in items]
+            if any(a > b for a, b in zip(keys, keys[1:], strict=False)):
+                if kept is None:
+                    kept = instance.copy()
+                kept[key] = [item for _, item in sorted(zip(keys, items, strict=True), key=lambda pair: pair[0])]
     return instance if kept is None else kept
+
+
+# Lists Terraform reads as sets: the instance's dependencies and its sensitive attribute paths. Terraform
+# writes them sorted; another writer's order means nothing, so they are stored (and hashed) in that order.
+_SET_METADATA = ("dependencies", "sensitive_attributes")
+
+
+def _set_order(item: object) -> str:
+    return item if type(item) is str else canonical_json(item)
 
 
 def _canonical_instance(instance: dict[str, Any], address: str, canonical: _Canonical) -> tuple[str, bytes]:

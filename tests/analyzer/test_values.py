@@ -100,3 +100,21 @@ def test_a_whole_number_written_as_a_float_is_an_integer_in_values_but_not_where
     for field in ('"serial": 3.0', '"version": 4.0'):
         with pytest.raises(StateFormatError):
             parse_state(body.replace(field.replace(".0", ""), field).encode())
+
+
+def test_an_instance_whose_dependencies_and_sensitive_paths_come_in_another_order_hashes_the_same() -> None:
+    from analyzer.state import ParsedState, parse_state
+
+    def body(deps: list[str], paths: list[object]) -> bytes:
+        return json.dumps({"version": 4, "serial": 1, "lineage": "l", "resources": [{
+            "mode": "managed", "type": "terraform_data", "name": "x", "provider": "p", "instances": [{
+                "attributes": {"id": "x"}, "dependencies": deps, "sensitive_attributes": paths}]}]}).encode()
+
+    a_path, b_path = [{"type": "get_attr", "value": "a"}], [{"type": "get_attr", "value": "b"}]
+    first = parse_state(body(["terraform_data.a", "terraform_data.b"], [a_path, b_path]))
+    second = parse_state(body(["terraform_data.b", "terraform_data.a"], [b_path, a_path]))
+    other = parse_state(body(["terraform_data.a"], [a_path, b_path]))
+    assert isinstance(first, ParsedState) and isinstance(second, ParsedState) and isinstance(other, ParsedState)
+    assert first.instances[0].attributes_hash == second.instances[0].attributes_hash
+    assert first.instances[0].attributes_hash != other.instances[0].attributes_hash
+    assert second.instances[0].dependencies == ("terraform_data.b", "terraform_data.a")  # the graph keeps both

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from analyzer.state import ParsedState, parse_state
@@ -107,8 +107,18 @@ def _hcl_string(text: str) -> str:
 
 
 @pytest.mark.terraform
-@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Each example runs Terraform three times: a few generated examples, no shrinking (a failure prints its values).
+@settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=st.lists(VALUES.filter(lambda v: v is not None), min_size=6, max_size=6))
+@example(values=[
+    [1.0, 2.5, -0.0, 12345678901234567890, 1e300, 5e-324, 1.5e-7, -(2**70), 0.1],
+    {"é ☃": "\u00e9\n\t\"\\ ${x} %{y}", "": None, "a.b": [None, {}, []], "nested": {"n": None, "m": {}}},
+    [[], {}, "", False, True, None],
+    {"k": 1e20, "kk": -1.25e-5, "z": [{"deep": [[[None]]]}]},
+    "plain",
+    12345678901234567.5,
+])
 def test_values_terraform_wrote_come_back_from_the_store_unchanged(client, tmp_path_factory, values):
     work = tmp_path_factory.mktemp("tf")
     env = terraform_env(work)
@@ -137,7 +147,8 @@ def test_values_terraform_wrote_come_back_from_the_store_unchanged(client, tmp_p
     extended = terraform("apply", "-auto-approve", "-input=false")
     assert extended.returncode == 0, extended.stdout + extended.stderr
     again = (work / "terraform.tfstate").read_bytes()
-    run = client.post(f"/v1/engine/states/{name}/runs", json={"actor": "prop", "base_serial": 1, "reservations": [
+    base = json.loads(stored)["serial"]
+    run = client.post(f"/v1/engine/states/{name}/runs", json={"actor": "prop", "base_serial": base, "reservations": [
         {"glob": "terraform_data.extra", "mode": "write"}]})
     run_id = run.get_json()["run"]["id"]
     addresses = [f"terraform_data.v{i}" for i in range(len(values))] + ["terraform_data.extra"]

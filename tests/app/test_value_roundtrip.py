@@ -85,13 +85,15 @@ def test_a_value_read_back_from_postgres_is_unchanged_and_a_changed_one_is_refus
     _attributes(trunk, "changed")["input"]["value"] = "b"
     trunk["outputs"]["changed"]["value"] = "b"
     header = json.dumps({k: v for k, v in trunk.items() if k not in ("outputs", "resources")})
-    respelled = f'{header[:-1]}, "outputs": {respell(trunk["outputs"], rng)}, "resources": {respell(trunk["resources"], rng)}}}'
+    outputs, resources = respell(trunk["outputs"], rng), respell(trunk["resources"], rng)
+    respelled = f'{header[:-1]}, "outputs": {outputs}, "resources": {resources}}}'
     answer = _commit(client, _open(client, name, 1), respelled)
     assert answer.status_code == 200, answer.get_json()
     assert answer.get_json()["commit"]["addresses"] == ["terraform_data.changed"]
     assert answer.get_json()["commit"]["outputs_changed"] == ["changed"]
     head = json.loads(client.get(f"/v1/states/{name}").data)
-    assert same_value(head["outputs"]["kept"]["value"], value) and head["outputs"]["kept"].get("sensitive", False) is sensitive
+    kept = head["outputs"]["kept"]
+    assert same_value(kept["value"], value) and kept.get("sensitive", False) is sensitive
 
     # A real change of the unreserved value is seen, and refused, naming both places it lives.
     _attributes(head, "kept")["input"]["value"] = [value]

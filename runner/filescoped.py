@@ -54,7 +54,7 @@ from runner.plan import (
     plan_in_workspace,
     spec_from_plan,
 )
-from runner.spec import PlanSpec
+from runner.spec import PlanSpec, is_plan_file
 
 __all__ = ["Selection", "apply_files", "changed_selection", "module_sources", "plan_files", "plan_files_saved",
            "read_configuration"]
@@ -388,7 +388,7 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
         raise InvalidInput(f"{exc}: fix that file, or run kl plan without -f (a full plan)") from exc
     readers = file_readers(texts)
     scope = changed_from(config_dir, config_dir, ref, against=against, module_sources=sources,
-                         file_readers=readers or {})
+                         file_readers=readers or {}, is_artifact=is_plan_file)
     var_texts: dict[str, tuple[str | None, str | None]] = {}
     for widening in scope.widen:
         if widening.kind is WidenKind.VARIABLES:

@@ -112,11 +112,18 @@ class EngineClient:
         request = dict(body)
         try:
             return self._wait_in_queue(path, request, deadline)
+        except EngineError as exc:
+            if exc.status != 409:  # a refusal (409) has ended the place on the server already
+                self._give_up(request, body)
+            raise
         except BaseException:
             # Stopped while queued (Ctrl-C, SIGTERM, a lost connection, a cancelled job): the place goes with us.
-            if request.get("ticket"):
-                self.cancel_ticket(str(request["ticket"]), str(body.get("actor") or body.get("holder") or ""))
+            self._give_up(request, body)
             raise
+
+    def _give_up(self, request: dict[str, Any], body: dict[str, Any]) -> None:
+        if request.get("ticket"):
+            self.cancel_ticket(str(request["ticket"]), str(body.get("actor") or body.get("holder") or ""))
 
     def _wait_in_queue(self, path: str, request: dict[str, Any], deadline: float) -> dict[str, Any]:
         while True:

@@ -18,15 +18,19 @@ import tempfile
 from pathlib import Path
 
 
-def write_bytes(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` atomically (creating its directory), with permissions ``mode``."""
+def write_bytes(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (creating its directory), with permissions ``mode``.
+
+    ``durable`` flushes the data to disk before the replace, so a crash leaves the old file or the new one;
+    a cache that checks itself on reading may skip that cost."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -35,6 +39,6 @@ def write_bytes(path: Path, data: bytes, *, mode: int = 0o600) -> None:
         raise
 
 
-def write_text(path: Path, text: str, *, mode: int = 0o600) -> None:
+def write_text(path: Path, text: str, *, mode: int = 0o600, durable: bool = True) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically; see :func:`write_bytes`."""
-    write_bytes(path, text.encode("utf-8"), mode=mode)
+    write_bytes(path, text.encode("utf-8"), mode=mode, durable=durable)

@@ -23,7 +23,6 @@ from typing import Any
 from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, parse_state
-from app import atomic
 from app.domain.commit import commit_delta, parse_globs, unreserved_read
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
 from runner import workspace
@@ -145,10 +144,9 @@ def _save_recovery(data_dir: Path, run_id: str, spec: PlanSpec, holder: str, res
                    slice_addresses: list[str], reason: str) -> Path:
     where = data_dir / "runs" / run_id
     where.mkdir(parents=True, exist_ok=True)
+    (where / "terraform.tfstate").write_bytes(result)
     where.chmod(0o700)
-    # The state first: recovery.json, written last, says the directory is complete.
-    atomic.write_bytes(where / "terraform.tfstate", result)
-    atomic.write_text(where / "recovery.json", json.dumps({
+    (where / "recovery.json").write_text(json.dumps({
         "run_id": run_id, "state": spec.state, "address": spec.address, "holder": holder,
         "base_serial": spec.base_serial, "slice_addresses": slice_addresses,
         "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations], "reason": reason,

@@ -142,10 +142,13 @@ def changed_from(
         entries = _changed_entries(repo, ref, against)
         texts = _removed_texts(repo, ref, entries)
         root = Path(repo.working_tree_dir).resolve() if repo.working_tree_dir else None
+    # Only a file inside the configuration directory can change the scope by being recognised (one outside it
+    # is unrelated anyway, or claimed by a module or a file() reader, which come first).
+    inside = f"{relative_dir}/" if relative_dir else ""
     artifacts = frozenset(
         e.path for e in entries
         if is_artifact is not None and against is None and root is not None and e.change in _PRESENT
-        and not e.path.endswith(_CONFIG_SUFFIXES) and is_artifact(root / e.path))
+        and e.path.startswith(inside) and not e.path.endswith(_CONFIG_SUFFIXES) and is_artifact(root / e.path))
     return scope_changes(entries, config_dir=relative_dir, texts_at_ref=texts, module_sources=module_sources,
                          file_readers=file_readers, artifacts=artifacts)
 

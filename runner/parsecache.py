@@ -76,4 +76,5 @@ def save_cache(data_dir: Path, cache: ParseCache, *, loaded: Signature | None = 
     if loaded is not None and signature(cache) == loaded:
         return
     payload = pickle.dumps(cache, protocol=pickle.HIGHEST_PROTOCOL)
-    atomic.write_bytes(cache_path(data_dir), _MAGIC + hashlib.sha256(payload).digest() + payload)
+    # Not flushed to disk: after a crash a half-written cache fails its checksum and is parsed again.
+    atomic.write_bytes(cache_path(data_dir), _MAGIC + hashlib.sha256(payload).digest() + payload, durable=False)

@@ -113,9 +113,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     with json_mode(args):
         spec, _, selection, _ = _plan_spec(args, process_env())
-        out = _plan_out(args, selection is not None)
-        # Parallel plans from one checkout may write the same default file: each write replaces it whole.
-        atomic.write_text(out, spec.to_json(), mode=0o644)
+        try:
+            out = _plan_out(args, selection is not None)
+            # Parallel plans from one checkout may write the same default file: each write replaces it whole.
+            atomic.write_text(out, spec.to_json(), mode=0o644)
+        except OSError as exc:
+            raise UsageError(f"cannot write the plan file: {exc.strerror or exc} ({exc.filename}); "
+                             "choose another place with --out FILE") from exc
         print(summary(spec))
         if spec.write_set or spec.output_changes:
             print(f"\nwrote {out}: apply it with kl apply {out}")

@@ -70,6 +70,10 @@ def test_eight_file_scoped_plans_at_once_share_one_data_directory_and_plan_files
     repo.write("fake.igplan", '{"kilolock": "not a plan"}\n')
     refused = repo.kl("plan", "--changed-from", "HEAD")
     assert refused.returncode == 3 and "fake.igplan" in refused.stderr, refused.stdout + refused.stderr
+    # A plan file that cannot be written is a usage error saying so, never a traceback.
+    unwritable = repo.kl("plan", "-f", "r0.tf", "--out", "/proc/kilolock/p.igplan")
+    assert unwritable.returncode == 3 and "cannot write the plan file" in unwritable.stderr, unwritable.stderr
+    assert "Traceback" not in unwritable.stderr
 
 
 def _waiters(database_url: str) -> list[str]:

@@ -164,7 +164,8 @@ def build_minimal(config_dir: Path, files: Mapping[str, str], fp: Footprint, des
 
 
 def _module_ignore(skip: set[Path]):  # type: ignore[no-untyped-def]
-    patterns = shutil.ignore_patterns(".terraform", ".git", "*.tfstate*", "*.igplan", "kl-plan.json")
+    patterns = shutil.ignore_patterns(".terraform", ".git", workspace.ARTIFACT_DIR, "*.tfstate*", "*.igplan",
+                                      "kl-plan.json")
 
     def ignore(directory: str, names: list[str]) -> set[str]:
         dropped = set(patterns(directory, names))

@@ -17,12 +17,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from app import atomic
+
 # Copied configuration never includes Terraform's own working data, local states or our artifacts.
-_SKIP_DIRS = {".terraform", ".git", ".hg", ".kilolock"}
+_SKIP_DIRS = {".terraform", ".git", ".hg", ".kilolock"}  # .kilolock: ARTIFACT_DIR
 _SKIP_SUFFIXES = (".tfstate", ".tfstate.backup", ".tfplan", ".igplan")
 _SKIP_NAMES = {"kl-plan.json", ".terraform.tfstate.lock.info"}
 # Files that decide what Terraform plans; their hash pins a kl-plan.json to the configuration.
 _CONFIG_SUFFIXES = (".tf", ".tf.json", ".tfvars", ".tfvars.json", ".tftpl", ".tpl", ".hcl")
+
+# Beside a configuration, kl keeps its own files (the default plan file of kl plan -f) in this directory.
+ARTIFACT_DIR = ".kilolock"
+_ARTIFACT_IGNORE = "# Kilolock's own files (plan files): never configuration, never committed\n*\n"
 
 OVERRIDE_NAME = "kilolock_override.tf"
 OVERRIDE = 'terraform {\n  backend "local" {}\n}\n'
@@ -36,6 +42,16 @@ def _copied(config_dir: Path) -> Iterator[Path]:
         if path.is_file() and not path.name.endswith(_SKIP_SUFFIXES) and path.name not in _SKIP_NAMES \
                 and path.name != OVERRIDE_NAME:
             yield path
+
+
+def artifact_dir(config_dir: Path) -> Path:
+    """``config_dir/.kilolock``, created with a ``.gitignore`` that ignores everything in it, so git (and
+    ``kl plan --changed-from``) never sees what kl keeps there; workspaces never copy it."""
+    where = config_dir / ARTIFACT_DIR
+    ignore = where / ".gitignore"
+    if not ignore.is_file():
+        atomic.write_text(ignore, _ARTIFACT_IGNORE, mode=0o644)
+    return where
 
 
 def copied_files(config_dir: Path) -> list[Path]:

@@ -182,6 +182,17 @@ def acquire_more(run_id: str) -> tuple[Response, int]:
     return _run_response(run)
 
 
+@bp.post("/tickets/<ticket>/cancel")
+def cancel_ticket(ticket: str) -> tuple[Response, int]:
+    """Give up a queue place: the waiting kl stopped waiting (Ctrl-C, SIGTERM, or it gave up). Idempotent:
+    ``cancelled`` is false when the place is gone already or is not this credential's and holder's."""
+    doc = _body()
+    if len(ticket) > 40:
+        raise BadRequestError("ticket must be the string a 202 answer gave")
+    cancelled = runs.cancel_ticket(services().db, principal(), ticket, _text(doc, "holder"))
+    return jsonify({"ok": True, "ticket": ticket, "cancelled": cancelled}), 200
+
+
 @bp.post("/runs/<run_id>/renew")
 @metrics.engine_call("renew")
 def renew(run_id: str) -> tuple[Response, int]:

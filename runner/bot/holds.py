@@ -38,7 +38,7 @@ from app.store.pr_holds import PrHold
 from runner import git
 from runner.bot import flow, holdtext, render
 from runner.bot import requirements as apply_requirements
-from runner.bot.config import BotConfig, BotConfigError, Project, load
+from runner.bot.config import BotConfig, Project
 from runner.bot.github import GitHub, PullInfo
 from runner.bot.outcomes import ApplyResult
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
@@ -108,12 +108,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
 def _default_config(ctx: Context, repo: str, head_root: Path, branch: str,
                     token: str) -> tuple[str, BotConfig | None, tuple[str, ...]]:
     """The default branch's tip and its validated ``.kilolock.yml`` (None and the problems when invalid)."""
-    tip = git.resolve_commit(head_root, f"refs/heads/{branch}")
-    with flow.checkout(ctx.bench, repo, tip, token) as main_root:
-        try:
-            return tip, load(main_root), ()
-        except BotConfigError as exc:
-            return tip, None, exc.problems
+    return flow.default_config(ctx.bench, repo, head_root, branch, token)
 
 
 def _unmet(gh: GitHub, config: BotConfig, pr: PullInfo, head_root: Path,

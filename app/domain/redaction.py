@@ -16,9 +16,11 @@ Pure: text in, text out. Must not: escape Markdown (``runner.bot.markdown`` does
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 HIDDEN = "[redacted]"
 # Shorter configured values are not hidden: they would blank out ordinary words.
@@ -79,3 +81,21 @@ def _hide_value(match: re.Match[str]) -> str:
 
 
 _REFERENCE_HEADS = ("var.", "local.", "each.", "count.", "module.", "data.", "self.", "path.", "terraform.")
+
+
+def redact_logs(redactor: Redactor) -> None:
+    """Make every log record of this process pass :func:`redact` when it is created, message and traceback
+    alike, whichever logger or handler (RQ installs its own) writes it. Idempotent per process."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "kilolock_redaction", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        record.msg, record.args = redactor.redact(record.getMessage()), ()
+        if record.exc_info:
+            record.exc_text = redactor.redact(logging.Formatter().formatException(record.exc_info))
+        return record
+
+    factory.kilolock_redaction = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)

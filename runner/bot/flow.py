@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from analyzer.globs import GlobError, conflicts, parse_glob
@@ -78,12 +78,11 @@ _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PRIVATE", "CREDENTIAL
 
 
 def worker_redactor(settings: Settings, env: Mapping[str, str]) -> Redactor:
-    """The worker's known secrets: every secret setting (the fields kept out of ``repr``), the database and
-    Redis URLs, and the values of the environment's ``KL_*`` and credential-named variables."""
-    values = [getattr(settings, f.name) for f in fields(settings) if not f.repr]
-    values += [settings.database_url, settings.redis_url]
+    """The worker's known secrets: the secret settings (``Settings.secret_values``), and the values of
+    the environment's ``KL_*`` and credential-named variables."""
+    values = list(settings.secret_values())
     values += [v for k, v in env.items() if k.startswith("KL_") or any(w in k.upper() for w in _SECRET_WORDS)]
-    return Redactor.of(v for v in values if isinstance(v, str))
+    return Redactor.of(values)
 
 
 @contextmanager

@@ -46,11 +46,11 @@ def is_forbidden(name: str) -> bool:
 
 def passthrough_problem(name: str) -> str | None:
     """Why ``name`` cannot be an ``env:`` passthrough entry (None when it can)."""
+    if isinstance(name, str) and name.endswith("*") and len(name.rstrip("*")) < 2:
+        return f"{name!r} would pass the whole environment: name the provider's variables"
     if not isinstance(name, str) or not _NAME.match(name):
         return (f"{name!r} is not a variable name: use letters, digits and '_', optionally ending in '*' for a "
                 "prefix (AWS_*)")
-    if name == "*" or len(name.rstrip("*")) < 2:
-        return f"{name!r} would pass the whole environment: name the provider's variables"
     head = name.rstrip("*").upper()
     if is_forbidden(head) or any(f.startswith(head) for f in FORBIDDEN_PREFIXES):
         return f"{name!r} names Kilolock's own settings, which never reach Terraform"

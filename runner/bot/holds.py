@@ -29,7 +29,7 @@ from app.config import AuthMode, Settings
 from app.domain.commands import ApplyArgs
 from app.domain.jobs import ClosedArgs, JobKind, MergeArgs, ReconcileArgs, job_id
 from app.domain.principal import Principal, default_principal
-from app.errors import ReservationConflictError
+from app.errors import BadRequestError, ReservationConflictError
 from app.store import Database, tenancy
 from app.store import bot as bot_store
 from app.store import pr_holds as holds_store
@@ -201,8 +201,8 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
         try:
             holds_store.take(ctx.db, principal, repo=repo, number=number, project=project.name,
                              state_name=project.state, write_globs=sorted(globs), head_sha=head,
-                             applied_serial=serial, applied_run_id=run_id)
-        except ReservationConflictError as exc:
+                             applied_serial=serial, applied_run_id=run_id, max_globs=ctx.settings.max_globs_per_run)
+        except (ReservationConflictError, BadRequestError) as exc:
             # Someone reserved these addresses in the moment between our commit and the hold: what we
             # applied is on the trunk, and their run started from it, so nothing is lost but the hold.
             log.warning("could not hold %s for %s#%s: %s", project.state, repo, number, exc)

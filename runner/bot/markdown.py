@@ -24,7 +24,9 @@ from app.domain.redaction import redact
 
 ERROR_TAIL = 3_000
 _ZWSP = "\u200b"
-_PUNCTUATION = re.compile(r"([\\`*_\[\]{}()#+!|~>])")
+# Emphasis, code, strikethrough and table pipes anywhere; an underscore only where it could open or close
+# emphasis (not inside a word: snake_case stays readable); "](" would start a link's target.
+_PUNCTUATION = re.compile(r"([\\`*~|]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|^#|\](?=\())")
 _LINKS = re.compile(r"(?i)(@|://|\bwww\.)")
 
 

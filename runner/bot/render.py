@@ -158,7 +158,7 @@ def _preview_lines(preview: ProjectPreview | None, view: CommentView, shown: int
     else:
         lines = [f"**Plan preview**{serial}: {counts(preview.actions)}", ""]
         lines += _table(["| action | address |", "| --- | --- |"],
-                        [f"| {_cell(a)} | {_cell(addr)} |" for addr, a in _by_action(preview.actions)], shown)
+                        [f"| {a} | {_cell(addr)} |" for addr, a in _by_action(preview.actions)], shown)
     if preview.output_changes:
         lines += [f"Outputs: {', '.join(f'{_code(n)} ({a})' for n, a in preview.output_changes)}", ""]
     if preview.warnings:
@@ -176,7 +176,7 @@ def _apply_lines(result: ApplyResult, shown: int) -> list[str]:
         lines = [f"**Applied** {sha}{waited}: committed at serial {result.serial} (run {_code(result.run_id or '')}): "
                  f"{counts(result.actions)}", ""]
         lines += _table(["| action | address |", "| --- | --- |"],
-                        [f"| {_cell(a)} | {_cell(addr)} |" for addr, a in _by_action(result.actions)], shown)
+                        [f"| {a} | {_cell(addr)} |" for addr, a in _by_action(result.actions)], shown)
         return lines
     if result.status == "no_changes":
         return [f"**Applied** {sha}: no changes; the trunk is unchanged.", ""]

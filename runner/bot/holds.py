@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -346,10 +347,38 @@ def maybe_reconcile(ctx: Context, repo: str) -> None:
                       timeout=ctx.settings.job_timeout)
 
 
-def reconcile(ctx: Context, gh: GitHub, repo: str) -> list[int]:
+def reconcile(ctx: Context, gh: GitHub, repo: str, *, now: datetime | None = None) -> list[int]:
     """Ask GitHub about every pull request that holds; for each one merged or closed, enqueue the merge or
-    close job its missed delivery would have. Returns those numbers."""
-    return _reconcile_numbers(ctx, gh, repo, {h.number for h in holds_store.of_repo(ctx.db, repo)})
+    close job its missed delivery would have. Then release the holds older than ``hold_expiry`` of the
+    default branch's ``.kilolock.yml`` (when set). Returns the numbers of both kinds."""
+    ended = _reconcile_numbers(ctx, gh, repo, {h.number for h in holds_store.of_repo(ctx.db, repo)})
+    return ended + [n for n in expire(ctx, gh, repo, now=now or datetime.now(UTC)) if n not in ended]
+
+
+def expire(ctx: Context, gh: GitHub, repo: str, *, now: datetime) -> list[int]:
+    """Release every hold older than the default branch's ``hold_expiry`` and re-render the comments of
+    the pull requests that lost them; returns their numbers (none when no expiry is configured)."""
+    from runner.bot.context import refresh  # context imports the flows; holds are imported by them
+
+    held = holds_store.of_repo(ctx.db, repo)
+    if not held:
+        return []
+    token = gh.clone_token()
+    tip = flow.branch_head(ctx.bench, repo, gh.default_branch(), token)
+    with flow.checkout(ctx.bench, repo, tip, token) as root:
+        config, _ = flow.read_config(root)
+    if config is None or config.hold_expiry is None:
+        return []
+    cutoff = now - timedelta(seconds=config.hold_expiry)
+    expired = sorted({h.number for h in held if h.created_at <= cutoff})
+    for number in expired:
+        released = [h for h in holds_store.of_pull_request(ctx.db, repo, number) if h.created_at <= cutoff]
+        for hold in released:
+            holds_store.release(ctx.db, hold, f"held longer than hold_expiry ({config.hold_expiry} s)")
+        log.info("released %d expired hold(s) of %s#%s", len(released), repo, number)
+        for other in [number, *sorted(set(_neighbours(ctx.db, repo, number, released)) - {number})]:
+            refresh(ctx, gh, repo, other)
+    return expired
 
 
 def _reconcile_numbers(ctx: Context, gh: GitHub, repo: str, numbers: set[int]) -> list[int]:

@@ -36,14 +36,14 @@ def _short(sha: str) -> str:
 
 def config_invalid(login: str, branch: str, problems: Sequence[str]) -> str:
     listed = "\n".join(f"- {prose(p)}" for p in problems)
-    return (f"{mention(login)} nothing was applied: `.kilolock.yml` on {_code(branch)} is invalid, and comment "
+    return (f"{mention(login)} nothing was applied: `.kilolock.yml` on {prose(branch)} is invalid, and comment "
             f"applies read their settings from there:\n\n{listed}")
 
 
 def disabled(login: str, names: Sequence[str], branch: str) -> str:
     shown = ", ".join(_code(n) for n in names)
     return (f"{mention(login)} comment applies are disabled for {shown}, so nothing was applied. To enable them, "
-            f"set `apply_on_comment: true` in `.kilolock.yml` on {_code(branch)} (at the top level, or per project); "
+            f"set `apply_on_comment: true` in `.kilolock.yml` on {prose(branch)} (at the top level, or per project); "
             "the setting is read from the default branch only, so this pull request cannot change it. Without it, "
             "the change is applied when the pull request is merged.")
 
@@ -51,7 +51,7 @@ def disabled(login: str, names: Sequence[str], branch: str) -> str:
 def requirements_refused(login: str, unmet: Sequence[Unmet], branch: str) -> str:
     lines = [f"{mention(login)} nothing was applied: "
              f"{'this requirement is' if len(unmet) == 1 else 'these requirements are'}"
-             " not met (`apply_requirements` in `.kilolock.yml` on " + _code(branch) + "):", ""]
+             " not met (`apply_requirements` in `.kilolock.yml` on " + prose(branch) + "):", ""]
     lines += [f"- **{u.name}**: {u.reason}" for u in unmet]
     lines += ["", "Comment `kilolock apply` again once they hold."]
     return "\n".join(lines)

@@ -202,3 +202,26 @@ def test_env_names_the_provider_variables_and_never_kilolocks_own(repo: Path):
     assert any("'bad name' is not a variable name" in p for p in problems)
     assert any(p.startswith("hold_expiry must be a duration from 1h to 366d") for p in problems)
     assert any(p.startswith("projects[0]: env must be a list") for p in problems)
+
+
+def test_a_pull_requests_project_takes_state_server_and_env_from_the_default_branch():
+    from dataclasses import replace
+
+    from runner.bot import flow
+    from runner.bot.config import BotConfig, Project
+    from runner.config import ClientConfigError
+
+    trusted = BotConfig(projects=(Project("infra", "infra", "infra", "http://trusted:8080", ("infra/**",), True,
+                                          env=("AWS_PROFILE",)),))
+    head = Project("infra", "infra", "other-state", "http://127.0.0.1:9", ("infra/**",), True,
+                   env=("AWS_PROFILE", "SECRET_*"))
+
+    anchored = flow.anchored(head, trusted)
+
+    assert (anchored.state, anchored.address, anchored.env) == ("infra", "http://trusted:8080", ("AWS_PROFILE",))
+    assert anchored.files == head.files  # what triggers it is the change's own business
+    for unknown in (replace(head, name="new"), replace(head, dir="elsewhere")):
+        with pytest.raises(ClientConfigError, match="come from the default branch"):
+            flow.anchored(unknown, trusted)
+    with pytest.raises(ClientConfigError, match="default branch's .kilolock.yml is invalid"):
+        flow.anchored(head, None)

@@ -58,11 +58,14 @@ def requirements_refused(login: str, unmet: Sequence[Unmet], branch: str) -> str
 
 
 def blocked_by(blocking: Sequence[tuple[PrHold, Sequence[str]]]) -> str:
-    parts = [f"pull request #{h.number} ({_code(h.holder)}) holds write {', '.join(_code(g) for g in globs)} on state "
-             f"{_code(h.state_name)}, applied before merge {_serial(h)}"
+    """The refusal of an apply that another pull request's holds block, as plain text: it becomes the apply's
+    error, which every renderer escapes once."""
+    parts = [f"pull request #{h.number} ({h.holder}) holds write {', '.join(globs)} on state {h.state_name}, "
+             "applied before merge " + (f"at serial {h.applied_serial} (run {h.applied_run_id or ''})"
+                                        if h.applied_serial is not None else "(no changes were needed)")
              for h, globs in blocking]
     return ("held by another pull request: " + "; ".join(parts) + ". Its holds end when it is merged or closed "
-            "(or with `kilolock unlock` on it); comment `kilolock apply` again then.")
+            "(or with kilolock unlock on it); comment kilolock apply again then.")
 
 
 def _result_line(result: ApplyResult) -> str:

@@ -40,7 +40,7 @@ def code(text: str) -> str:
     fence = "`"
     while fence in text:
         fence += "`"
-    pad = " " if text.startswith("`") or text.endswith("`") or not text else ""
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
 
 

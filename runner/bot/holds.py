@@ -37,7 +37,7 @@ from app.store import pr_holds as holds_store
 from app.store.bot import JobStatus
 from app.store.pr_holds import PrHold
 from runner import git
-from runner.bot import flow, holdtext, render
+from runner.bot import flow, holdtext, markdown, render
 from runner.bot import requirements as apply_requirements
 from runner.bot.config import BotConfig, Project
 from runner.bot.github import GitHub, PullInfo
@@ -73,7 +73,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
     """Run ``kilolock apply`` for a writer; the job stores the returned result (the reply always, and
     ``pr_apply`` when something was attempted)."""
     if args.problem:
-        return CommentResult(reply=f"@{login} {args.problem}", command="apply")
+        return CommentResult(reply=f"{markdown.mention(login)} {markdown.prose(args.problem)}", command="apply")
     pr = gh.pull_request(number)
     if pr.state != "open":
         return CommentResult(reply=f"@{login} #{number} is {pr.state}: there is nothing to apply before merge.",
@@ -147,8 +147,9 @@ def _targets(config: BotConfig, touched: dict[str, tuple[str, ...]], wanted: str
              branch: str) -> tuple[list[str], str | None]:
     if wanted is not None:
         if config.project(wanted) is None:
-            known = ", ".join(f"`{p.name}`" for p in config.projects) or "none"
-            return [], f"@{login} there is no project `{wanted}` in .kilolock.yml on {branch} (projects: {known})."
+            known = ", ".join(markdown.code(p.name) for p in config.projects) or "none"
+            return [], (f"{markdown.mention(login)} there is no project {markdown.code(wanted)} in .kilolock.yml on "
+                        f"{markdown.prose(branch)} (projects: {known}).")
         names = [wanted]
     else:
         names = list(touched)

@@ -122,3 +122,30 @@ def test_one_escaping_rule_leaves_no_live_markdown_in_untrusted_text():
     assert code("a`b") == "``a`b``" and cell("a|b") == "`a\\|b`"
     assert block("x\n```\ny") == "````\nx\n```\ny\n````"
     assert "ghp_" not in code("ghp_" + "z" * 36)
+
+
+def test_the_workers_log_records_pass_the_redaction_whoever_logs_them():
+    import io
+    import logging
+
+    from app.domain.redaction import Redactor, redact_logs
+
+    previous = logging.getLogRecordFactory()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger = logging.getLogger("rq.worker.test-redaction")
+    logger.addHandler(handler)
+    try:
+        redact_logs(Redactor.of(["worker-secret-value"]))
+        redact_logs(Redactor.of(["ignored: installed once"]))
+        logger.warning("job failed with %s and %s", "worker-secret-value", "ghs_" + "t" * 36)
+        try:
+            raise RuntimeError("boom: worker-secret-value")
+        except RuntimeError:
+            logger.exception("crashed")
+    finally:
+        logging.setLogRecordFactory(previous)
+        logger.removeHandler(handler)
+    written = stream.getvalue()
+    assert "job failed with [redacted] and [redacted]" in written and "RuntimeError: boom: [redacted]" in written
+    assert "worker-secret-value" not in written and "ghs_" not in written

@@ -26,14 +26,28 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
+import git.cmd
 from git import Blob, Commit, Diff, Repo
 from git.diff import Diffable
 from git.exc import CommandError, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from analyzer.gitdiff import Change, ChangeScope, DiffEntry, scope_changes
+from runner import childenv
+
+_popen = git.cmd.safer_popen
+
+
+def _explicit_popen(*args: Any, env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
+    # GitPython starts every git from a copy of os.environ (plus its own and our GIT_* additions) and has
+    # no way to start from less; this is the one place its children are spawned, so the allowlist is
+    # applied here: git never sees the worker's KL_* secrets or a provider credential.
+    return _popen(*args, env=childenv.for_git(env if env is not None else {}), **kwargs)
+
+
+git.cmd.safer_popen = _explicit_popen
 
 _CHANGE_KINDS: Final = {
     "A": Change.ADDED,

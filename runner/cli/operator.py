@@ -191,6 +191,29 @@ def cmd_embedded_stop(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_embedded_info(args: argparse.Namespace) -> int:
+    from app.embedded import default_data_dir, describe_embedded_postgres
+    from runner.config import data_dir, process_env
+
+    where = data_dir(process_env()) if process_env().get("KL_DATA_DIR") else default_data_dir()
+    pg = describe_embedded_postgres(where)
+    if args.json:
+        print_json({"data_dir": str(pg.pgdata), "version": pg.version, "running": pg.pid is not None,
+                    "pid": pg.pid, "socket_dir": str(pg.socket_dir) if pg.socket_dir else None, "port": pg.port,
+                    "url": pg.url, "bin_dir": str(pg.bin_dir)})
+        return EXIT_OK
+    state = f"running (pid {pg.pid})" if pg.pid is not None else "not running (kl serve starts it)"
+    print(f"embedded Postgres {pg.version or '(not created yet)'} in {pg.pgdata}: {state}")
+    if pg.url:
+        print(f"  socket directory: {pg.socket_dir} (port {pg.port})")
+        print(f"  URL:              {pg.url}")
+    print(f"  bundled tools:    {pg.bin_dir} (psql, pg_dump, pg_restore… of the same version)")
+    print(f"  log:              {pg.pgdata / 'log'}")
+    if pg.url:
+        print(f"try: {pg.bin_dir / 'psql'} '{pg.url}'")
+    return EXIT_OK
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     from app.config import Settings
     from app.store import Database, prune
@@ -276,6 +299,12 @@ def register_admin(sub: Commands) -> None:
     embedded_sub = embedded.add_subparsers(dest="embedded_command", required=True, metavar="SUBCOMMAND")
     embedded_stop = embedded_sub.add_parser("stop", help="stop the embedded servers (they outlive kl serve)")
     embedded_stop.set_defaults(func=cmd_embedded_stop)
+    embedded_info = embedded_sub.add_parser("info", help="where the embedded Postgres is and how to reach it",
+                                            description="Print the embedded Postgres's data directory, whether "
+                                                        "it runs, its socket directory and URL, and where the "
+                                                        "wheel's psql and pg_dump of the same version are.")
+    embedded_info.add_argument("--json", action="store_true", help="print JSON")
+    embedded_info.set_defaults(func=cmd_embedded_info)
 
     _register_tenancy(sub)
 

@@ -5,6 +5,8 @@ valid and sequences past the restored ids; a damaged archive or a non-empty targ
 from __future__ import annotations
 
 import io
+import json
+import subprocess
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -38,13 +40,13 @@ def server_version(url: str) -> int:
 
 
 @pytest.fixture
-def embedded_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     from app.embedded import start_embedded_postgres, stop_embedded_postgres
 
     where = tmp_path_factory.mktemp("backup-src")
     url = start_embedded_postgres(where)
     migrate(url)
-    yield url
+    yield url, where
     stop_embedded_postgres(where)
 
 
@@ -102,7 +104,8 @@ def populate(url: str) -> str:
 
 
 def test_a_populated_embedded_database_moves_to_another_postgres_with_every_count_and_byte_equal(
-        embedded_url, empty_database, tmp_path, monkeypatch, capsys):
+        embedded, empty_database, tmp_path, monkeypatch, capsys):
+    embedded_url, where = embedded
     secret = populate(embedded_url)
     before = counts(embedded_url)
     for table in ("tenants", "workspaces", "environments", "api_tokens", "states", "state_versions", "resources",
@@ -144,6 +147,15 @@ def test_a_populated_embedded_database_moves_to_another_postgres_with_every_coun
         assert tenancy.authenticate(db, secret) is not None  # the hash moved, so the secret still works
     finally:
         db.close()
+
+    # kl embedded info names a URL that reaches the same database with the wheel's own psql.
+    monkeypatch.setenv("KL_DATA_DIR", str(where))
+    assert main(["embedded", "info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["running"] and info["version"] == "18"
+    psql = subprocess.run([str(Path(info["bin_dir"]) / "psql"), info["url"], "-Atc", "SELECT count(*) FROM states"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert int(psql.stdout) == before["states"]
 
     # A second restore would discard the target's own rows: refused, and nothing changes.
     now = counts(empty_database)

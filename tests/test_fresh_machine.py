@@ -96,9 +96,18 @@ def test_the_control_api_can_live_on_its_own_port(clean_db, tmp_path):
         assert created.status_code == 201
         assert requests.get(f"http://127.0.0.1:{port}/v1/api/tenants", headers=headers, timeout=5).status_code == 404
         assert requests.get(f"http://127.0.0.1:{control}/v1/states/x", timeout=5).status_code == 404
+        # The control API's block names the main listener, where states are served, not the control port.
+        token = requests.post(f"http://127.0.0.1:{control}/v1/api/tenants/acme/tokens", headers=headers,
+                              json={"name": "ci", "environment": "prod"}, timeout=5).json()
+        ids = f"{token['workspace_id']}/{token['environment_id']}"
+        assert f'address        = "http://localhost:{port}/v1/states/{ids}/prod"' in token["backend_block"]
+        assert f":{control}" not in token["backend_block"]
     finally:
         proc.terminate()
-        proc.communicate(timeout=30)
+        output, _ = proc.communicate(timeout=30)
+    # In database mode the printed block carries the username Basic auth needs, and says where the ids come from.
+    assert f'address        = "http://localhost:{port}/v1/states/<workspace_id>/<environment_id>/example"' in output
+    assert 'username       = "<workspace_id>"' in output and "kl tokens create" in output
 
 
 def test_open_mode_refuses_a_public_address_unless_forced(clean_db, tmp_path):

@@ -17,6 +17,8 @@ from app.domain.blocks import backend_block, scoped_backend_block
 from runner.cli.support import EXIT_OK, Commands, print_json
 from runner.errors import UsageError
 
+DEFAULT_SERVER_URL = "http://localhost:8080"  # kl serve's default listener, as clients on this machine reach it
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import threading
@@ -39,11 +41,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port_free(args.control_host, args.control_port, "control API")
     where = "KL_DATABASE_URL" if settings.database_url else "embedded Postgres"
     settings = replace(settings, database_url=resolve_database_url(settings))
+    shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
+    # The control API's blocks name the main listener (or KL_PUBLIC_URL), never the control port itself.
+    main_url = settings.public_url or f"http://{shown_host}:{args.port}"
     # Listening only once the apps exist: a client that connects early is refused, not left waiting.
     main_app = create_app(settings, lanes="public" if args.control_port else "all")
-    control_app = create_app(settings, lanes="control") if args.control_port else None
+    control_app = create_app(replace(settings, public_url=main_url), lanes="control") if args.control_port else None
     server = listen(args.host, args.port, main_app, "service")
-    shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
     listening = f"http://{shown_host}:{server.port}"
     print(f"Kilolock listening on {listening} (database: {where}, auth: {settings.auth_mode.value})")
     if control_app is not None:
@@ -55,13 +59,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.public_url:
         print(f"Clients reach it as {base} (KL_PUBLIC_URL); the backend block below uses that address.")
     print("Paste this into your Terraform configuration (rename 'example' to your state's name):\n")
-    print(backend_block(base, static_auth=settings.auth_mode.value == "static"))
+    print(serve_block(base, settings.auth_mode))
     print(flush=True)
     try:
         server.serve_forever()
     finally:
         server.server_close()
     return EXIT_OK
+
+
+def serve_block(base: str, mode: Any) -> str:
+    """The block kl serve prints: in database mode it carries the ``username`` Basic auth needs, with the
+    ids left for ``kl tokens create`` (or the control API), which prints the block of each token."""
+    from app.config import AuthMode
+
+    if mode is AuthMode.DATABASE:
+        return ("# KL_AUTH_MODE=database: `kl tokens create TENANT --name NAME --environment ENV` prints this\n"
+                "# block with the token's workspace and environment ids in place of the <...> below.\n"
+                + scoped_backend_block(base, "<workspace_id>", "<environment_id>", "example"))
+    return backend_block(base, static_auth=mode is AuthMode.STATIC)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -140,13 +156,22 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
 
     secret, info = tenancy.create_token(_operator_db(), args.tenant, name=args.name, environment=args.environment,
                                         workspace=args.workspace, actor=_operator_name())
+    block = scoped_backend_block(_server_url(args), info.workspace_id, info.environment_id)
     if args.json:
-        print_json({"token_secret": secret, "token": _token_json(info)})
+        print_json({"token_secret": secret, "token": _token_json(info), "workspace_id": info.workspace_id,
+                    "environment_id": info.environment_id, "backend_block": block})
         return EXIT_OK
     print(f"token {info.id} ({info.name}) for {info.workspace_id}/{info.environment_id}")
     print(f"secret (shown once, store it now): {secret}\n")
-    print(scoped_backend_block(args.server_url.rstrip("/"), info.workspace_id, info.environment_id))
+    print(block)
     return EXIT_OK
+
+
+def _server_url(args: argparse.Namespace) -> str:
+    """--server-url, else KL_PUBLIC_URL, else kl serve's default listener."""
+    from app.config import Settings
+
+    return (args.server_url or Settings.from_env().public_url or DEFAULT_SERVER_URL).rstrip("/")
 
 
 def cmd_tokens_list(args: argparse.Namespace) -> int:
@@ -336,7 +361,8 @@ def _register_tenancy(sub: Commands) -> None:
     k_create.add_argument("--name", required=True, help="what the token is for, e.g. terraform-ci")
     k_create.add_argument("--environment", required=True, help="environment name, created on first use")
     k_create.add_argument("--workspace", default="default", help="workspace name (default: default)")
-    k_create.add_argument("--server-url", default="http://localhost:8080", help="base URL for the backend block")
+    k_create.add_argument("--server-url", help="base URL for the backend block (default: KL_PUBLIC_URL, else "
+                                               f"{DEFAULT_SERVER_URL})")
     k_create.add_argument("--json", action="store_true", help="print JSON")
     k_create.set_defaults(func=cmd_tokens_create)
     k_list = tokens_sub.add_parser("list", help="list a tenant's tokens (never the secrets)")

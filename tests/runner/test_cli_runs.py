@@ -70,3 +70,21 @@ def test_operators_manage_tenants_and_tokens_from_the_cli(clean_db, tmp_path):
     assert json.loads(kl("tokens", "list", "acme", "--json", cwd=tmp_path, env=env).stdout)[0]["revoked_at"]
     unknown = kl("tokens", "list", "nobody", cwd=tmp_path, env=env)
     assert unknown.returncode == 3 and "kl tenants create nobody" in unknown.stderr
+
+
+def test_tokens_create_builds_its_block_from_the_public_url_and_prints_it_in_json_too(clean_db, tmp_path):
+    env = {"KL_DATABASE_URL": clean_db, "KL_PUBLIC_URL": "https://kl.example.com/"}
+    assert kl("tenants", "create", "acme", cwd=tmp_path, env=env).returncode == 0
+    text = kl("tokens", "create", "acme", "--name", "ci", "--environment", "prod", cwd=tmp_path, env=env)
+    assert text.returncode == 0, text.stderr
+    assert 'address        = "https://kl.example.com/v1/states/' in text.stdout
+    created = kl("tokens", "create", "acme", "--name", "cd", "--environment", "stage", "--json", cwd=tmp_path, env=env)
+    answer = json.loads(created.stdout)
+    ids = f"{answer['workspace_id']}/{answer['environment_id']}"
+    assert (answer["workspace_id"], answer["environment_id"]) == (answer["token"]["workspace_id"],
+                                                                   answer["token"]["environment_id"])
+    assert f'"https://kl.example.com/v1/states/{ids}/prod"' in answer["backend_block"]
+    assert f'username       = "{answer["workspace_id"]}"' in answer["backend_block"]
+    chosen = kl("tokens", "create", "acme", "--name", "x", "--environment", "prod", "--server-url",
+                "http://10.0.0.5:8080", cwd=tmp_path, env=env)
+    assert '"http://10.0.0.5:8080/v1/states/' in chosen.stdout and "kl.example.com" not in chosen.stdout

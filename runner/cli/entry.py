@@ -67,12 +67,25 @@ def build_parser() -> argparse.ArgumentParser:
     drift.register(sub)
     operator.register_admin(sub)
     backup.register(sub)
+    describe(parser)
     return parser
 
 
 def _prepare(parser: argparse.ArgumentParser) -> None:
     for leaf in leaf_parsers(parser):
         leaf.set_defaults(kl_parser=leaf)
+
+
+def describe(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand without a description of its own its one-line help as one, so that
+    ``kl COMMAND --help`` says what the command does, as ``kl --help`` lists it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                sub = action.choices[choice.dest]
+                if not sub.description and choice.help:
+                    sub.description = choice.help[0].upper() + choice.help[1:] + "."
+                describe(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

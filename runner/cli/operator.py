@@ -15,7 +15,7 @@ from typing import Any
 
 from app.domain.blocks import backend_block, scoped_backend_block
 from runner.cli.support import EXIT_OK, Commands, print_json
-from runner.errors import UsageError
+from runner.errors import InvalidInput, UsageError
 
 DEFAULT_SERVER_URL = "http://localhost:8080"  # kl serve's default listener, as clients on this machine reach it
 
@@ -281,16 +281,24 @@ def port_free(host: str, port: int, what: str) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as exc:
-        raise UsageError(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}. Another process "
+        # InvalidInput, not UsageError: the command line is fine, so no usage follows the one line.
+        raise InvalidInput(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}. Another process "
                          "(perhaps another kl serve) holds that port: stop it, or pass --port/--control-port with "
                          "a free one") from None
 
 
 def listen(host: str, port: int, app: Any, what: str) -> Any:
-    from werkzeug.serving import make_server
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class OneLinePerRequest(WSGIRequestHandler):
+        """The app logs each request itself (kilolock.web, without colours): werkzeug's own access line
+        (coloured with ANSI codes) would repeat it. Werkzeug's error lines stay."""
+
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            return
 
     try:
-        return make_server(host, port, app, threaded=True)
+        return make_server(host, port, app, threaded=True, request_handler=OneLinePerRequest)
     except (OSError, SystemExit):  # werkzeug reports a clash itself and exits; taken since port_free looked
         port_free(host, port, what)
         raise
@@ -299,8 +307,9 @@ def listen(host: str, port: int, app: Any, what: str) -> Any:
 def register_service(sub: Commands) -> None:
     """Add kl serve, worker and migrate to the ``kl`` subcommands."""
     serve = sub.add_parser("serve", help="run the service (dev server; use gunicorn in production)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1; open auth mode refuses a public one)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
     serve.add_argument("--control-port", type=int, help="serve the control API (/v1/api) only on this port")
     serve.add_argument("--control-host", default="127.0.0.1", help="address for --control-port (default 127.0.0.1)")
     serve.add_argument("--allow-open-on-network", action="store_true",
@@ -339,7 +348,7 @@ def register_admin(sub: Commands) -> None:
     p.add_argument("--older-than-days", type=int, metavar="DAYS",
                    help="prune only versions older than DAYS days (default: KL_RETAIN_DAYS)")
     p.add_argument("--dry-run", action="store_true", help="report what would be removed; change nothing")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_prune)
 
 
@@ -347,7 +356,7 @@ def _register_tenancy(sub: Commands) -> None:
     tenants = sub.add_parser("tenants", help="manage tenants (operators with database access)")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="SUBCOMMAND")
     t_create = tenants_sub.add_parser("create", help="create a tenant")
-    t_create.add_argument("slug", metavar="SLUG")
+    t_create.add_argument("slug", metavar="SLUG", help="1-63 lowercase letters, digits and dashes, e.g. acme")
     t_create.add_argument("--name", help="display name (default: the slug)")
     t_create.set_defaults(func=cmd_tenants_create)
     t_list = tenants_sub.add_parser("list", help="list tenants")
@@ -357,7 +366,7 @@ def _register_tenancy(sub: Commands) -> None:
     tokens = sub.add_parser("tokens", help="manage API tokens (operators with database access)")
     tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="SUBCOMMAND")
     k_create = tokens_sub.add_parser("create", help="create a token for one environment; prints the secret once")
-    k_create.add_argument("tenant", metavar="TENANT")
+    k_create.add_argument("tenant", metavar="TENANT", help="tenant slug")
     k_create.add_argument("--name", required=True, help="what the token is for, e.g. terraform-ci")
     k_create.add_argument("--environment", required=True, help="environment name, created on first use")
     k_create.add_argument("--workspace", default="default", help="workspace name (default: default)")
@@ -366,10 +375,10 @@ def _register_tenancy(sub: Commands) -> None:
     k_create.add_argument("--json", action="store_true", help="print JSON")
     k_create.set_defaults(func=cmd_tokens_create)
     k_list = tokens_sub.add_parser("list", help="list a tenant's tokens (never the secrets)")
-    k_list.add_argument("tenant", metavar="TENANT")
+    k_list.add_argument("tenant", metavar="TENANT", help="tenant slug")
     k_list.add_argument("--json", action="store_true", help="print JSON")
     k_list.set_defaults(func=cmd_tokens_list)
     k_revoke = tokens_sub.add_parser("revoke", help="revoke a token; it stops working at once")
-    k_revoke.add_argument("tenant", metavar="TENANT")
-    k_revoke.add_argument("token_id", metavar="TOKEN_ID")
+    k_revoke.add_argument("tenant", metavar="TENANT", help="tenant slug")
+    k_revoke.add_argument("token_id", metavar="TOKEN_ID", help="the token's id (tok_..., from kl tokens list)")
     k_revoke.set_defaults(func=cmd_tokens_revoke)

@@ -24,6 +24,8 @@ def cmd_states(args: argparse.Namespace) -> int:
     if args.json:
         print_json(found)
         return EXIT_OK
+    if not found:
+        print(f"no states visible on {client.config.base_url}: none written yet, or none this credential may see")
     for s in found:
         lock = "  locked" if s["locked"] else ""
         print(f"{s['name']}\tserial {s['current_serial']}\t{s['resources']} resources{lock}")
@@ -114,7 +116,7 @@ def register(sub: Commands) -> None:
     ls.set_defaults(func=cmd_state_ls)
     hist = state_sub.add_parser("history", help="one instance's lifecycles across versions")
     client_options(hist)
-    hist.add_argument("resource_address", metavar="ADDRESS")
+    hist.add_argument("resource_address", metavar="ADDRESS", help="an instance address, e.g. module.web.aws_instance.a[0]")
     hist.set_defaults(func=cmd_state_history)
 
     reservations = sub.add_parser("reservations", help="list live reservations (and Terraform state locks)")
@@ -123,5 +125,6 @@ def register(sub: Commands) -> None:
 
     runs = sub.add_parser("runs", help="list apply runs, newest first")
     client_options(runs)
-    runs.add_argument("--status", choices=["reserved", "running", "committed", "failed", "aborted", "expired"])
+    runs.add_argument("--status", choices=["reserved", "running", "committed", "failed", "aborted", "expired"],
+                      help="only runs with this status (default: every status)")
     runs.set_defaults(func=cmd_runs)

@@ -148,6 +148,12 @@ class EngineClient:
     def get_run(self, run_id: str) -> dict[str, Any]:
         return self._get(f"/runs/{quote(run_id)}").json()
 
+    def list_events(self, state: str, *, limit: int = 1000) -> list[dict[str, Any]]:
+        """The state's newest audit events, newest first."""
+        result: list[dict[str, Any]] = self._get(self._state_path(state) + "/events",
+                                                 {"limit": limit}).json()["events"]
+        return result
+
     def open_run(
         self, state: str, *, actor: str, reservations: list[tuple[str, str]], wait_seconds: float | None = None,
         lease_seconds: float | None = None, base_serial: int | None = None, info: dict[str, Any] | None = None,

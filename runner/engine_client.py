@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -33,11 +34,24 @@ def engine_error(message: str, *, status: int, code: str, body: dict[str, Any] |
     return kind(message, status=status, code=code, body=body)
 
 
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A reservation request still queued: what it waits for (the server's conflict objects: glob, mode,
+    holder, run_id, expires_in), for how long so far, and the most it will wait (seconds)."""
+
+    conflicts: tuple[dict[str, Any], ...]
+    waited: float
+    limit: float
+    done: bool = False  # the wait is over (granted, refused, or given up): the last call
+
+
 class EngineClient:
     def __init__(self, config: ClientConfig, *, timeout: float = 60.0,
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.timeout = timeout
+        # Told of every queued answer while a reservation request waits (kl apply --wait shows it).
+        self.on_wait: Callable[[Waiting], None] | None = None
         self._sleep = sleep
         self._monotonic = monotonic
         self._session = requests.Session()
@@ -107,22 +121,38 @@ class EngineClient:
         ask again with the ticket, until granted, refused, or ``wait_seconds`` is used up (then one
         last ask without a wait gets the final answer). Stopping early (Ctrl-C, a cancelled job)
         simply stops asking: the ticket lapses on the server and is never granted."""
-        deadline = self._monotonic() + (wait_seconds or 0)
+        began = self._monotonic()
+        deadline = began + (wait_seconds or 0)
         request = dict(body)
-        while True:
-            answer, status = self._post_status(path, request)
-            if status != 202:
-                return answer
-            request["ticket"] = answer["ticket"]
-            remaining = deadline - self._monotonic()
-            if remaining <= 0:
-                request["wait_seconds"] = 0
-                continue
-            pause = float(answer.get("poll_after_seconds") or 1.0)
-            # Pooled connections idle for the pause may be closed by the server's keep-alive timeout just
-            # as the next poll goes out on them; asking on a fresh connection never races that.
-            self._session.close()
-            self._sleep(max(min(pause, remaining), 0.05))
+        queued = False
+        try:
+            while True:
+                answer, status = self._post_status(path, request)
+                if status != 202:
+                    return answer
+                queued = True
+                self._pace(answer, request, began, deadline, wait_seconds or 0.0)
+        finally:
+            if queued and self.on_wait is not None:
+                self.on_wait(Waiting((), self._monotonic() - began, wait_seconds or 0.0, done=True))
+
+    def _pace(self, answer: dict[str, Any], request: dict[str, Any], began: float, deadline: float,
+              limit: float) -> None:
+        """One queued answer: note its ticket, report the wait, and pause as the server asks (or, once the
+        wait is used up, ask for the final answer at once)."""
+        request["ticket"] = answer["ticket"]
+        if self.on_wait is not None:
+            self.on_wait(Waiting(conflicts=tuple(answer.get("conflicts") or ()),
+                                 waited=self._monotonic() - began, limit=limit))
+        remaining = deadline - self._monotonic()
+        if remaining <= 0:
+            request["wait_seconds"] = 0
+            return
+        pause = float(answer.get("poll_after_seconds") or 1.0)
+        # Pooled connections idle for the pause may be closed by the server's keep-alive timeout just
+        # as the next poll goes out on them; asking on a fresh connection never races that.
+        self._session.close()
+        self._sleep(max(min(pause, remaining), 0.05))
 
     @staticmethod
     def _decode(response: requests.Response) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from runner.cli.support import (
     parse_duration,
     print_json,
 )
+from runner.cli.waiting import WaitProgress
 from runner.counts import terraform_counts
 from runner.engine_client import EngineClient
 from runner.errors import UsageError
@@ -179,6 +181,7 @@ def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
                              "re-run with --confirm-scope")
     else:
         raise UsageError("give a plan file (kl apply kl-plan.json) or files (kl apply -f FILE --confirm-scope)")
+    client.on_wait = WaitProgress(sys.stderr) if args.wait else None  # says that, on whom and how long it waits
     if spec.mode == "files":
         outcome = apply_files(client, terraform_context(env), spec, options, {}, saved=saved)
     else:

@@ -18,7 +18,8 @@ STATUSES = ("reserved", "running", "committed", "failed", "aborted", "expired")
 _FIELDS = ("id", "state", "status", "actor", "started_at", "finished_at", "base_serial", "committed_serial",
            "error_summary")
 # Audit events that belong to a run's story, as kl runs show names them.
-_TIMELINE = {"run_open": "opened, reservations granted", "reservation_acquire": "reservations acquired", "run_running": "Terraform started",
+_TIMELINE = {"run_open": "opened, reservations granted", "reservation_acquire": "reservations acquired",
+             "run_running": "Terraform started",
              "reservation_renew": "lease renewed", "reservation_release": "reservations released",
              "run_commit": "committed", "run_failed": "failed", "run_aborted": "closed as aborted",
              "run_abort": "aborted by an operator", "run_expired": "lease expired", "run_committed": "closed"}

@@ -392,4 +392,5 @@ def pulls() -> str:
         by_repo.setdefault(pr.repo, []).append(pr)
     return render_template("ui/pulls.html", repos=sorted(by_repo.items()), github=github_web_url(
         settings.github_api_url), bot_enabled=settings.github_enabled,
-        webhook_ready=bool(settings.github_webhook_secret), nav="pulls")
+        webhook_ready=bool(settings.github_webhook_secret),
+        bot_seen=not found and dashboard.bot_has_records(services().db), nav="pulls")

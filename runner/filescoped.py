@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from analyzer.addresses import AddressError, parse_instance_address
 from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.footprint import Footprint, compute_footprint
 from analyzer.gcpause import gc_paused
@@ -76,6 +77,18 @@ def _read_tf(directory: Path) -> dict[str, str]:
 def _diagnostics_text(fp: Footprint) -> str:
     return "\n".join(f"  {d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics
                      if d.action == "fail")
+
+
+def _with_file(fp: Footprint, address: str) -> str:
+    """``address (declared in FILE)``: the workspace file whose block declares it — its resource block, or
+    the module call of an address inside a module."""
+    try:
+        parsed = parse_instance_address(address)
+    except AddressError:
+        return address
+    name = f"module.{parsed.module[0].name}" if parsed.module else parsed.resource_address
+    found = next((b.file for b in fp.blocks if b.name == name), None)
+    return f"{address} (declared in {found})" if found else address
 
 
 def footprint(files: Mapping[str, str], selection: Selection, cache: ParseCache,
@@ -298,8 +311,9 @@ def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str,
     globs = [parse_glob(g) for g in write_globs if not g.startswith("output.")]
     outside = sorted(a for a in analysis.write_set if not any(matches(g, a) for g in globs))
     if outside:
-        raise InvalidInput("the workspace plans changes outside the file-scoped footprint (" + ", ".join(outside[:10])
-                        + "): run kl plan without -f (a full plan)")
+        raise InvalidInput("the workspace plans changes outside the file-scoped footprint ("
+                           + ", ".join(_with_file(fp, a) for a in outside[:10]) + "): run kl plan without -f "
+                           "(a full plan), or add the file that declares it to -f")
     warnings = widened + [f"{d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics]
     warnings += drift_warnings(drift_in_plan(plan)) if refresh else []
     write_set = tuple(sorted(analysis.write_set))

@@ -71,3 +71,22 @@ def test_the_readme_links_only_to_existing_docs():
         if "](docs/" in line:
             target = line.split("](", 1)[1].split(")", 1)[0]
             assert (DOCS.parent / target).exists(), target
+
+
+def test_the_readme_lists_every_page_of_the_docs():
+    readme = (DOCS.parent / "README.md").read_text()
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if f"](docs/{p.name})" not in readme]
+    assert not missing, f"list these in the README's Documentation section: {missing}"
+
+
+def test_sample_apply_summaries_in_the_docs_read_as_kl_prints_them():
+    import re
+
+    from runner.counts import counts_line
+
+    printed = re.compile(r"apply complete: \w+ added, \w+ changed, \w+ destroyed\b")
+    pages = [*DOCS.glob("*.md"), *(DOCS.parent / "examples").glob("*/README.md"), DOCS.parent / "README.md"]
+    wrong = [f"{page.name}: {line.strip()}" for page in pages for line in page.read_text().splitlines()
+             if "apply complete:" in line and not printed.search(line)]
+    assert not wrong, wrong
+    assert counts_line({"a": "replace", "b": "replace"}) == "2 added, 0 changed, 2 destroyed (2 replaced)"

@@ -96,9 +96,18 @@ def test_the_control_api_can_live_on_its_own_port(clean_db, tmp_path):
         assert created.status_code == 201
         assert requests.get(f"http://127.0.0.1:{port}/v1/api/tenants", headers=headers, timeout=5).status_code == 404
         assert requests.get(f"http://127.0.0.1:{control}/v1/states/x", timeout=5).status_code == 404
+        # The control API's block names the main listener, where states are served, not the control port.
+        token = requests.post(f"http://127.0.0.1:{control}/v1/api/tenants/acme/tokens", headers=headers,
+                              json={"name": "ci", "environment": "prod"}, timeout=5).json()
+        ids = f"{token['workspace_id']}/{token['environment_id']}"
+        assert f'address        = "http://localhost:{port}/v1/states/{ids}/prod"' in token["backend_block"]
+        assert f":{control}" not in token["backend_block"]
     finally:
         proc.terminate()
-        proc.communicate(timeout=30)
+        output, _ = proc.communicate(timeout=30)
+    # In database mode the printed block carries the username Basic auth needs, and says where the ids come from.
+    assert f'address        = "http://localhost:{port}/v1/states/<workspace_id>/<environment_id>/example"' in output
+    assert 'username       = "<workspace_id>"' in output and "kl tokens create" in output
 
 
 def test_open_mode_refuses_a_public_address_unless_forced(clean_db, tmp_path):
@@ -113,3 +122,34 @@ def test_a_missing_secret_stops_startup_listing_every_missing_setting(tmp_path):
     failed = subprocess.run([str(BIN / "kl"), "serve", "--port", str(_free_port())], env=env, capture_output=True,
                             text=True, timeout=60)
     assert failed.returncode == 3 and "KL_CONTROL_TOKEN" in failed.stderr
+
+
+def test_a_port_in_use_is_one_line_and_exit_3(clean_db, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = _clean_env(KL_DATABASE_URL=clean_db, KL_DATA_DIR=str(tmp_path))
+        refused = subprocess.run([str(BIN / "kl"), "serve", "--port", str(port)], env=env, capture_output=True,
+                                 text=True, timeout=60)
+    assert refused.returncode == 3 and refused.stdout == ""
+    [line] = refused.stderr.splitlines()
+    assert line.startswith(f"kl: cannot listen on 127.0.0.1:{port} for the service")
+
+
+def test_kl_serve_logs_one_line_per_request_without_colour_codes(clean_db, tmp_path):
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    env = _clean_env(KL_DATABASE_URL=clean_db, KL_DATA_DIR=str(tmp_path))
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(BIN / "kl"), "serve", "--port", str(port)], env=env, text=True, stdout=out,
+                                stderr=subprocess.STDOUT)
+        try:
+            _wait_healthy(f"http://127.0.0.1:{port}", proc)
+            assert requests.get(f"http://127.0.0.1:{port}/v1/states/nowhere", timeout=5).status_code == 404
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    text = log.read_text()
+    assert "\x1b[" not in text
+    assert len([line for line in text.splitlines() if "/v1/states/nowhere" in line]) == 1, text

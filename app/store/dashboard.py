@@ -354,6 +354,17 @@ def _job_summary(result: dict[str, Any]) -> str:
     return ""
 
 
+_BOT_RECORDS = "SELECT EXISTS (SELECT 1 FROM webhook_deliveries) OR EXISTS (SELECT 1 FROM bot_jobs)"
+
+
+def bot_has_records(db: Database) -> bool:
+    """Whether the bot has recorded anything here (a delivery or a job): it is set up somewhere, even when
+    the process asking has no GitHub credentials of its own (they live on the workers)."""
+    with db.transaction() as conn:
+        row = conn.execute(_BOT_RECORDS).fetchone()
+    return bool(row and row[0])
+
+
 def open_pull_requests(db: Database, principal: Principal, *, limit: int = 2000) -> list[PullRequest]:
     """The bot's open pull requests (those with a recorded footprint) on the caller's states, by repository
     and number, with their latest checks, their last apply and the other open PRs they overlap."""

@@ -89,8 +89,9 @@ def _explain(url: str, exc: psycopg.OperationalError) -> str:
     return f"cannot connect to the database {name!r} on {where}: {reason}. {hint}"
 
 
-def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
-    """Apply every pending migration; return those applied now (empty when up to date)."""
+def migrate(url: str, directory: Path = MIGRATIONS_DIR, *, upto: int | None = None) -> list[Migration]:
+    """Apply every pending migration (those numbered up to ``upto`` only, when given); return those applied
+    now (empty when up to date)."""
     pending = discover(directory)
     applied_now: list[Migration] = []
     with connect_or_explain(url) as conn:
@@ -99,6 +100,8 @@ def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
             conn.execute(_CREATE_TABLE)
             done = dict(conn.execute(_APPLIED).fetchall())
             for migration in pending:
+                if upto is not None and migration.version > upto:
+                    break
                 if migration.version in done:
                     if done[migration.version] != migration.checksum:
                         raise ConfigError(

@@ -39,10 +39,15 @@ def error_response(error: KlError) -> Response:
         response.status_code = error.status
     if error.status == 401:
         response.headers["WWW-Authenticate"] = 'Basic realm="kilolock"'
+    add_retry_after(response, error)
+    return response
+
+
+def add_retry_after(response: Response, error: KlError) -> None:
+    """``Retry-After`` on the answer to an error that says when to try again (every 429, some 503s)."""
     retry_after = getattr(error, "retry_after", None)
     if isinstance(retry_after, int) and retry_after > 0:
         response.headers["Retry-After"] = str(retry_after)
-    return response
 
 
 def from_http_exception(error: HTTPException) -> KlError:

@@ -26,6 +26,7 @@ from flask import (
     current_app,
     flash,
     g,
+    make_response,
     redirect,
     render_template,
     request,
@@ -135,7 +136,10 @@ def _session_principal() -> Principal | None:
 
 
 def _wants_html() -> bool:
-    return request.accept_mimetypes.accept_html
+    """A browser names HTML in its Accept header; a client that accepts anything (``*/*``: curl, requests)
+    or sends none gets the API's answers (401 and the JSON envelope), not a redirect to a form."""
+    return any(value in ("text/html", "application/xhtml+xml") and quality > 0
+               for value, quality in request.accept_mimetypes)
 
 
 @bp.before_request
@@ -169,14 +173,16 @@ def _headers(response: Response) -> Response:
 
 
 @bp.errorhandler(KlError)
-def _kl_error(error: KlError) -> tuple[str, int] | Response:
+def _kl_error(error: KlError) -> Response:
     if not _wants_html():
         return errors.error_response(error)
-    return render_template("ui/error.html", error=error, nav=""), error.status
+    response = make_response(render_template("ui/error.html", error=error, nav=""), error.status)
+    errors.add_retry_after(response, error)  # a throttled login (429) says when to try again, like the API
+    return response
 
 
 @bp.errorhandler(HTTPException)
-def _http_error(error: HTTPException) -> tuple[str, int] | Response:
+def _http_error(error: HTTPException) -> Response:
     return _kl_error(errors.from_http_exception(error))
 
 
@@ -387,4 +393,5 @@ def pulls() -> str:
     held = pr_holds.of_tenant(services().db, principal())
     return render_template("ui/pulls.html", repos=sorted(by_repo.items()), github=github_web_url(
         settings.github_api_url), bot_enabled=settings.github_enabled,
-        webhook_ready=bool(settings.github_webhook_secret), holds=held, nav="pulls")
+        webhook_ready=bool(settings.github_webhook_secret), holds=held,
+        bot_seen=not found and dashboard.bot_has_records(services().db), nav="pulls")

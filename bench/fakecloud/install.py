@@ -71,3 +71,40 @@ def install(where: Path) -> Installed:
     rc = where / "terraformrc"
     rc.write_text(CLI_CONFIG.format(mirror=mirror, host=HOST))
     return Installed(mirror, rc)
+
+
+SAMPLE = """{required}
+
+provider "fakecloud" {{
+  root = "{cloud}"  # the "cloud": one JSON file per object; edit or delete one to make drift
+}}
+
+resource "fakecloud_bucket" "logs" {{
+  name = "logs"
+  size = 10
+}}
+"""
+
+
+def sample_configuration(cloud_root: Path) -> str:
+    """A configuration with one bucket in the cloud at ``cloud_root`` (add a backend block to it)."""
+    return SAMPLE.format(required=required_providers().rstrip("\n"), cloud=cloud_root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.fakecloud.install [DIR]``: install the provider under DIR (default ./fakecloud) for
+    trying drift locally, and print the CLI configuration to export and a configuration to start from."""
+    args = sys.argv[1:] if argv is None else argv
+    where = Path(args[0] if args else "fakecloud").absolute()
+    installed = install(where)
+    cloud = where / "cloud"
+    cloud.mkdir(exist_ok=True)
+    print(f"installed the fakecloud provider {SOURCE} {VERSION} into {installed.mirror}")
+    print(f"\nexport TF_CLI_CONFIG_FILE={installed.cli_config}\n")
+    print("# a configuration to start from (add your backend \"http\" block):")
+    print(sample_configuration(cloud), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from runner.cli.support import (
     parse_duration,
     print_json,
 )
+from runner.cli.waiting import WaitProgress
 from runner.counts import terraform_counts
 from runner.engine_client import EngineClient
 from runner.errors import UsageError
@@ -202,6 +204,7 @@ def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
                              "re-run with --confirm-scope")
     else:
         raise UsageError("give a plan file (kl apply kl-plan.json) or files (kl apply -f FILE --confirm-scope)")
+    client.on_wait = WaitProgress(sys.stderr) if args.wait else None  # says that, on whom and how long it waits
     if spec.mode == "files":
         outcome = apply_files(client, terraform_context(env), spec, options, {}, saved=saved)
     else:
@@ -316,7 +319,7 @@ def register(sub: Commands) -> None:
     """Add kl plan, apply, recover and abort to the ``kl`` subcommands."""
     abort = sub.add_parser("abort", help="abort an apply run and release its reservations (operators)")
     client_options(abort)
-    abort.add_argument("run_id", metavar="RUN_ID")
+    abort.add_argument("run_id", metavar="RUN_ID", help="the run to end (ar_..., from kl runs)")
     abort.add_argument("--reason", help="recorded in the run and the audit trail")
     abort.set_defaults(func=cmd_abort)
 
@@ -334,7 +337,8 @@ def register(sub: Commands) -> None:
 
     apply = sub.add_parser("apply", help="apply a kl-plan.json: reserve, apply the slice, commit row by row")
     client_options(apply)
-    apply.add_argument("plan_file", nargs="?", metavar="PLAN_FILE")
+    apply.add_argument("plan_file", nargs="?", metavar="PLAN_FILE",
+                       help="the plan file kl plan wrote (or -f/--changed-from instead)")
     file_options(apply)
     apply.add_argument("--confirm-scope", action="store_true",
                        help="with -f/--changed-from: apply the derived scope (without it, kl prints it and stops)")
@@ -352,6 +356,6 @@ def register(sub: Commands) -> None:
 
     recover_cmd = sub.add_parser("recover", help="commit the post-apply state kept for a run that did not commit")
     client_options(recover_cmd)
-    recover_cmd.add_argument("run_id", metavar="RUN_ID")
+    recover_cmd.add_argument("run_id", metavar="RUN_ID", help="the run whose kept post-apply state to commit")
     recover_cmd.add_argument("--actor", help="holder for the new run when the old one has ended")
     recover_cmd.set_defaults(func=cmd_recover)

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from app.domain.reservations import format_duration
 from app.errors import BadRequestError, ConfigError, ConflictError, KlError, NotFoundError
-from runner.cli import changes, drift, operator, reads
+from runner.cli import backup, changes, completion, drift, operator, reads
 from runner.cli.support import (
     EXIT_CONFLICT,
     EXIT_FAILED,
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     changes.register(sub)
     drift.register(sub)
     operator.register_admin(sub)
+    backup.register(sub)
+    completion.register(sub)
+    describe(parser)
     return parser
 
 
@@ -82,6 +85,18 @@ class Terminated(KeyboardInterrupt):
 
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
+
+
+def describe(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand without a description of its own its one-line help as one, so that
+    ``kl COMMAND --help`` says what the command does, as ``kl --help`` lists it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                sub = action.choices[choice.dest]
+                if not sub.description and choice.help:
+                    sub.description = choice.help[0].upper() + choice.help[1:] + "."
+                describe(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,9 @@ from typing import Any
 
 from app.domain.blocks import backend_block, scoped_backend_block
 from runner.cli.support import EXIT_OK, Commands, print_json
-from runner.errors import UsageError
+from runner.errors import InvalidInput, UsageError
+
+DEFAULT_SERVER_URL = "http://localhost:8080"  # kl serve's default listener, as clients on this machine reach it
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -39,11 +41,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port_free(args.control_host, args.control_port, "control API")
     where = "KL_DATABASE_URL" if settings.database_url else "embedded Postgres"
     settings = replace(settings, database_url=resolve_database_url(settings))
+    shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
+    # The control API's blocks name the main listener (or KL_PUBLIC_URL), never the control port itself.
+    main_url = settings.public_url or f"http://{shown_host}:{args.port}"
     # Listening only once the apps exist: a client that connects early is refused, not left waiting.
     main_app = create_app(settings, lanes="public" if args.control_port else "all")
-    control_app = create_app(settings, lanes="control") if args.control_port else None
+    control_app = create_app(replace(settings, public_url=main_url), lanes="control") if args.control_port else None
     server = listen(args.host, args.port, main_app, "service")
-    shown_host = "localhost" if args.host in ("127.0.0.1", "0.0.0.0", "::") else args.host
     listening = f"http://{shown_host}:{server.port}"
     print(f"Kilolock listening on {listening} (database: {where}, auth: {settings.auth_mode.value})")
     if control_app is not None:
@@ -55,13 +59,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.public_url:
         print(f"Clients reach it as {base} (KL_PUBLIC_URL); the backend block below uses that address.")
     print("Paste this into your Terraform configuration (rename 'example' to your state's name):\n")
-    print(backend_block(base, static_auth=settings.auth_mode.value == "static"))
+    print(serve_block(base, settings.auth_mode))
     print(flush=True)
     try:
         server.serve_forever()
     finally:
         server.server_close()
     return EXIT_OK
+
+
+def serve_block(base: str, mode: Any) -> str:
+    """The block kl serve prints: in database mode it carries the ``username`` Basic auth needs, with the
+    ids left for ``kl tokens create`` (or the control API), which prints the block of each token."""
+    from app.config import AuthMode
+
+    if mode is AuthMode.DATABASE:
+        return ("# KL_AUTH_MODE=database: `kl tokens create TENANT --name NAME --environment ENV` prints this\n"
+                "# block with the token's workspace and environment ids in place of the <...> below.\n"
+                + scoped_backend_block(base, "<workspace_id>", "<environment_id>", "example"))
+    return backend_block(base, static_auth=mode is AuthMode.STATIC)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -140,13 +156,22 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
 
     secret, info = tenancy.create_token(_operator_db(), args.tenant, name=args.name, environment=args.environment,
                                         workspace=args.workspace, actor=_operator_name())
+    block = scoped_backend_block(_server_url(args), info.workspace_id, info.environment_id)
     if args.json:
-        print_json({"token_secret": secret, "token": _token_json(info)})
+        print_json({"token_secret": secret, "token": _token_json(info), "workspace_id": info.workspace_id,
+                    "environment_id": info.environment_id, "backend_block": block})
         return EXIT_OK
     print(f"token {info.id} ({info.name}) for {info.workspace_id}/{info.environment_id}")
     print(f"secret (shown once, store it now): {secret}\n")
-    print(scoped_backend_block(args.server_url.rstrip("/"), info.workspace_id, info.environment_id))
+    print(block)
     return EXIT_OK
+
+
+def _server_url(args: argparse.Namespace) -> str:
+    """--server-url, else KL_PUBLIC_URL, else kl serve's default listener."""
+    from app.config import Settings
+
+    return (args.server_url or Settings.from_env().public_url or DEFAULT_SERVER_URL).rstrip("/")
 
 
 def cmd_tokens_list(args: argparse.Namespace) -> int:
@@ -188,6 +213,29 @@ def cmd_embedded_stop(args: argparse.Namespace) -> int:
     stopped = [name for name, stop in (("Postgres", stop_embedded_postgres), ("Redis", stop_embedded_redis))
                if stop(where)]
     print(f"stopped embedded {' and '.join(stopped)} in {where}" if stopped else f"nothing running in {where}")
+    return EXIT_OK
+
+
+def cmd_embedded_info(args: argparse.Namespace) -> int:
+    from app.embedded import default_data_dir, describe_embedded_postgres
+    from runner.config import data_dir, process_env
+
+    where = data_dir(process_env()) if process_env().get("KL_DATA_DIR") else default_data_dir()
+    pg = describe_embedded_postgres(where)
+    if args.json:
+        print_json({"data_dir": str(pg.pgdata), "version": pg.version, "running": pg.pid is not None,
+                    "pid": pg.pid, "socket_dir": str(pg.socket_dir) if pg.socket_dir else None, "port": pg.port,
+                    "url": pg.url, "bin_dir": str(pg.bin_dir)})
+        return EXIT_OK
+    state = f"running (pid {pg.pid})" if pg.pid is not None else "not running (kl serve starts it)"
+    print(f"embedded Postgres {pg.version or '(not created yet)'} in {pg.pgdata}: {state}")
+    if pg.url:
+        print(f"  socket directory: {pg.socket_dir} (port {pg.port})")
+        print(f"  URL:              {pg.url}")
+    print(f"  bundled tools:    {pg.bin_dir} (psql, pg_dump, pg_restore… of the same version)")
+    print(f"  log:              {pg.pgdata / 'log'}")
+    if pg.url:
+        print(f"try: {pg.bin_dir / 'psql'} '{pg.url}'")
     return EXIT_OK
 
 
@@ -233,16 +281,24 @@ def port_free(host: str, port: int, what: str) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as exc:
-        raise UsageError(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}. Another process "
+        # InvalidInput, not UsageError: the command line is fine, so no usage follows the one line.
+        raise InvalidInput(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}. Another process "
                          "(perhaps another kl serve) holds that port: stop it, or pass --port/--control-port with "
                          "a free one") from None
 
 
 def listen(host: str, port: int, app: Any, what: str) -> Any:
-    from werkzeug.serving import make_server
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class OneLinePerRequest(WSGIRequestHandler):
+        """The app logs each request itself (kilolock.web, without colours): werkzeug's own access line
+        (coloured with ANSI codes) would repeat it. Werkzeug's error lines stay."""
+
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            return
 
     try:
-        return make_server(host, port, app, threaded=True)
+        return make_server(host, port, app, threaded=True, request_handler=OneLinePerRequest)
     except (OSError, SystemExit):  # werkzeug reports a clash itself and exits; taken since port_free looked
         port_free(host, port, what)
         raise
@@ -251,8 +307,9 @@ def listen(host: str, port: int, app: Any, what: str) -> Any:
 def register_service(sub: Commands) -> None:
     """Add kl serve, worker and migrate to the ``kl`` subcommands."""
     serve = sub.add_parser("serve", help="run the service (dev server; use gunicorn in production)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1; open auth mode refuses a public one)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
     serve.add_argument("--control-port", type=int, help="serve the control API (/v1/api) only on this port")
     serve.add_argument("--control-host", default="127.0.0.1", help="address for --control-port (default 127.0.0.1)")
     serve.add_argument("--allow-open-on-network", action="store_true",
@@ -276,6 +333,12 @@ def register_admin(sub: Commands) -> None:
     embedded_sub = embedded.add_subparsers(dest="embedded_command", required=True, metavar="SUBCOMMAND")
     embedded_stop = embedded_sub.add_parser("stop", help="stop the embedded servers (they outlive kl serve)")
     embedded_stop.set_defaults(func=cmd_embedded_stop)
+    embedded_info = embedded_sub.add_parser("info", help="where the embedded Postgres is and how to reach it",
+                                            description="Print the embedded Postgres's data directory, whether "
+                                                        "it runs, its socket directory and URL, and where the "
+                                                        "wheel's psql and pg_dump of the same version are.")
+    embedded_info.add_argument("--json", action="store_true", help="print JSON")
+    embedded_info.set_defaults(func=cmd_embedded_info)
 
     _register_tenancy(sub)
 
@@ -285,7 +348,7 @@ def register_admin(sub: Commands) -> None:
     p.add_argument("--older-than-days", type=int, metavar="DAYS",
                    help="prune only versions older than DAYS days (default: KL_RETAIN_DAYS)")
     p.add_argument("--dry-run", action="store_true", help="report what would be removed; change nothing")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_prune)
 
 
@@ -293,7 +356,7 @@ def _register_tenancy(sub: Commands) -> None:
     tenants = sub.add_parser("tenants", help="manage tenants (operators with database access)")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="SUBCOMMAND")
     t_create = tenants_sub.add_parser("create", help="create a tenant")
-    t_create.add_argument("slug", metavar="SLUG")
+    t_create.add_argument("slug", metavar="SLUG", help="1-63 lowercase letters, digits and dashes, e.g. acme")
     t_create.add_argument("--name", help="display name (default: the slug)")
     t_create.set_defaults(func=cmd_tenants_create)
     t_list = tenants_sub.add_parser("list", help="list tenants")
@@ -303,18 +366,19 @@ def _register_tenancy(sub: Commands) -> None:
     tokens = sub.add_parser("tokens", help="manage API tokens (operators with database access)")
     tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="SUBCOMMAND")
     k_create = tokens_sub.add_parser("create", help="create a token for one environment; prints the secret once")
-    k_create.add_argument("tenant", metavar="TENANT")
+    k_create.add_argument("tenant", metavar="TENANT", help="tenant slug")
     k_create.add_argument("--name", required=True, help="what the token is for, e.g. terraform-ci")
     k_create.add_argument("--environment", required=True, help="environment name, created on first use")
     k_create.add_argument("--workspace", default="default", help="workspace name (default: default)")
-    k_create.add_argument("--server-url", default="http://localhost:8080", help="base URL for the backend block")
+    k_create.add_argument("--server-url", help="base URL for the backend block (default: KL_PUBLIC_URL, else "
+                                               f"{DEFAULT_SERVER_URL})")
     k_create.add_argument("--json", action="store_true", help="print JSON")
     k_create.set_defaults(func=cmd_tokens_create)
     k_list = tokens_sub.add_parser("list", help="list a tenant's tokens (never the secrets)")
-    k_list.add_argument("tenant", metavar="TENANT")
+    k_list.add_argument("tenant", metavar="TENANT", help="tenant slug")
     k_list.add_argument("--json", action="store_true", help="print JSON")
     k_list.set_defaults(func=cmd_tokens_list)
     k_revoke = tokens_sub.add_parser("revoke", help="revoke a token; it stops working at once")
-    k_revoke.add_argument("tenant", metavar="TENANT")
-    k_revoke.add_argument("token_id", metavar="TOKEN_ID")
+    k_revoke.add_argument("tenant", metavar="TENANT", help="tenant slug")
+    k_revoke.add_argument("token_id", metavar="TOKEN_ID", help="the token's id (tok_..., from kl tokens list)")
     k_revoke.set_defaults(func=cmd_tokens_revoke)

@@ -1,5 +1,6 @@
 """The client's read commands over a server's rows: ``kl states``, ``kl state ls``, ``kl state history``,
-``kl reservations`` and ``kl runs``. They reach the server through ``runner.engine_client`` only.
+``kl reservations`` and ``kl runs`` (in ``runner.cli.runs``). They reach the server through
+``runner.engine_client`` only.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from app.domain.reservations import format_duration
+from runner.cli import runs
 from runner.cli.support import EXIT_OK, Commands, client_options, connect, print_json
 
 
@@ -24,6 +26,8 @@ def cmd_states(args: argparse.Namespace) -> int:
     if args.json:
         print_json(found)
         return EXIT_OK
+    if not found:
+        print(f"no states visible on {client.config.base_url}: none written yet, or none this credential may see")
     for s in found:
         lock = "  locked" if s["locked"] else ""
         print(f"{s['name']}\tserial {s['current_serial']}\t{s['resources']} resources{lock}")
@@ -86,19 +90,6 @@ def cmd_reservations(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_runs(args: argparse.Namespace) -> int:
-    client, state = connect(args, need_state=False)
-    found = client.list_runs(state or None, status=args.status)
-    if args.json:
-        print_json([{k: r[k] for k in ("id", "state", "status", "actor", "started_at", "finished_at",
-                                        "base_serial", "committed_serial", "error_summary")} for r in found])
-        return EXIT_OK
-    for r in found:
-        serial = f" serial {r['committed_serial']}" if r["committed_serial"] is not None else ""
-        print(f"{r['id']}\t{r['state']}\t{r['status']:<9}\t{r['actor']}\tstarted {r['started_at']}{serial}")
-    return EXIT_OK
-
-
 def register(sub: Commands) -> None:
     """Add the read commands to the ``kl`` subcommands."""
     states = sub.add_parser("states", help="list the states on the server")
@@ -114,14 +105,12 @@ def register(sub: Commands) -> None:
     ls.set_defaults(func=cmd_state_ls)
     hist = state_sub.add_parser("history", help="one instance's lifecycles across versions")
     client_options(hist)
-    hist.add_argument("resource_address", metavar="ADDRESS")
+    hist.add_argument("resource_address", metavar="ADDRESS",
+                      help="an instance address, e.g. module.web.aws_instance.a[0]")
     hist.set_defaults(func=cmd_state_history)
 
     reservations = sub.add_parser("reservations", help="list live reservations (and Terraform state locks)")
     client_options(reservations)
     reservations.set_defaults(func=cmd_reservations)
 
-    runs = sub.add_parser("runs", help="list apply runs, newest first")
-    client_options(runs)
-    runs.add_argument("--status", choices=["reserved", "running", "committed", "failed", "aborted", "expired"])
-    runs.set_defaults(func=cmd_runs)
+    runs.register(sub)

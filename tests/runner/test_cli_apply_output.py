@@ -93,6 +93,9 @@ def test_a_conflict_after_waiting_says_so_and_a_refused_commit_points_at_kl_reco
     refused = bob.kl("apply", "kl-plan.json", "--actor", "bob", "--wait", "1s")
     assert refused.returncode == 2, refused.stderr
     assert "kl waited 1s" in refused.stderr
+    # While it waited it said so, naming whom it waited on (off a terminal: one line, then one every 15s).
+    assert re.search(rf"^waiting for .*terraform_data\.web\S* \(write, held by alice, run {run['id']}\).*: \d+s of 1s$",
+                     refused.stderr, re.MULTILINE), refused.stderr
     fast = bob.kl("apply", "kl-plan.json", "--actor", "bob")
     assert fast.returncode == 2 and "kl did not wait: pass --wait" in fast.stderr
 

@@ -76,3 +76,9 @@ def test_kl_migrate_is_safe_to_rerun(clean_db, tmp_path):
     result = kl("migrate", cwd=tmp_path, env={"KL_DATABASE_URL": clean_db})
     assert result.returncode == 0, result.stderr
     assert "up to date" in result.stdout
+
+
+def test_kl_states_says_so_when_nothing_is_visible(live_server, tmp_path):
+    empty = kl("states", "--address", live_server.url, cwd=tmp_path)
+    assert empty.returncode == 0 and f"no states visible on {live_server.url}" in empty.stdout
+    assert json.loads(kl("states", "--json", "--address", live_server.url, cwd=tmp_path).stdout) == []

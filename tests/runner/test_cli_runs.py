@@ -70,3 +70,73 @@ def test_operators_manage_tenants_and_tokens_from_the_cli(clean_db, tmp_path):
     assert json.loads(kl("tokens", "list", "acme", "--json", cwd=tmp_path, env=env).stdout)[0]["revoked_at"]
     unknown = kl("tokens", "list", "nobody", cwd=tmp_path, env=env)
     assert unknown.returncode == 3 and "kl tenants create nobody" in unknown.stderr
+
+
+def test_tokens_create_builds_its_block_from_the_public_url_and_prints_it_in_json_too(clean_db, tmp_path):
+    env = {"KL_DATABASE_URL": clean_db, "KL_PUBLIC_URL": "https://kl.example.com/"}
+    assert kl("tenants", "create", "acme", cwd=tmp_path, env=env).returncode == 0
+    text = kl("tokens", "create", "acme", "--name", "ci", "--environment", "prod", cwd=tmp_path, env=env)
+    assert text.returncode == 0, text.stderr
+    assert 'address        = "https://kl.example.com/v1/states/' in text.stdout
+    created = kl("tokens", "create", "acme", "--name", "cd", "--environment", "stage", "--json", cwd=tmp_path, env=env)
+    answer = json.loads(created.stdout)
+    ids = f"{answer['workspace_id']}/{answer['environment_id']}"
+    assert (answer["workspace_id"], answer["environment_id"]) == (answer["token"]["workspace_id"],
+                                                                   answer["token"]["environment_id"])
+    assert f'"https://kl.example.com/v1/states/{ids}/prod"' in answer["backend_block"]
+    assert f'username       = "{answer["workspace_id"]}"' in answer["backend_block"]
+    chosen = kl("tokens", "create", "acme", "--name", "x", "--environment", "prod", "--server-url",
+                "http://10.0.0.5:8080", cwd=tmp_path, env=env)
+    assert '"http://10.0.0.5:8080/v1/states/' in chosen.stdout and "kl.example.com" not in chosen.stdout
+
+
+def _open(url: str, actor: str, glob: str, info: dict) -> str:  # type: ignore[type-arg]
+    response = requests.post(f"{url}/v1/engine/states/shared/runs", timeout=10, json={
+        "actor": actor, "reservations": [{"glob": glob, "mode": "write"}], "info": info})
+    assert response.status_code == 201, response.text
+    return str(response.json()["run"]["id"])
+
+
+def _close(url: str, run_id: str, actor: str, status: str, summary: str = "") -> None:
+    response = requests.post(f"{url}/v1/engine/runs/{run_id}/close", timeout=10,
+                             json={"holder": actor, "status": status, "error_summary": summary})
+    assert response.status_code == 200, response.text
+
+
+def test_kl_runs_shows_kinds_finish_times_durations_and_why_a_run_failed(live_server, tmp_path):
+    url = live_server.url
+    dry = _open(url, "alice", "module.a.*", {"dry_run": True})
+    _close(url, dry, "alice", "aborted")
+    drift = _open(url, "bob", "module.b.*", {"kind": "drift"})
+    _close(url, drift, "bob", "aborted")
+    failed = _open(url, "carol", "module.c.*", {"dry_run": False})
+    _close(url, failed, "carol", "failed", "Error: exit status 1\n\n  on main.tf line 3:\nprovisioner failed")
+    live = _open(url, "dave", "module.d.*", {})
+
+    listed = kl("runs", "--address", url, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split("\t")[0]: line.split("\t") for line in listed.stdout.splitlines()}
+    assert [c.strip() for c in rows[dry][2:4]] == ["dry-run", "aborted"]
+    assert [c.strip() for c in rows[drift][2:4]] == ["drift", "aborted"]
+    assert [c.strip() for c in rows[failed][2:4]] == ["apply", "failed"]
+    assert rows[failed][-1] == "Error: exit status 1"  # the error summary's first line
+    assert rows[failed][6].startswith("finished 20") and rows[live][6] == "finished -"
+    assert rows[live][7].endswith("so far")
+    by_kind = {r["id"]: r["kind"] for r in json.loads(kl("runs", "--json", "--address", url, cwd=tmp_path).stdout)}
+    assert by_kind == {dry: "dry-run", drift: "drift", failed: "apply", live: "apply"}
+    assert kl("runs", "--status", "committed", "--address", url, cwd=tmp_path).stdout == \
+        "no apply runs with status committed\n"
+
+    shown = kl("runs", "show", failed, "--address", url, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert out.startswith(f"run {failed} on shared: apply, failed\n")
+    assert "  why it failed:\n    Error: exit status 1\n" in out and "provisioner failed" in out
+    assert "opened, reservations granted" in out and "  by carol" in out
+    held = kl("runs", "show", live, "--address", url, cwd=tmp_path).stdout
+    assert "  holds:\n    write module.d.*\n" in held
+    doc = json.loads(kl("runs", "show", live, "--json", "--address", url, cwd=tmp_path).stdout)
+    assert doc["run"]["kind"] == "apply" and [r["glob"] for r in doc["reservations"]] == ["module.d.*"]
+    assert {e["kind"] for e in doc["events"]} == {"run_open", "reservation_acquire"}
+    missing = kl("runs", "show", "ar_missing", "--address", url, cwd=tmp_path)
+    assert missing.returncode == 1 and "ar_missing" in missing.stderr

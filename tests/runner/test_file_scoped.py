@@ -363,3 +363,13 @@ def test_changed_from_selects_the_literal_file_readers_of_a_changed_file(repo):
     assert planned["selected_files"] == ["greet.tf"] and planned["write_set"] == ["terraform_data.greet"]
     untrap(repo)
     repo.converged()
+
+
+def test_a_plan_that_would_change_an_unselected_file_names_the_file_that_declares_it(repo):
+    # web.tf reads terraform_data.net, so its workspace holds network.tf's block as it is on disk: edited
+    # but not selected, Terraform plans its update, and kl refuses it, naming the file to add to -f.
+    repo.edit("network.tf", "net-v1", "net-v2")
+    refused = repo.kl("plan", "-f", "web.tf")
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "outside the file-scoped footprint (terraform_data.net (declared in network.tf))" in refused.stderr
+    assert "add the file that declares it to -f" in refused.stderr

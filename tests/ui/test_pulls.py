@@ -64,3 +64,25 @@ def test_open_pull_requests_show_footprints_overlaps_checks_and_last_apply(bot_u
 def test_with_the_bot_set_up_and_nothing_open_the_page_says_so(bot_ui):
     client, _ = bot_ui
     assert "No open pull requests with a predicted footprint" in page(client, "/ui/pulls")
+
+
+def test_a_web_process_without_github_credentials_shows_what_the_workers_recorded(static_settings):
+    from app.web import create_app
+
+    application = create_app(static_settings)  # no KL_GITHUB_*: the credentials live on the workers
+    db = application.extensions["kilolock"].db
+    try:
+        client = application.test_client()
+        assert login(client, TOKEN).status_code == 302
+        client.environ_base["HTTP_ACCEPT"] = "text/html"
+        assert "The GitHub bot is not set up" in page(client, "/ui/pulls")  # nothing recorded anywhere yet
+        bot.record_delivery(db, "d-1", "pull_request", "opened", "acme/infra")
+        html = page(client, "/ui/pulls")
+        assert "not set up" not in html and "No open pull requests with a predicted footprint" in html
+        assert "workers recorded" in html
+        bot.save_footprint(db, bot.PrFootprint("acme/infra", 5, "network", "prod", "f" * 40, ("net.tf",),
+                                               ("module.net.*",), ()))
+        html = page(client, "/ui/pulls")
+        assert 'data-number="5"' in html and "not set up" not in html
+    finally:
+        db.close()

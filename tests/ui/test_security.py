@@ -331,3 +331,24 @@ def test_static_mode_sessions_work_across_workers_without_a_configured_secret(st
     finally:
         one.extensions["kilolock"].db.close()
         two.extensions["kilolock"].db.close()
+
+
+@pytest.mark.parametrize("accept", [None, "*/*", "application/json, */*;q=0.5"])
+def test_a_client_that_does_not_name_html_gets_401_not_a_redirect(anon, seeded, accept):
+    response = anon.get("/ui/", headers={"Accept": accept} if accept else {})
+    assert response.status_code == 401 and response.get_json()["code"] == "unauthorized"
+
+
+def test_a_throttled_dashboard_login_says_when_to_try_again(static_settings):
+    from app.web import create_app
+
+    app = create_app(replace(static_settings, auth_failure_limit=2))
+    try:
+        browser = app.test_client()
+        answers = [login(browser, "wrong-token") for _ in range(4)]
+        assert answers[0].status_code == 403
+        throttled = answers[-1]
+        assert throttled.status_code == 429 and "text/html" in throttled.content_type
+        assert 0 < int(throttled.headers["Retry-After"]) <= static_settings.auth_failure_window
+    finally:
+        app.extensions["kilolock"].db.close()

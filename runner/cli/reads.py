@@ -123,5 +123,6 @@ def register(sub: Commands) -> None:
 
     runs = sub.add_parser("runs", help="list apply runs, newest first")
     client_options(runs)
-    runs.add_argument("--status", choices=["reserved", "running", "committed", "failed", "aborted", "expired"])
+    runs.add_argument("--status", choices=["reserved", "running", "aborting", "committed", "failed", "aborted",
+                                           "expired"])
     runs.set_defaults(func=cmd_runs)

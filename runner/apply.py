@@ -138,6 +138,8 @@ class Heartbeat:
         while not self._stop.wait(self._poll):
             waited += self._poll
             renew = waited >= self._every
+            if not renew and not self.watching.is_set():
+                continue
             try:
                 if renew:
                     answer = self._client.run_action(self._run_id, "renew", {"holder": self._holder})

@@ -16,11 +16,11 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from app.domain.reservations import LIVE_STATUSES
 from runner.engine_client import EngineClient, EngineError
-from runner.errors import EngineCode, Failed, InvalidInput, KlExit, refusal
+from runner.errors import EngineCode, Failed, InvalidInput, KlExit, NothingToDo, refusal
 from runner.spec import PlanSpec
 
 Echo = Callable[[str], None]
@@ -85,12 +85,12 @@ def _load(client: EngineClient, where: Path, run_id: str) -> tuple[dict[str, Any
     done = where / _DONE
     if done.is_file():
         note = json.loads(done.read_text())
-        raise InvalidInput(f"{run_id} was already recovered: committed at serial {note.get('serial')} "
-                           f"(run {note.get('committed_by')}); nothing left to recover")
+        raise NothingToDo(f"{run_id} was already recovered: committed at serial {note.get('serial')} "
+                          f"(run {note.get('committed_by')}); nothing left to recover")
     try:
         meta: dict[str, Any] = json.loads((where / _META).read_text())
     except FileNotFoundError as exc:
-        raise InvalidInput(_nothing_kept(client, where, run_id)) from exc
+        _raise_nothing_kept(client, where, run_id, exc)
     path = where / _STATE
     if not path.is_file() and meta.get("workspace_state"):
         path = Path(meta["workspace_state"])  # kl ended while Terraform applied: its own state file
@@ -101,14 +101,14 @@ def _load(client: EngineClient, where: Path, run_id: str) -> tuple[dict[str, Any
                            "terraform plan to see what the trunk lacks") from exc
 
 
-def _nothing_kept(client: EngineClient, where: Path, run_id: str) -> str:
+def _raise_nothing_kept(client: EngineClient, where: Path, run_id: str, cause: Exception) -> NoReturn:
     try:
         run = client.get_run(run_id)["run"]
     except EngineError:
-        return f"nothing kept for {run_id} in {where}"
+        raise InvalidInput(f"nothing kept for {run_id} in {where}") from cause
     if run.get("status") == "committed":
-        return f"{run_id} already committed at serial {run.get('committed_serial')}; nothing to recover"
-    return f"nothing kept for {run_id} in {where} (the run is {run.get('status')})"
+        raise NothingToDo(f"{run_id} already committed at serial {run.get('committed_serial')}; nothing to recover")
+    raise InvalidInput(f"nothing kept for {run_id} in {where} (the run is {run.get('status')})") from cause
 
 
 def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None, echo: Echo) -> ApplyOutcome:

@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from analyzer.globs import GlobKind, canonical, parse_glob
+from analyzer.state import InstanceRow, ParsedState, parse_state
+from analyzer.state_assembly import assemble_state
 from app.domain.reservations import LIVE_STATUSES
 from runner.engine_client import EngineClient, EngineError
-from runner.errors import EngineCode, Failed, InvalidInput, KlExit, NothingToDo, refusal
+from runner.errors import REFUSALS, EngineCode, Failed, InvalidInput, KlExit, NothingToDo, refusal
 from runner.spec import PlanSpec
 
 Echo = Callable[[str], None]
@@ -151,7 +154,8 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
 def _commit_widening(client: EngineClient, run_id: str, holder: str, state: dict[str, Any],
                      meta: Mapping[str, Any], echo: Echo) -> dict[str, Any]:
     """Commit; when the server names changes outside the write reservations (Terraform did what its plan
-    did not say), ask for write reservations on exactly those, without waiting, and commit once more."""
+    did not say), ask for write reservations on exactly those, without waiting, and commit once more: all of
+    it when they were granted, else only what lies inside the reservations (the rest keeps the trunk's copy)."""
     def commit() -> dict[str, Any]:
         answer = client.commit(run_id, holder=holder, state=state, slice_addresses=meta["slice_addresses"],
                                prune_outputs=meta.get("prune_outputs", True))
@@ -169,9 +173,37 @@ def _commit_widening(client: EngineClient, run_id: str, holder: str, state: dict
             client.run_action(run_id, "reservations", {"holder": holder, "wait_seconds": 0, "reservations": [
                 {"glob": a, "mode": "write"} for a in outside]})
         except EngineError as more:
-            raise EngineError(f"{exc}; reserving them was refused too: {more}", status=more.status,
-                              code=more.code, body=more.body) from more
+            if more.code not in REFUSALS:
+                raise EngineError(f"{exc}; reserving them failed too: {more}", status=more.status, code=more.code,
+                                  body=more.body) from more
+            echo(f"kl: warning: they cannot be reserved ({more}); committing only what lies inside the "
+                 f"reservations. The trunk keeps its old copy of {', '.join(outside[:10])}: once they are free, "
+                 "kl drift and kl refresh with --target on them record what they are now")
+            state = _inside_only(client, meta, state, outside)  # commit() reads it: it is this scope's
         return commit()
+
+
+def _inside_only(client: EngineClient, meta: Mapping[str, Any], state: dict[str, Any], outside: list[str],
+                 ) -> dict[str, Any]:
+    """``state`` with the trunk's copy, at the base serial, of each outside instance address and root
+    output (``output.NAME``): what is left for the commit is exactly what lies inside the reservations."""
+    after = parse_state(json.dumps(state).encode())
+    before = parse_state(client.assembled(meta["state"], serial=meta["base_serial"] or None))
+    if not isinstance(after, ParsedState) or not isinstance(before, ParsedState):
+        raise Failed("the kept state or the trunk cannot be read row by row; nothing was committed")
+    globs = [parse_glob(text) for text in outside]
+    names = {g.output for g in globs if g.kind == GlobKind.OUTPUT}
+    addresses = {canonical(g) for g in globs if not g.is_output}
+
+    def is_outside(row: InstanceRow) -> bool:
+        return row.address in addresses
+
+    instances = [r for r in after.instances if not is_outside(r)] + [r for r in before.instances if is_outside(r)]
+    outputs = [o for o in after.outputs if o.name not in names] + [o for o in before.outputs if o.name in names]
+    doc: dict[str, Any] = json.loads(assemble_state(serial=after.serial, lineage=after.lineage,
+                                                    terraform_version=after.terraform_version, instances=instances,
+                                                    outputs=sorted(outputs, key=lambda o: o.name)))
+    return doc
 
 
 def _close_opened(client: EngineClient, run_id: str | None, holder: str, summary: str, original: str) -> str:

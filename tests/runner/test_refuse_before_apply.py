@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.runner.test_sliced_apply import checkout, head, runs, world  # noqa: F401  (world is a fixture)
+from tests.runner.test_sliced_apply import checkout, head, inputs, runs, world  # noqa: F401  (world is a fixture)
 
 pytestmark = pytest.mark.terraform
 
@@ -87,23 +87,29 @@ def test_a_plan_writing_outside_its_reservations_is_refused_before_terraform_app
     bob.converged(reinit=True)
 
 
-def test_recover_commits_or_closes_the_run_it_opened_and_says_when_it_is_done(world):  # noqa: F811
-    alice = checkout(world, "alice")
-    alice.configure(net="v2", web="v2", web_cmd="exit 1")  # net is updated, then web's provisioner fails
-    assert alice.kl("plan").returncode == 0
-    failed = alice.kl("apply", "kl-plan.json", "--actor", "alice")
+def _failed_halfway(where, name: str):  # type: ignore[no-untyped-def]
+    """An apply that updated terraform_data.net, then failed in web's provisioner: its state is kept. The
+    kept reservations then miss web, as if Terraform had changed it without its plan saying so."""
+    repo = checkout(where, name)
+    repo.configure(net="v2", web="v2", web_cmd="exit 1")
+    assert repo.kl("plan").returncode == 0
+    failed = repo.kl("apply", "kl-plan.json", "--actor", name)
     assert failed.returncode == 1
-    [run] = [r for r in runs(world) if r["actor"] == "alice"]
+    [run] = [r for r in runs(where) if r["actor"] == name]
     assert run["status"] == "failed" and f"kl recover {run['id']}" in failed.stdout + failed.stderr
-    kept = Path(alice.env["KL_DATA_DIR"]) / "runs" / run["id"]
-    # As if Terraform had changed terraform_data.web without its plan saying so: the kept reservations miss it.
+    kept = Path(repo.env["KL_DATA_DIR"]) / "runs" / run["id"]
     meta = json.loads((kept / "recovery.json").read_text())
     meta["reservations"] = [r for r in meta["reservations"]
                             if r["glob"] not in ("terraform_data.web", "terraform_data.web.*")]
     (kept / "recovery.json").write_text(json.dumps(meta))
-    # And someone else holds it, so recovery cannot widen its reservations to it.
-    other = requests.post(f"{world['server'].url}/v1/engine/states/shared/runs", timeout=10, json={
-        "actor": "carol", "reservations": [{"glob": "terraform_data.web", "mode": "write"}]}).json()["run"]["id"]
+    return repo, run, kept
+
+
+def test_recover_closes_the_run_it_opened_when_refused_widens_when_it_can_and_says_when_it_is_done(
+        world):  # noqa: F811
+    alice, run, kept = _failed_halfway(world, "alice")
+    good = (kept / "terraform.tfstate").read_bytes()
+    (kept / "terraform.tfstate").write_text('{"version": 3}')  # a kept file the server cannot commit
 
     refused = alice.kl("recover", run["id"])
 
@@ -111,20 +117,38 @@ def test_recover_commits_or_closes_the_run_it_opened_and_says_when_it_is_done(wo
     said = refused.stdout + refused.stderr
     opened = [r for r in runs(world) if r.get("info", {}).get("recovers") == run["id"]]
     assert len(opened) == 1 and opened[0]["status"] == "failed"
-    assert f"the recovery run {opened[0]['id']} is closed" in said and "terraform_data.web" in said
-    assert {r["holder"] for r in _live_reservations(world)} == {"carol"}  # nothing of alice's is left held
+    assert f"the recovery run {opened[0]['id']} is closed" in said and "the kept state stays" in said
+    assert _live_reservations(world) == []  # nothing holds the addresses or Terraform's lock for a lease
 
-    requests.post(f"{world['server'].url}/v1/engine/runs/{other}/abort", json={}, timeout=10)
+    (kept / "terraform.tfstate").write_bytes(good)
     recovered = alice.kl("recover", run["id"], "--json")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     doc = json.loads(recovered.stdout)
     assert isinstance(doc["commit_serial"], int) and "terraform_data.web" in doc["committed_addresses"]
     assert "reserving them" in recovered.stderr  # widened to what Terraform changed outside the reservations
-    assert _live_reservations(world) == []
+    assert _live_reservations(world) == [] and inputs(world)["net"] == "net-v2"
 
     again = alice.kl("recover", run["id"])
     assert again.returncode == 0  # nothing to do, and it says what was done
     assert f"already recovered: committed at serial {doc['commit_serial']}" in again.stdout + again.stderr
+
+
+def test_recover_commits_what_lies_inside_the_reservations_when_it_cannot_widen_them(world):  # noqa: F811
+    alice, run, _ = _failed_halfway(world, "alice")
+    web_before = inputs(world)["web"]
+    requests.post(f"{world['server'].url}/v1/engine/states/shared/runs", timeout=10, json={
+        "actor": "carol", "reservations": [{"glob": "terraform_data.web", "mode": "write"}]})
+
+    recovered = alice.kl("recover", run["id"], "--json")
+
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    doc = json.loads(recovered.stdout)
+    assert "terraform_data.net" in doc["committed_addresses"]
+    assert "terraform_data.web" not in doc["committed_addresses"]
+    assert "cannot be reserved" in recovered.stderr and "terraform_data.web" in recovered.stderr
+    now = inputs(world)
+    assert now["net"] == "net-v2" and now["web"] == web_before
+    assert {r["holder"] for r in _live_reservations(world)} == {"carol"}
 
 
 def test_an_abort_during_apply_stops_terraform_before_the_reservations_end(world, tmp_path):  # noqa: F811

@@ -212,16 +212,17 @@ def dry_commit_run(
         before = _read_before(conn, principal, run_id, [])
         locked = read_locked(conn, principal, run_id, before)
         verdict = _judge(before, locked.reserved, planned, names)
-        base_serial = _refuse(conn, principal, run_id, holder, now, before, locked, verdict)
+        base_serial = _refuse(conn, principal, run_id, holder, now, before, locked, verdict, dry=True)
         conn.rollback()  # nothing was written; release the row locks at once
     return DryCommit(run_id, base_serial, locked.head_serial, verdict.written, tuple(sorted(set(names))))
 
 
 def _refuse(
     conn: psycopg.Connection, principal: Principal, run_id: str, holder: str, now: datetime, before: _Before,
-    locked: Locked, verdict: _Verdict,
+    locked: Locked, verdict: _Verdict, *, dry: bool = False,
 ) -> int:
-    """Every refusal of a commit, in order (shared by the commit and its dry run); returns the base serial."""
+    """Every refusal of a commit, in order (shared by the commit and its dry run, which ``dry`` words as
+    the plan's); returns the base serial."""
     runs.check_live(conn, principal, run_id, holder, now, status=locked.status, actor=locked.actor,
                     state_id=before.state_id, state_name=locked.state_name, credential=locked.credential,
                     expiries=locked.expiries)
@@ -236,8 +237,9 @@ def _refuse(
         outside = verdict.outside
         shown = ", ".join(outside[:20]) + (f" and {len(outside) - 20} more" if len(outside) > 20 else "")
         raise WriteOutsideReservationError(
-            f"the apply changed addresses outside its write reservations: {shown}; nothing was committed "
-            "(reserve root outputs with 'output.NAME' or 'output.*')",
+            f"{'the plan changes' if dry else 'the apply changed'} addresses outside its write reservations: "
+            f"{shown}; nothing was {'applied' if dry else 'committed'} (reserve root outputs with 'output.NAME' or "
+            "'output.*')",
             addresses=outside[:200],
         )
     _check_stale(before, locked, verdict, base_serial)

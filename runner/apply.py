@@ -3,9 +3,12 @@ trunk slice the configuration describes, apply, and commit the write set row by 
 hands over the workspace it planned in, whose saved plan is applied without re-planning when nothing was
 committed between the plan and the reservations (``saved_plan_refusal``).
 
-The server re-checks every invariant at commit; the checks here only fail earlier and clearer.
-A post-apply state that could not be committed is kept under KL_DATA_DIR/runs/RUN_ID for
-``kl recover RUN_ID``.
+Before Terraform applies, the server's dry commit checks the plan's changes by the commit's own rules
+(write reservations, staleness, the run's liveness), so every refusal the plan makes knowable comes
+before the infrastructure changes; the server re-checks every invariant at commit. What ``kl recover``
+needs is kept under KL_DATA_DIR/runs/RUN_ID from before the apply until the commit (``runner.recovery``).
+An operator's abort of an applying run reaches the heartbeat, which stops Terraform before the run is
+closed.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +27,21 @@ from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, parse_state
 from app.domain.commit import commit_delta, parse_globs, unreserved_read
-from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
+from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES, RunStatus
 from runner import workspace
 from runner.counts import counts_line
 from runner.engine_client import EngineClient, EngineError
 from runner.errors import REFUSALS, RUN_LOST, EngineCode, Failed, InvalidInput, KlExit, StalePlan, refusal
 from runner.plan import (
     TerraformContext,
+    changed_outputs,
     described_part,
     fetch_snapshot,
     plan_in_workspace,
     terraform,
     var_flags,
 )
+from runner.recovery import ApplyOutcome, forget, has_kept_state, pruned_outputs, rows_of, save_recovery
 from runner.spec import PlanSpec
 from runner.terraform import TerraformBinary
 
@@ -78,14 +83,6 @@ Echo = Callable[[str], None]
 Builder = Callable[[Path], Prepared]
 
 
-@dataclass(frozen=True, slots=True)
-class ApplyOutcome:
-    run_id: str
-    serial: int | None
-    changed: tuple[str, ...]
-    rows: Mapping[str, int] = field(default_factory=dict)  # the commit's created/updated/deleted row counts
-
-
 def check_spec(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplied: Mapping[str, str]) -> None:
     """Refuse (exit 2: re-plan) when the configuration or the pinned inputs moved since kl plan."""
     if workspace.config_hash(config_dir) != spec.config_hash:
@@ -112,12 +109,20 @@ def check_spec(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplie
 
 
 class Heartbeat:
-    """Renews the run's lease in the background; a failed renew is loud and sticky."""
+    """Renews the run's lease in the background and watches the run's status between renewals. A failed
+    renew is loud and sticky; while ``watching``, a run an operator is aborting, or one whose reservations
+    are lost, sets ``stop``, which interrupts the Terraform command running under it
+    (``TerraformContext.stop``)."""
 
-    def __init__(self, client: EngineClient, run_id: str, holder: str, every: float, echo: Any) -> None:
+    def __init__(self, client: EngineClient, run_id: str, holder: str, every: float, echo: Any,
+                 poll: float = 2.0) -> None:
         self._client, self._run_id, self._holder, self._every, self._echo = client, run_id, holder, every, echo
+        self._poll = min(poll, every)
         self._stop = threading.Event()
+        self.stop = threading.Event()
+        self.watching = threading.Event()  # set while Terraform applies: the run's status is watched
         self.lost: str | None = None
+        self.aborted: str | None = None  # who aborted the run, and why (the run's error summary)
         self._thread = threading.Thread(target=self._loop, name="kl-heartbeat", daemon=True)
 
     def __enter__(self) -> Heartbeat:
@@ -129,44 +134,47 @@ class Heartbeat:
         self._thread.join(timeout=5)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._every):
+        waited = 0.0
+        while not self._stop.wait(self._poll):
+            waited += self._poll
+            renew = waited >= self._every
+            if not renew and not self.watching.is_set():
+                continue
             try:
-                self._client.run_action(self._run_id, "renew", {"holder": self._holder})
+                if renew:
+                    answer = self._client.run_action(self._run_id, "renew", {"holder": self._holder})
+                    waited = 0.0
+                else:
+                    answer = self._client.get_run(self._run_id)
             except EngineError as exc:
                 if exc.code in RUN_LOST:
-                    self.lost = str(exc)
-                    self._echo(f"kl: LOST the reservations of {self._run_id}: {exc}. Nothing will be committed.")
+                    self._lose(str(exc))
                     return
-                self._echo(f"kl: warning: lease renewal failed ({exc}); retrying")
+                self._echo(f"kl: warning: {'lease renewal' if renew else 'the run status check'} failed ({exc}); "
+                           "retrying")
+                continue
+            if not self.watching.is_set():
+                continue  # before and after the apply the caller itself moves the run on
+            run = answer.get("run") or {}
+            status = run.get("status")
+            if status == RunStatus.ABORTING and self.aborted is None:
+                self.aborted = str(run.get("error_summary") or "aborted")
+                self._echo(f"kl: run {self._run_id} is being aborted ({self.aborted}): stopping Terraform")
+                self.stop.set()
+            elif status not in LIVE_STATUSES:
+                self._lose(f"the run is {status}")
+                return
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        self._echo(f"kl: LOST the reservations of {self._run_id}: {why}. Stopping Terraform; nothing will be "
+                   "committed.")
+        self.stop.set()
 
 
-def _save_recovery(data_dir: Path, run_id: str, spec: PlanSpec, holder: str, result: bytes,
-                   slice_addresses: list[str], reason: str) -> Path:
-    where = data_dir / "runs" / run_id
-    where.mkdir(parents=True, exist_ok=True)
-    (where / "terraform.tfstate").write_bytes(result)
-    where.chmod(0o700)
-    (where / "recovery.json").write_text(json.dumps({
-        "run_id": run_id, "state": spec.state, "address": spec.address, "holder": holder,
-        "base_serial": spec.base_serial, "slice_addresses": slice_addresses,
-        "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations], "reason": reason,
-        "prune_outputs": pruned_outputs(spec),
-    }, indent=2))
-    return where
-
-
-def pruned_outputs(spec: PlanSpec) -> bool | list[str]:
-    """Which trunk outputs the commit may remove when the post-apply state lacks them: every one for a
-    workspace of the whole configuration; for a file-scoped one, the outputs it declares (reserved for
-    writing): one it declares but Terraform left out of the state became null."""
-    if spec.mode == "full":
-        return True
-    return sorted(g.removeprefix("output.") for g in spec.write_globs if g.startswith("output.") and g != "output.*")
-
-
-def _fail(client: EngineClient, run_id: str, holder: str, summary: str) -> None:
+def _fail(client: EngineClient, run_id: str, holder: str, summary: str, status: str = "failed") -> None:
     try:
-        client.run_action(run_id, "close", {"holder": holder, "status": "failed", "error_summary": summary[-2000:]})
+        client.run_action(run_id, "close", {"holder": holder, "status": status, "error_summary": summary[-2000:]})
     except EngineError:
         pass  # the lease or an operator may have ended it already; the error below is what matters
 
@@ -265,15 +273,17 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
 
 
 def _replan(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, prepared: Prepared,
-            options: ApplyOptions, run_id: str) -> None:
-    """Plan again in the run's workspace; refuse (exit 2) when the write set differs from the spec's."""
+            options: ApplyOptions, run_id: str) -> Planned:
+    """Plan again in the run's workspace; refuse (exit 2) when the write set differs from the spec's.
+    Returns what the new plan changes."""
     try:
         plan = plan_in_workspace(ctx, prepared.ws, var_flags(spec.variables, options.supplied_vars), spec.targets,
                                  refresh=spec.refresh)
     except KlExit as exc:
         _fail(client, run_id, options.actor, str(exc))
         raise
-    replanned_writes = analyze_plan(plan).write_set - set(spec.orphans)
+    analysis = analyze_plan(plan)
+    replanned_writes = analysis.write_set - set(spec.orphans)
     if replanned_writes != set(spec.write_set):
         extra = sorted(replanned_writes - set(spec.write_set))
         missing = sorted(set(spec.write_set) - replanned_writes)
@@ -281,38 +291,88 @@ def _replan(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, prepare
                    f"{missing[:10]}); nothing was applied: re-run kl plan")
         _fail(client, run_id, options.actor, message)
         raise StalePlan(message)
+    return Planned(tuple(sorted(replanned_writes)), tuple(sorted(changed_outputs(analysis))))
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """What the plan about to be applied changes: instance addresses and root output names."""
+
+    addresses: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def _dry_commit(client: EngineClient, run_id: str, holder: str, planned: Planned, echo: Echo) -> None:
+    """Ask the server whether the commit of these changes would be refused, before Terraform applies them;
+    a refusal closes the run and stops here, with the infrastructure untouched."""
+    try:
+        client.dry_commit(run_id, holder=holder, addresses=list(planned.addresses), outputs=list(planned.outputs))
+    except EngineError as exc:
+        message = f"{exc}\nrefused before apply: Terraform applied nothing, the infrastructure and the trunk are " \
+                  "unchanged"
+        if exc.code not in RUN_LOST:
+            _fail(client, run_id, holder, message)
+        raise refusal(exc.code)(message) from exc
+    echo("the server's dry commit accepts the plan's changes")
 
 
 def _apply_run(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, builder: Builder,
                options: ApplyOptions, run_id: str, heartbeat: Heartbeat, saved: Prepared | None) -> ApplyOutcome:
     """Apply ``saved`` (the plan phase's workspace, its plan already checked to hold) as it is, or build the
-    run's workspace and re-plan; then apply kl.tfplan and commit."""
+    run's workspace and re-plan; dry-commit what the plan changes; then apply kl.tfplan and commit."""
     echo, holder = ctx.echo, options.actor
     tmp = Path(tempfile.mkdtemp(prefix=f"kl-apply-{run_id}-"))
     try:
         prepared = saved or builder(tmp / "ws")
-        ws, slice_raw, slice_addresses = prepared.ws, prepared.slice_raw, prepared.slice_addresses
-        if saved is None:
-            _replan(client, ctx, spec, prepared, options, run_id)
+        ws, slice_addresses = prepared.ws, prepared.slice_addresses
+        planned = _replan(client, ctx, spec, prepared, options, run_id) if saved is None else \
+            Planned(spec.write_set, tuple(sorted(spec.output_changes)))
+        _dry_commit(client, run_id, holder, planned, echo)
         client.run_action(run_id, "running", {"holder": holder})
-        echo(f"applying {len(spec.write_set)} change(s)...")
+        # From here Terraform may change infrastructure: keep what kl recover needs even if kl is killed.
+        pending = save_recovery(options.data_dir, run_id, spec, holder, None, slice_addresses,
+                                "kl ended while Terraform was applying", workspace_state=ws.state_file)
         try:
-            terraform(ctx, ws, ["apply", "-input=false", "-lock=false", "-auto-approve", "-no-color",
-                                "kl.tfplan"])
-        except KlExit as exc:
-            result = ws.read_state()
-            where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses,
-                                   "apply failed") if result else None
-            _fail(client, run_id, holder, str(exc))
-            kept = (f"\nthe partial post-apply state is kept in {where}: if Terraform changed real infrastructure, "
-                    f"kl recover {run_id} commits it") if where else ""
-            raise Failed(f"{exc}\nnothing was committed; the trunk is unchanged{kept}") from exc
-        result = ws.read_state() or b""
-        if spec.refresh:
-            result = _written_rows_only(result, slice_raw, spec)
-        return _commit(client, spec, options, run_id, heartbeat, result, slice_raw, slice_addresses, echo)
+            outcome = _apply_and_commit(client, ctx, spec, options, run_id, heartbeat, prepared)
+        except BaseException:
+            if not has_kept_state(pending):
+                forget(pending)  # Terraform wrote no state: nothing to recover
+            raise
+        forget(pending)
+        return outcome
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _apply_and_commit(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, options: ApplyOptions,
+                      run_id: str, heartbeat: Heartbeat, prepared: Prepared) -> ApplyOutcome:
+    echo, holder, ws = ctx.echo, options.actor, prepared.ws
+    echo(f"applying {len(spec.write_set)} change(s)...")
+    heartbeat.watching.set()
+    try:
+        terraform(replace(ctx, stop=heartbeat.stop), ws, ["apply", "-input=false", "-lock=false", "-auto-approve",
+                                                          "-no-color", "kl.tfplan"])
+    except BaseException as exc:
+        heartbeat.watching.clear()
+        # Terraform has stopped (run() returns or raises only then): its reservations may end now.
+        result = ws.read_state()
+        why = f"an abort stopped Terraform ({heartbeat.aborted})" if heartbeat.aborted else \
+            f"the reservations were lost: {heartbeat.lost}" if heartbeat.lost else str(exc)
+        where = save_recovery(options.data_dir, run_id, spec, holder, result, prepared.slice_addresses,
+                              why) if result else None
+        _fail(client, run_id, holder, why, "aborted" if heartbeat.aborted else "failed")
+        if not isinstance(exc, KlExit):
+            raise
+        kept = (f"\nthe partial post-apply state is kept in {where}: if Terraform changed real infrastructure, "
+                f"kl recover {run_id} commits it") if where else ""
+        head = f"{why}\n{exc}" if heartbeat.aborted or heartbeat.lost else str(exc)
+        raise Failed(f"{head}\nnothing was committed; the trunk is unchanged{kept}") from exc
+    heartbeat.watching.clear()
+    result = ws.read_state() or b""
+    if spec.refresh:
+        result = _written_rows_only(result, prepared.slice_raw, spec)
+    return _commit(client, spec, options, run_id, heartbeat, result, prepared.slice_raw, prepared.slice_addresses,
+                   echo)
 
 
 def _written_rows_only(result: bytes, slice_raw: bytes | None, spec: PlanSpec) -> bytes:
@@ -338,9 +398,10 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
                          skip=unreserved_read(parse_globs(spec.write_globs)))
     surprise = sorted(set(delta.addresses) - set(spec.write_set))
     if surprise or heartbeat.lost:
-        reason = (f"the apply changed addresses outside the plan's write set: {', '.join(surprise[:20])}"
-                  if surprise else f"the reservations were lost during the apply: {heartbeat.lost}")
-        where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, reason)
+        reason = (f"Terraform changed addresses its plan did not show (the plan passed the dry commit): "
+                  f"{', '.join(surprise[:20])}" if surprise
+                  else f"the reservations were lost during the apply: {heartbeat.lost}")
+        where = save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, reason)
         _fail(client, run_id, holder, reason)
         raise Failed(f"{reason}; nothing was committed; the post-apply state is kept in {where}: run "
                         f"kl recover {run_id} to commit it")
@@ -348,11 +409,17 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
         answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses,
                                prune_outputs=pruned_outputs(spec))
     except EngineError as exc:
-        where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, str(exc))
+        where = save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, str(exc))
         if exc.code not in (EngineCode.LEASE_EXPIRED, EngineCode.RUN_CLOSED):
             _fail(client, run_id, holder, str(exc))
-        raise refusal(exc.code)(f"commit refused: {exc}\nthe post-apply state is kept in {where}: run kl recover "
-                           f"{run_id} to commit it (the infrastructure already changed; do not re-apply)") from exc
+        # The dry commit accepted the plan's changes: a refusal now means Terraform did what the plan did not
+        # say (or the run was lost meanwhile).
+        cause = "Terraform changed what its plan did not show, which the dry commit could not foresee" \
+            if exc.code == EngineCode.WRITE_OUTSIDE_RESERVATION else "the run changed hands during the apply" \
+            if exc.code in RUN_LOST else "the commit's checks no longer hold after the apply"
+        raise refusal(exc.code)(f"commit refused after apply ({cause}): {exc}\nthe post-apply state is kept in "
+                                f"{where}: run kl recover {run_id} to commit it (the infrastructure already "
+                                "changed; do not re-apply)") from exc
     serial = answer["commit"]["serial"]
     ctx_line = f"committed at serial {serial} (run {run_id})" if serial is not None else \
         f"nothing changed on the trunk (run {run_id})"
@@ -360,40 +427,4 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
     # Counted as Terraform counts them (a replace is one added and one destroyed), from the plan's actions.
     echo(f"apply complete: {counts_line(spec.actions)}")
     echo(ctx_line)
-    return ApplyOutcome(run_id, serial, tuple(c["addresses"]), _rows(c))
-
-
-def _rows(commit: Mapping[str, Any]) -> dict[str, int]:
-    return {k: int(commit.get(k) or 0) for k in ("created", "updated", "deleted")}
-
-
-def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None, echo: Echo) -> ApplyOutcome:
-    """Commit the post-apply state kept for a run: through the run itself while it is live, else
-    through a new run holding the same reservations and checked against the same base serial."""
-    where = data_dir / "runs" / run_id
-    try:
-        meta = json.loads((where / "recovery.json").read_text())
-        result = (where / "terraform.tfstate").read_bytes()
-    except FileNotFoundError as exc:
-        raise InvalidInput(f"nothing kept for {run_id} in {where}") from exc
-    holder = meta["holder"]
-    target = run_id
-    status = client.get_run(run_id)["run"]["status"]
-    if status not in LIVE_STATUSES:
-        holder = actor or holder
-        try:
-            opened = client.open_run(meta["state"], actor=holder, reservations=[
-                (r["glob"], r["mode"]) for r in meta["reservations"]], base_serial=meta["base_serial"],
-                info={"recovers": run_id})
-        except EngineError as exc:
-            raise refusal(exc.code)(f"cannot recover {run_id}: {exc}") from exc
-        target = opened["run"]["id"]
-    try:
-        answer = client.commit(target, holder=holder, state=json.loads(result),
-                               slice_addresses=meta["slice_addresses"], prune_outputs=meta.get("prune_outputs", True))
-    except EngineError as exc:
-        raise refusal(exc.code)(f"recovery commit refused: {exc}") from exc
-    shutil.rmtree(where, ignore_errors=True)
-    serial = answer["commit"]["serial"]
-    echo(f"recovered {run_id}: committed at serial {serial} (run {target})")
-    return ApplyOutcome(target, serial, tuple(answer["commit"]["addresses"]), _rows(answer["commit"]))
+    return ApplyOutcome(run_id, serial, tuple(c["addresses"]), rows_of(c))

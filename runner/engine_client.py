@@ -237,6 +237,12 @@ class EngineClient:
         body = {"holder": holder, "state": state, "slice_addresses": slice_addresses, "prune_outputs": prune_outputs}
         return self._post(f"/runs/{quote(run_id)}/commit", body, timeout=self.timeout * 5)
 
+    def dry_commit(self, run_id: str, *, holder: str, addresses: list[str], outputs: list[str]) -> dict[str, Any]:
+        """The commit's refusals for the changes a plan will make (raises the refusal as EngineError);
+        changes nothing on the server."""
+        body = {"holder": holder, "addresses": addresses, "outputs": outputs}
+        return self._post(f"/runs/{quote(run_id)}/dry-commit", body)["dry_commit"]  # type: ignore[no-any-return]
+
     def slice(self, state: str, globs: list[str]) -> bytes:
         """The head's instances under ``globs`` as a v4 state (404 when the state has no versions)."""
         try:

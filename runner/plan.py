@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import threading
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ class TerraformContext:
     plugin_cache: Path
     echo: Callable[[str], None]
     stream: bool = True
+    stop: threading.Event | None = None  # set: interrupt the running Terraform command (an abort)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,7 @@ def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str
     env = workspace.terraform_env(ctx.env, ctx.plugin_cache)
     try:
         result = run(ctx.binary, ["-chdir=" + str(ws.path), *args], cwd=ws.path, env=env,
-                     stream=None if quiet or not ctx.stream else forward)
+                     stream=None if quiet or not ctx.stream else forward, stop=ctx.stop)
         result.check(ok_codes=ok)
     except TerraformError as exc:
         raise Failed(f"terraform {args[0]} failed (exit {exc.exit_code}):\n{exc.stderr_tail}") from exc

@@ -10,6 +10,7 @@ Must not: interpret Terraform's output or know about workspaces, plans or state 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -69,6 +71,7 @@ class TerraformResult:
     stdout: str
     stderr: str
     timed_out: bool = False
+    stopped: bool = False  # ended on request (``run(stop=...)``)
 
     def check(self, ok_codes: Container[int] = (0,)) -> TerraformResult:
         """Return self, or raise TerraformError when the run timed out or its exit code is not ok.
@@ -145,6 +148,7 @@ def run(
     timeout: float | None = None,
     stream: LineCallback | None = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
+    stop: threading.Event | None = None,
 ) -> TerraformResult:
     """Run ``binary args`` in ``cwd`` and return its exit code and captured output.
 
@@ -154,7 +158,10 @@ def run(
     After ``timeout`` seconds the group gets SIGINT, Terraform's graceful stop, and after a further
     ``grace_period`` SIGKILL; the result then has ``timed_out=True``. If the caller is interrupted
     while waiting (KeyboardInterrupt), the child is stopped the same way before the exception
-    propagates. A non-zero exit code does not raise: call ``result.check()`` for that.
+    propagates; so it is when ``stop`` is set (an abort: the result then has ``stopped=True``). If this
+    process dies without stopping it (``kill -9``), the kernel sends the child SIGINT (Linux's parent-death
+    signal), so Terraform never runs on unsupervised. A non-zero exit code does not raise: call
+    ``result.check()`` for that.
     """
     command = (str(binary.path), *args)
     # A new session keeps the terminal's Ctrl-C away from the child, so that stopping it is always
@@ -170,6 +177,7 @@ def run(
         encoding="utf-8",
         errors="replace",
         start_new_session=True,
+        preexec_fn=_die_with_parent(),
     )
     assert process.stdout is not None and process.stderr is not None
     stdout_lines: list[str] = []
@@ -178,9 +186,12 @@ def run(
         _start_reader(process.stdout, "stdout", stdout_lines, stream),
         _start_reader(process.stderr, "stderr", stderr_lines, stream),
     )
-    timed_out = False
+    timed_out = stopped = False
     try:
-        process.wait(timeout=timeout)
+        stopped = _wait(process, timeout, stop)
+        if stopped:
+            _log.warning("%s was asked to stop; interrupting", " ".join(command))
+            _interrupt(process, grace_period)
     except subprocess.TimeoutExpired:
         timed_out = True
         _log.warning("%s timed out after %ss; interrupting", " ".join(command), timeout)
@@ -197,7 +208,55 @@ def run(
         stdout="".join(stdout_lines),
         stderr="".join(stderr_lines),
         timed_out=timed_out,
+        stopped=stopped,
     )
+
+
+# How often a run that may be stopped looks at its stop event.
+_STOP_POLL = 0.5
+
+
+def _wait(process: subprocess.Popen[str], timeout: float | None, stop: threading.Event | None) -> bool:
+    """Wait for the child; True when ``stop`` was set first. Raises TimeoutExpired after ``timeout``."""
+    if stop is None:
+        process.wait(timeout=timeout)
+        return False
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(process.args, timeout or 0)
+        try:
+            process.wait(timeout=_STOP_POLL if left is None else min(_STOP_POLL, left))
+            return False
+        except subprocess.TimeoutExpired:
+            if stop.is_set():
+                return True
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGINT the child when the thread that spawned it dies (Linux
+    ``PR_SET_PDEATHSIG``): SIGINT is Terraform's graceful stop, so a ``kill -9`` of kl leaves Terraform
+    writing its state and exiting rather than applying on alone. ``prctl`` is resolved here, before the
+    fork, so the child runs no Python import between fork and exec. None where there is no prctl."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(_EXIT_ORPHANED)
+
+    return arm
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_EXIT_ORPHANED = 130  # as if interrupted: it never started
 
 
 def _find_embedded_script(search_path: str) -> Path | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from analyzer.addresses import AddressError, parse_instance_address
+from analyzer.addresses import AddressError, is_identifier, parse_instance_address
 from analyzer.globs import Glob, matches_output, parse_glob
 from analyzer.state import InstanceRow, OutputRow
 from analyzer.values import same_json
@@ -123,6 +123,17 @@ def check_addresses(addresses: Iterable[str], what: str) -> list[str]:
         except AddressError as exc:
             raise BadRequestError(f"{what}: {address[:200]!r} is not an instance address ({exc})") from exc
         checked.append(address)
+    return checked
+
+
+def check_output_names(names: Iterable[str]) -> list[str]:
+    """Validate client-sent root output names (identifiers, as Terraform prints them); raise
+    BadRequestError naming the first bad one."""
+    checked: list[str] = []
+    for name in names:
+        if not isinstance(name, str) or not is_identifier(name):
+            raise BadRequestError(f"outputs: {str(name)[:200]!r} is not a root output name")
+        checked.append(name)
     return checked
 
 

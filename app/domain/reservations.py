@@ -42,6 +42,7 @@ class Mode(StrEnum):
 class RunStatus(StrEnum):
     RESERVED = "reserved"
     RUNNING = "running"
+    ABORTING = "aborting"  # aborted while applying: holds its reservations until its Terraform has stopped
     COMMITTED = "committed"
     FAILED = "failed"
     ABORTED = "aborted"
@@ -54,7 +55,7 @@ class RunStatus(StrEnum):
 
 # The statuses of a run that holds its reservations: the one list of them (the store spells it in SQL,
 # matching the partial index of live runs).
-LIVE_STATUSES: tuple[RunStatus, ...] = (RunStatus.RESERVED, RunStatus.RUNNING)
+LIVE_STATUSES: tuple[RunStatus, ...] = (RunStatus.RESERVED, RunStatus.RUNNING, RunStatus.ABORTING)
 
 
 @dataclass(frozen=True, slots=True)

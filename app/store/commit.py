@@ -111,6 +111,17 @@ class CommitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class DryCommit:
+    """A dry commit's answer: the planned changes would be committed, were they applied now."""
+
+    run_id: str
+    base_serial: int
+    head_serial: int
+    addresses: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class _Before:
     """What the commit reads before taking the state's row lock; none of it can change under the lock
     except the reservations, which the locked read compares."""
@@ -146,13 +157,21 @@ class Locked:
 
 
 @dataclass(frozen=True, slots=True)
+class _Verdict:
+    """The write-set check of one change against one set of reservations."""
+
+    written: tuple[str, ...]  # the instance addresses it writes (unreserved data sources left out)
+    outside: list[str]  # addresses and output.NAME outside the write globs
+    stale: list[tuple[str, int]]  # of _Before.changed: reserved addresses changed after the base serial
+
+
+@dataclass(frozen=True, slots=True)
 class _Checked:
-    """The delta and its write-set check, for one set of reservations."""
+    """The delta and its verdict, for one set of reservations."""
 
     reserved: tuple[tuple[str, str], ...]
     delta: rules.CommitDelta
-    outside: list[str]
-    stale: list[tuple[str, int]]  # of _Before.changed
+    verdict: _Verdict
 
 
 def commit_run(
@@ -167,42 +186,73 @@ def commit_run(
         raise BadRequestError("an encrypted state cannot be committed row by row")
     now = clock()
     with db.transaction() as conn:
-        before = _read_before(conn, principal, run_id, parsed, slice_addresses)
+        addresses = sorted({r.address for r in parsed.instances} | set(slice_addresses))
+        before = _read_before(conn, principal, run_id, addresses)
         checked = _check(before, before.reserved, parsed, slice_addresses, prune_outputs)
         locked = read_locked(conn, principal, run_id, before)
-        runs.check_live(conn, principal, run_id, holder, now, status=locked.status, actor=locked.actor,
-                        state_id=before.state_id, state_name=locked.state_name, credential=locked.credential,
-                        expiries=locked.expiries)
-        if locked.lock_id is not None:
-            raise StateLockedError(f"state {locked.state_name!r} is locked by Terraform; the commit must wait",
-                                   lock_info=bytes(locked.lock_info or b"{}"))
-        base_serial = before.base_serial
-        if base_serial is None:
-            raise BadRequestError(f"apply run {run_id} has no base serial: open runs that commit with the serial "
-                                  "their plan was made against (0 for a state with no versions yet)")
         if locked.reserved != checked.reserved:  # the run's reservations changed meanwhile: check against these
             checked = _check(before, locked.reserved, parsed, slice_addresses, prune_outputs)
-        if checked.outside:
-            outside = checked.outside
-            shown = ", ".join(outside[:20]) + (f" and {len(outside) - 20} more" if len(outside) > 20 else "")
-            raise WriteOutsideReservationError(
-                f"the apply changed addresses outside its write reservations: {shown}; nothing was committed "
-                "(reserve root outputs with 'output.NAME' or 'output.*')",
-                addresses=outside[:200],
-            )
-        _check_stale(before, locked, checked, base_serial)
+        _refuse(conn, principal, run_id, holder, now, before, locked, checked.verdict)
         return _write(conn, principal, run_id, now, parsed, before, locked, checked, prune_outputs)
 
 
-def _read_before(
-    conn: psycopg.Connection, principal: Principal, run_id: str, parsed: ParsedState, slice_addresses: list[str],
-) -> _Before:
-    """Two round trips, no lock: the run, then its reservations and the trunk at its base serial."""
+def dry_commit_run(
+    db: Database, principal: Principal, run_id: str, *, holder: str, addresses: Sequence[str],
+    outputs: Sequence[str], clock: runs.Clock = runs.utcnow,
+) -> DryCommit:
+    """Check a run's planned changes (the instance addresses and root output names its plan writes) by
+    the very rules ``commit_run`` applies to a post-apply state — the run is live and the caller's, the
+    changes lie inside its write reservations, nothing it reserved moved since its base serial — before
+    Terraform applies anything. Raises what ``commit_run`` raises; changes no row either way (but for
+    the reclaim of a lapsed lease, which every call on a run performs)."""
+    planned = rules.check_addresses(addresses, "addresses")
+    names = rules.check_output_names(outputs)
+    now = clock()
+    with db.transaction() as conn:
+        before = _read_before(conn, principal, run_id, [])
+        locked = read_locked(conn, principal, run_id, before)
+        verdict = _judge(before, locked.reserved, planned, names)
+        base_serial = _refuse(conn, principal, run_id, holder, now, before, locked, verdict, dry=True)
+        conn.rollback()  # nothing was written; release the row locks at once
+    return DryCommit(run_id, base_serial, locked.head_serial, verdict.written, tuple(sorted(set(names))))
+
+
+def _refuse(
+    conn: psycopg.Connection, principal: Principal, run_id: str, holder: str, now: datetime, before: _Before,
+    locked: Locked, verdict: _Verdict, *, dry: bool = False,
+) -> int:
+    """Every refusal of a commit, in order (shared by the commit and its dry run, which ``dry`` words as
+    the plan's); returns the base serial."""
+    runs.check_live(conn, principal, run_id, holder, now, status=locked.status, actor=locked.actor,
+                    state_id=before.state_id, state_name=locked.state_name, credential=locked.credential,
+                    expiries=locked.expiries)
+    if locked.lock_id is not None:
+        raise StateLockedError(f"state {locked.state_name!r} is locked by Terraform; the commit must wait",
+                               lock_info=bytes(locked.lock_info or b"{}"))
+    base_serial = before.base_serial
+    if base_serial is None:
+        raise BadRequestError(f"apply run {run_id} has no base serial: open runs that commit with the serial "
+                              "their plan was made against (0 for a state with no versions yet)")
+    if verdict.outside:
+        outside = verdict.outside
+        shown = ", ".join(outside[:20]) + (f" and {len(outside) - 20} more" if len(outside) > 20 else "")
+        raise WriteOutsideReservationError(
+            f"{'the plan changes' if dry else 'the apply changed'} addresses outside its write reservations: "
+            f"{shown}; nothing was {'applied' if dry else 'committed'} (reserve root outputs with 'output.NAME' or "
+            "'output.*')",
+            addresses=outside[:200],
+        )
+    _check_stale(before, locked, verdict, base_serial)
+    return base_serial
+
+
+def _read_before(conn: psycopg.Connection, principal: Principal, run_id: str, addresses: list[str]) -> _Before:
+    """Two round trips, no lock: the run, then its reservations and the trunk's rows of ``addresses`` and
+    outputs at its base serial."""
     found = conn.execute(_RUN, (run_id, principal.tenant_id, principal.scope)).fetchone()
     if found is None:
         raise RunNotFoundError(f"no apply run {run_id!r}: list runs with kl runs")
     state_id, base_serial, seen_serial = found
-    addresses = sorted({r.address for r in parsed.instances} | set(slice_addresses))
     with conn.pipeline():
         globs_read = conn.execute(_RUN_GLOBS, (run_id,))
         if base_serial is not None:
@@ -252,23 +302,33 @@ def _check(
     before: _Before, reserved: tuple[tuple[str, str], ...], parsed: ParsedState, slice_addresses: list[str],
     prune_outputs: rules.Prune,
 ) -> _Checked:
-    """The delta against the base rows, the addresses and outputs it changes outside the write globs, and
-    which of the changes read before the lock touch a reserved address."""
+    """The delta against the base rows, judged by ``_judge``."""
     write_globs = rules.parse_globs(g for g, mode in reserved if mode == "write")
     delta = rules.commit_delta(before.base, parsed.instances, slice_addresses,
                                skip=rules.unreserved_read(write_globs))
     changed_outputs = rules.changed_outputs(before.base_outputs, parsed.outputs, prune=prune_outputs)
-    outside = rules.outside(delta.addresses, write_globs) + [
+    return _Checked(reserved, delta, _judge(before, reserved, delta.addresses, changed_outputs))
+
+
+def _judge(
+    before: _Before, reserved: tuple[tuple[str, str], ...], addresses: Sequence[str], changed_outputs: Sequence[str],
+) -> _Verdict:
+    """The addresses and outputs a change writes outside the write globs (data sources no write glob covers
+    are reads, as in the delta), and which of the changes read before the lock touch a reserved address.
+    The one write-set rule of the commit and of its dry run."""
+    write_globs = rules.parse_globs(g for g, mode in reserved if mode == "write")
+    skip = rules.unreserved_read(write_globs)
+    written = tuple(sorted({a for a in addresses if not skip(a)}))
+    outside = rules.outside(written, write_globs) + [
         f"output.{n}" for n in rules.outputs_outside(changed_outputs, write_globs)]
-    stale = rules.stale(before.changed, rules.parse_globs(g for g, _ in reserved))
-    return _Checked(reserved, delta, outside, stale)
+    return _Verdict(written, outside, rules.stale(before.changed, rules.parse_globs(g for g, _ in reserved)))
 
 
-def _check_stale(before: _Before, locked: Locked, checked: _Checked, base_serial: int) -> None:
+def _check_stale(before: _Before, locked: Locked, verdict: _Verdict, base_serial: int) -> None:
     """StalePlanError when a reserved address or root output changed after the base serial: the changes
     read before the lock were checked already; the few read under it are checked here."""
     globs = rules.parse_globs(g for g, _ in locked.reserved)
-    found = sorted(set(checked.stale) | set(rules.stale(locked.changed, globs)))
+    found = sorted(set(verdict.stale) | set(rules.stale(locked.changed, globs)))
     moved: list[str] = []
     if locked.head_version_id is not None and locked.head_serial > base_serial and any(
             g.is_output or g.is_everything for g in globs):

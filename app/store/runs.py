@@ -203,14 +203,19 @@ def _lock_run(conn: psycopg.Connection, principal: Principal, run_id: str) -> tu
 
 
 def locked_live_run(
-    conn: psycopg.Connection, principal: Principal, run_id: str, holder: str | None, now: datetime,
+    conn: psycopg.Connection, principal: Principal, run_id: str, holder: str | None, now: datetime, *,
+    may_start: bool = False,
 ) -> tuple[str, int]:
     """Lock a live run the caller holds; returns (state name, state id). A lapsed lease fails
-    loudly: the holder must stop, because someone else may now hold its addresses."""
+    loudly: the holder must stop, because someone else may now hold its addresses. ``may_start``: the
+    caller is about to start (or widen) work, which an aborting run refuses."""
     status, actor, state_id, state_name, credential = _lock_run(conn, principal, run_id)
     expiries = [e for _, _, e in conn.execute(_RUN_RESERVATIONS, (run_id,)).fetchall()]
     check_live(conn, principal, run_id, holder, now, status=status, actor=actor, state_id=state_id,
                state_name=state_name, credential=credential, expiries=expiries)
+    if may_start and status == RunStatus.ABORTING:
+        raise RunClosedError(f"apply run {run_id} is being aborted: it may not start applying or take more "
+                             "reservations; stop, and close it", status=status)
     return state_name, state_id
 
 
@@ -266,12 +271,12 @@ def acquire_more(
 
     def grant(conn: psycopg.Connection, row: states.StateRow) -> None:
         now = clock()
-        locked_live_run(conn, principal, run_id, holder, now)
+        locked_live_run(conn, principal, run_id, holder, now, may_start=True)
         check_cap(conn)
         insert_reservations(conn, principal, row, run_id, attempt, now, run.info)
 
     with db.transaction() as conn:
-        locked_live_run(conn, principal, run_id, holder, clock())
+        locked_live_run(conn, principal, run_id, holder, clock(), may_start=True)
         check_cap(conn)
     ticket = acquire(db, principal, attempt, policy=policy, clock=clock, grant=grant, exclude_run=run_id)
     return ticket if ticket is not None else get_run(db, principal, run_id)
@@ -307,8 +312,9 @@ def release(
 
 
 def mark_running(db: Database, principal: Principal, run_id: str, *, holder: str, clock: Clock = utcnow) -> Run:
+    """Record that the run's Terraform starts changing infrastructure. An aborting run may not start."""
     with db.transaction() as conn:
-        state_name, state_id = locked_live_run(conn, principal, run_id, holder, clock())
+        state_name, state_id = locked_live_run(conn, principal, run_id, holder, clock(), may_start=True)
         conn.execute(_MARK_RUNNING, (run_id,))
         events.record(conn, principal, "run_running", state_id=state_id, state_name=state_name, run_id=run_id)
     return get_run(db, principal, run_id)
@@ -332,18 +338,28 @@ def close_run(
     return get_run(db, principal, run_id)
 
 
-def abort(db: Database, principal: Principal, run_id: str, *, reason: str = "", clock: Clock = utcnow) -> Run:
-    """Operator escape hatch: end any live run and free its addresses, whoever holds it."""
+def abort(
+    db: Database, principal: Principal, run_id: str, *, reason: str = "", force: bool = False, clock: Clock = utcnow,
+) -> Run:
+    """Operator escape hatch: end any live run and free its addresses, whoever holds it. A run whose
+    Terraform is applying (``running``) only becomes ``aborting``: it keeps its reservations until its
+    client has stopped Terraform and closed it, or its lease lapses. ``force`` frees them at once (for a
+    run whose Terraform is known to have stopped)."""
     now = clock()
     with db.transaction() as conn:
         status, actor, state_id, state_name, _ = _lock_run(conn, principal, run_id)
         if not RunStatus(status).is_live:
             raise RunClosedError(f"apply run {run_id} is already {status}", status=status)
-        conn.execute(_RELEASE_ALL, (run_id,))
-        conn.execute(_SET_STATUS, ("aborted", now, f"aborted by {principal.actor}" + (f": {reason}" if reason else ""),
-                                   "{}", run_id))
-        events.record(conn, principal, "run_abort", state_id=state_id, state_name=state_name, run_id=run_id,
-                      holder=actor, reason=reason)
+        summary = f"aborted by {principal.actor}" + (f": {reason}" if reason else "")
+        if status in (RunStatus.RUNNING, RunStatus.ABORTING) and not force:
+            conn.execute(_SET_STATUS, (RunStatus.ABORTING.value, None, summary, "{}", run_id))
+            events.record(conn, principal, "run_aborting", state_id=state_id, state_name=state_name, run_id=run_id,
+                          holder=actor, reason=reason)
+        else:
+            conn.execute(_RELEASE_ALL, (run_id,))
+            conn.execute(_SET_STATUS, ("aborted", now, summary, "{}", run_id))
+            events.record(conn, principal, "run_abort", state_id=state_id, state_name=state_name, run_id=run_id,
+                          holder=actor, reason=reason, forced=force)
     return get_run(db, principal, run_id)
 
 

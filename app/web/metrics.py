@@ -34,7 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
-from app.domain.reservations import RunStatus
+from app.domain.reservations import LIVE_STATUSES, RunStatus
 from app.errors import (
     KlError,
     LeaseExpiredError,
@@ -245,7 +245,7 @@ def _asked_to_wait() -> bool:
 
 def engine_call(operation: str) -> Callable[[View], View]:
     """Turn an engine-lane run view's outcome into metrics. ``operation``: open, more, renew,
-    release, running, close, abort or commit."""
+    release, running, close, abort, commit or dry_commit."""
 
     def decorate(view: View) -> View:
         @functools.wraps(view)
@@ -290,7 +290,7 @@ def _engine_done(operation: str, result: Any, elapsed: float, waits: bool) -> No
     doc = _run_of(result) or {}
     run = doc.get("run") or {}
     created = _when(run.get("created_at"))
-    if created is not None:
+    if created is not None and run.get("status") not in LIVE_STATUSES:  # an abort may leave it aborting
         record_run_finished(str(run.get("status")), created, _when(run.get("finished_at")))
     if operation == "commit":
         COMMIT_LATENCY.labels("committed").observe(elapsed)

@@ -116,7 +116,15 @@ OPERATIONS: tuple[Operation, ...] = (
     _run("/close", "Close the run as failed or aborted", {
         **_HOLDER, "status": {"type": "string", "enum": ["failed", "aborted"]}, "error_summary": _STR,
         "counters": {"type": "object"}}, ("holder", "status")),
-    _run("/abort", "Abort a run (operators; releases its reservations)", {"reason": _STR}, ()),
+    _run("/abort", "Abort a run (operators): releases its reservations, or, while its Terraform applies, marks it "
+         "aborting until its client has stopped Terraform and closed it (force: release at once)",
+         {"reason": _STR, "force": {"type": "boolean"}}, ()),
+    _run("/dry-commit", "Check the changes a plan will make against the commit's refusals, before applying "
+         "(changes no row)", {
+             **_HOLDER, "addresses": {"type": "array", "items": _STR, "description": "the instance addresses the "
+                                      "plan writes"},
+             "outputs": {"type": "array", "items": _STR, "description": "the root outputs the plan changes"}},
+         ("holder",)),
     _run("/commit", "Row-level commit of the run's post-apply slice", {
         **_HOLDER, "state": {"type": "object", "description": "the post-apply v4 state of the slice"},
         "slice_addresses": {"type": "array", "items": _STR}, "prune_outputs": {

@@ -236,9 +236,40 @@ def close(run_id: str) -> tuple[Response, int]:
 @bp.post("/runs/<run_id>/abort")
 @metrics.engine_call("abort")
 def abort(run_id: str) -> tuple[Response, int]:
+    """End a run; one that is applying becomes ``aborting`` until its client has stopped Terraform
+    (``{"force": true}`` releases at once)."""
     doc = _body()
-    run = runs.abort(services().db, principal(), run_id, reason=_text(doc, "reason", required=False))
+    force = doc.get("force", False)
+    if not isinstance(force, bool):
+        raise BadRequestError("force must be true or false")
+    run = runs.abort(services().db, principal(), run_id, reason=_text(doc, "reason", required=False), force=force)
     return _run_response(run)
+
+
+# A plan's changes, bounded like a commit's body: far more than any plan a workspace can hold.
+_MAX_PLANNED = 100_000
+
+
+def _names(doc: dict[str, Any], key: str) -> list[str]:
+    value = doc.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise BadRequestError(f"{key} must be a list of strings")
+    if len(value) > _MAX_PLANNED:
+        raise BadRequestError(f"{key} may hold at most {_MAX_PLANNED} entries, not {len(value)}")
+    return value
+
+
+@bp.post("/runs/<run_id>/dry-commit")
+@metrics.engine_call("dry_commit")
+def dry_commit(run_id: str) -> tuple[Response, int]:
+    """The commit's refusals for the changes a plan will make, before Terraform applies them:
+    ``{"holder", "addresses": [instance addresses], "outputs": [root output names]}``. Changes no row."""
+    doc = _body()
+    result = commit_store.dry_commit_run(services().db, principal(), run_id, holder=_text(doc, "holder"),
+                                         addresses=_names(doc, "addresses"), outputs=_names(doc, "outputs"))
+    return jsonify({"ok": True, "dry_commit": {
+        "run_id": result.run_id, "base_serial": result.base_serial, "head_serial": result.head_serial,
+        "addresses": list(result.addresses), "outputs": list(result.outputs)}}), 200
 
 
 @bp.post("/runs/<run_id>/commit")

@@ -213,8 +213,8 @@ def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from runner.apply import recover
     from runner.config import data_dir, process_env
+    from runner.recovery import recover
 
     with json_mode(args):
         client, _ = connect(args, need_state=False)
@@ -227,9 +227,14 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def cmd_abort(args: argparse.Namespace) -> int:
     client, _ = connect(args, need_state=False)
-    result = client.run_action(args.run_id, "abort", {"reason": args.reason or ""})
+    result = client.run_action(args.run_id, "abort", {"reason": args.reason or "", "force": bool(args.force)})
     run = result["run"]
-    print(f"aborted {run['id']} ({run['state']}, held by {run['actor']}); its reservations are released")
+    if run["status"] == "aborting":
+        print(f"aborting {run['id']} ({run['state']}, held by {run['actor']}): its Terraform is applying; its client "
+              "stops Terraform and then closes the run, which releases its reservations (they lapse at "
+              f"{run['expires_at']} if the client is gone)")
+    else:
+        print(f"aborted {run['id']} ({run['state']}, held by {run['actor']}); its reservations are released")
     return EXIT_OK
 
 
@@ -321,6 +326,9 @@ def register(sub: Commands) -> None:
     client_options(abort)
     abort.add_argument("run_id", metavar="RUN_ID", help="the run to end (ar_..., from kl runs)")
     abort.add_argument("--reason", help="recorded in the run and the audit trail")
+    abort.add_argument("--force", action="store_true",
+                       help="release the reservations at once, even while the run's Terraform may be applying "
+                            "(only when you know it has stopped)")
     abort.set_defaults(func=cmd_abort)
 
     plan = sub.add_parser("plan", help="plan against the trunk and write kl-plan.json (reservations to take)")

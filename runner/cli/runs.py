@@ -14,7 +14,7 @@ from app.domain.durations import format_duration
 from app.domain.runkinds import run_kind
 from runner.cli.support import EXIT_OK, Commands, client_options, connect, print_json
 
-STATUSES = ("reserved", "running", "committed", "failed", "aborted", "expired")
+STATUSES = ("reserved", "running", "aborting", "committed", "failed", "aborted", "expired")
 _FIELDS = ("id", "state", "status", "actor", "started_at", "finished_at", "base_serial", "committed_serial",
            "error_summary")
 # Audit events that belong to a run's story, as kl runs show names them.

@@ -54,6 +54,6 @@ def test_durations_are_formatted_for_a_glance() -> None:
 
 
 def test_the_live_statuses_are_the_runs_that_hold_reservations_and_sql_spells_them_once() -> None:
-    assert {s for s in RunStatus if s.is_live} == set(LIVE_STATUSES) == {"reserved", "running"}
-    assert LIVE_STATUSES_SQL == "('reserved', 'running')"
+    assert {s for s in RunStatus if s.is_live} == set(LIVE_STATUSES) == {"reserved", "running", "aborting"}
+    assert LIVE_STATUSES_SQL == "('reserved', 'running', 'aborting')"
     assert sql_text_list(["it's"]) == "('it''s')"

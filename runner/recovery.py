@@ -1,0 +1,228 @@
+"""What an apply keeps on disk for ``kl recover``, and ``kl recover`` itself.
+
+Before Terraform applies, ``kl apply`` writes KL_DATA_DIR/runs/RUN_ID/recovery.json (the state, the
+reservations, the base serial, and where the workspace's state file is), so that even a ``kill -9`` of kl
+leaves enough to commit what Terraform did. An apply that stops without committing copies the post-apply
+state beside it (terraform.tfstate); a successful commit removes both. ``kl recover`` always ends: it
+commits, or it says exactly why not and closes any run it opened itself.
+
+Must not: run Terraform or decide what an apply may write (the server does, at commit).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from analyzer.globs import GlobKind, canonical, parse_glob
+from analyzer.state import InstanceRow, ParsedState, parse_state
+from analyzer.state_assembly import assemble_state
+from app import atomic
+from app.domain.reservations import LIVE_STATUSES
+from runner.engine_client import EngineClient, EngineError
+from runner.errors import REFUSALS, EngineCode, Failed, InvalidInput, KlExit, NothingToDo, refusal
+from runner.spec import PlanSpec
+
+Echo = Callable[[str], None]
+
+_META, _STATE, _DONE = "recovery.json", "terraform.tfstate", "recovered.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyOutcome:
+    run_id: str
+    serial: int | None
+    changed: tuple[str, ...]
+    rows: Mapping[str, int] = field(default_factory=dict)  # the commit's created/updated/deleted row counts
+
+
+def rows_of(commit: Mapping[str, Any]) -> dict[str, int]:
+    return {k: int(commit.get(k) or 0) for k in ("created", "updated", "deleted")}
+
+
+def kept_dir(data_dir: Path, run_id: str) -> Path:
+    return data_dir / "runs" / run_id
+
+
+def pruned_outputs(spec: PlanSpec) -> bool | list[str]:
+    """Which trunk outputs the commit may remove when the post-apply state lacks them: every one for a
+    workspace of the whole configuration; for a file-scoped one, the outputs it declares (reserved for
+    writing): one it declares but Terraform left out of the state became null."""
+    if spec.mode == "full":
+        return True
+    return sorted(g.removeprefix("output.") for g in spec.write_globs if g.startswith("output.") and g != "output.*")
+
+
+def save_recovery(data_dir: Path, run_id: str, spec: PlanSpec, holder: str, result: bytes | None,
+                  slice_addresses: list[str], reason: str, *, workspace_state: Path | None = None) -> Path:
+    """Keep what ``kl recover`` needs: ``result`` (the post-apply state) when there is one, else the path of
+    the workspace's state file Terraform is writing (``workspace_state``)."""
+    where = kept_dir(data_dir, run_id)
+    where.mkdir(parents=True, exist_ok=True)
+    where.chmod(0o700)
+    if result is not None:
+        atomic.write_bytes(where / _STATE, result)
+    meta: dict[str, Any] = {
+        "run_id": run_id, "state": spec.state, "address": spec.address, "holder": holder,
+        "base_serial": spec.base_serial, "slice_addresses": slice_addresses,
+        "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations], "reason": reason,
+        "prune_outputs": pruned_outputs(spec),
+    }
+    if workspace_state is not None:
+        meta["workspace_state"] = str(workspace_state)
+    atomic.write_text(where / _META, json.dumps(meta, indent=2))
+    return where
+
+
+def has_kept_state(where: Path) -> bool:
+    return (where / _STATE).is_file()
+
+
+def forget(where: Path) -> None:
+    """Drop what was kept for a run (it committed, or Terraform changed nothing)."""
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def _done(where: Path, run_id: str, target: str, serial: int | None) -> None:
+    """Replace the kept state by a note of the commit, so a second ``kl recover`` can say what happened."""
+    forget(where)
+    where.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(where / _DONE, json.dumps({"run_id": run_id, "committed_by": target, "serial": serial}))
+
+
+def _load(client: EngineClient, where: Path, run_id: str) -> tuple[dict[str, Any], bytes]:
+    done = where / _DONE
+    if done.is_file():
+        note = json.loads(done.read_text())
+        raise NothingToDo(f"{run_id} was already recovered: committed at serial {note.get('serial')} "
+                          f"(run {note.get('committed_by')}); nothing left to recover")
+    try:
+        meta: dict[str, Any] = json.loads((where / _META).read_text())
+    except FileNotFoundError as exc:
+        _raise_nothing_kept(client, where, run_id, exc)
+    path = where / _STATE
+    if not path.is_file() and meta.get("workspace_state"):
+        path = Path(meta["workspace_state"])  # kl ended while Terraform applied: its own state file
+    try:
+        return meta, path.read_bytes()
+    except FileNotFoundError as exc:
+        raise InvalidInput(f"nothing kept for {run_id}: {path} is gone (Terraform wrote no state); run a vanilla "
+                           "terraform plan to see what the trunk lacks") from exc
+
+
+def _raise_nothing_kept(client: EngineClient, where: Path, run_id: str, cause: Exception) -> NoReturn:
+    try:
+        run = client.get_run(run_id)["run"]
+    except EngineError:
+        raise InvalidInput(f"nothing kept for {run_id} in {where}") from cause
+    if run.get("status") == "committed":
+        raise NothingToDo(f"{run_id} already committed at serial {run.get('committed_serial')}; nothing to recover")
+    raise InvalidInput(f"nothing kept for {run_id} in {where} (the run is {run.get('status')})") from cause
+
+
+def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None, echo: Echo) -> ApplyOutcome:
+    """Commit the post-apply state kept for a run: through the run itself while it is live, else through a
+    new run holding the same reservations, checked against the same base serial. Changes Terraform made
+    outside the reservations are reserved too when they can be granted. On any refusal the new run is
+    closed (failed) before the error, which names it; the kept state stays for another try."""
+    where = kept_dir(data_dir, run_id)
+    meta, result = _load(client, where, run_id)
+    try:
+        state = json.loads(result)
+    except ValueError as exc:
+        raise Failed(f"the state kept for {run_id} is not JSON (is its Terraform still stopping?): "
+                     "try again in a moment") from exc
+    holder, target, opened = meta["holder"], run_id, None
+    if client.get_run(run_id)["run"]["status"] not in LIVE_STATUSES:
+        holder = actor or holder
+        try:
+            answer = client.open_run(meta["state"], actor=holder, reservations=[
+                (r["glob"], r["mode"]) for r in meta["reservations"]], base_serial=meta["base_serial"],
+                info={"recovers": run_id})
+        except EngineError as exc:
+            raise refusal(exc.code)(f"cannot recover {run_id}: {exc}; nothing was opened or committed") from exc
+        target = opened = answer["run"]["id"]
+    try:
+        commit = _commit_widening(client, target, holder, state, meta, echo)
+    except BaseException as exc:
+        closed = _close_opened(client, opened, holder, f"recovery of {run_id} refused: {exc}", run_id)
+        if isinstance(exc, EngineError):
+            raise refusal(exc.code)(f"recovery commit of {run_id} refused: {exc}{closed}; the kept state stays "
+                                    f"in {where}") from exc
+        if isinstance(exc, KlExit):
+            raise type(exc)(f"{exc}{closed}") from exc
+        raise
+    _done(where, run_id, target, commit["serial"])
+    echo(f"recovered {run_id}: committed at serial {commit['serial']} (run {target})")
+    return ApplyOutcome(target, commit["serial"], tuple(commit["addresses"]), rows_of(commit))
+
+
+def _commit_widening(client: EngineClient, run_id: str, holder: str, state: dict[str, Any],
+                     meta: Mapping[str, Any], echo: Echo) -> dict[str, Any]:
+    """Commit; when the server names changes outside the write reservations (Terraform did what its plan
+    did not say), ask for write reservations on exactly those, without waiting, and commit once more: all of
+    it when they were granted, else only what lies inside the reservations (the rest keeps the trunk's copy)."""
+    def commit() -> dict[str, Any]:
+        answer = client.commit(run_id, holder=holder, state=state, slice_addresses=meta["slice_addresses"],
+                               prune_outputs=meta.get("prune_outputs", True))
+        return answer["commit"]  # type: ignore[no-any-return]
+
+    try:
+        return commit()
+    except EngineError as exc:
+        outside = exc.body.get("addresses") if exc.code == EngineCode.WRITE_OUTSIDE_RESERVATION else None
+        if not outside or not all(isinstance(a, str) for a in outside):
+            raise
+        echo(f"Terraform changed {len(outside)} address(es) outside the reservations: {', '.join(outside[:10])}; "
+             "reserving them to commit what it did")
+        try:
+            client.run_action(run_id, "reservations", {"holder": holder, "wait_seconds": 0, "reservations": [
+                {"glob": a, "mode": "write"} for a in outside]})
+        except EngineError as more:
+            if more.code not in REFUSALS:
+                raise EngineError(f"{exc}; reserving them failed too: {more}", status=more.status, code=more.code,
+                                  body=more.body) from more
+            echo(f"kl: warning: they cannot be reserved ({more}); committing only what lies inside the "
+                 f"reservations. The trunk keeps its old copy of {', '.join(outside[:10])}: once they are free, "
+                 "kl drift and kl refresh with --target on them record what they are now")
+            state = _inside_only(client, meta, state, outside)  # commit() reads it: it is this scope's
+        return commit()
+
+
+def _inside_only(client: EngineClient, meta: Mapping[str, Any], state: dict[str, Any], outside: list[str],
+                 ) -> dict[str, Any]:
+    """``state`` with the trunk's copy, at the base serial, of each outside instance address and root
+    output (``output.NAME``): what is left for the commit is exactly what lies inside the reservations."""
+    after = parse_state(json.dumps(state).encode())
+    before = parse_state(client.assembled(meta["state"], serial=meta["base_serial"] or None))
+    if not isinstance(after, ParsedState) or not isinstance(before, ParsedState):
+        raise Failed("the kept state or the trunk cannot be read row by row; nothing was committed")
+    globs = [parse_glob(text) for text in outside]
+    names = {g.output for g in globs if g.kind == GlobKind.OUTPUT}
+    addresses = {canonical(g) for g in globs if not g.is_output}
+
+    def is_outside(row: InstanceRow) -> bool:
+        return row.address in addresses
+
+    instances = [r for r in after.instances if not is_outside(r)] + [r for r in before.instances if is_outside(r)]
+    outputs = [o for o in after.outputs if o.name not in names] + [o for o in before.outputs if o.name in names]
+    doc: dict[str, Any] = json.loads(assemble_state(serial=after.serial, lineage=after.lineage,
+                                                    terraform_version=after.terraform_version, instances=instances,
+                                                    outputs=sorted(outputs, key=lambda o: o.name)))
+    return doc
+
+
+def _close_opened(client: EngineClient, run_id: str | None, holder: str, summary: str, original: str) -> str:
+    """Close the run recovery opened itself (failed); returns the words the refusal adds about it."""
+    if run_id is None:
+        return (f"; run {original} is still live and holds its reservations until its lease lapses "
+                f"(kl abort {original} ends it)")
+    try:
+        client.run_action(run_id, "close", {"holder": holder, "status": "failed", "error_summary": summary[-2000:]})
+    except EngineError as exc:
+        return f"; the recovery run {run_id} could not be closed ({exc}): kl abort {run_id} ends it"
+    return f"; the recovery run {run_id} is closed and its reservations released"

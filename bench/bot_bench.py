@@ -125,7 +125,8 @@ class World:
     def __init__(self, h: Harness, redis_url: str, tmp: Path, sz: Sizes) -> None:
         self.h, self.redis_url, self.tmp, self.sz = h, redis_url, tmp, sz
         settings = Settings(database_url=h.url, auto_migrate=False, log_level="WARNING",
-                            github_webhook_secret=webhooks.SECRET, redis_url=redis_url)
+                            github_webhook_secret=webhooks.SECRET, redis_url=redis_url,
+                            github_repositories=(REPO,))
         self.app = create_app(settings)
         self.httpd = make_server("127.0.0.1", 0, self.app, threaded=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

@@ -267,8 +267,10 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
     stops: list[Any] = []
 
     def make(*, mode: str = "app", files: dict[str, str] | None = None, kilolock_yml: str | None = None,
-             served: bool = False, job_timeout: int = 600, extra_env: dict[str, str] | None = None) -> World:
-        server = live_server_factory(github_webhook_secret=webhooks.SECRET, redis_url=redis_url)
+             served: bool = False, job_timeout: int = 600, extra_env: dict[str, str] | None = None,
+             repositories: tuple[str, ...] = (), untrusted_previews: tuple[str, ...] = ()) -> World:
+        server = live_server_factory(github_webhook_secret=webhooks.SECRET, redis_url=redis_url,
+                                     github_repositories=(REPO, *repositories))
         home = tmp_path / "tf-home"
         home.mkdir(exist_ok=True)
         tf_env = {**terraform_env(home), **(extra_env or {})}
@@ -305,6 +307,7 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
         settings = replace(server.settings, github_webhook_secret=None, github_api_url=sim.base_url,
                            github_clone_urls=((REPO, str(origin)),), repo_cache_dir=tmp_path / "cache",
                            data_dir=tmp_path / "kl-data", job_timeout=job_timeout, redis_url=redis_url,
+                           github_untrusted_previews=untrusted_previews,
                            **_credentials(mode, request))
         jobs.configure(settings, github=fast_github)
         return World(tmp_path, server.url, origin, work, settings, sim, redis_url, tf_env)

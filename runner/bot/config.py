@@ -54,10 +54,10 @@ MAX_MERGE_WAIT = 6 * 3600
 MIN_DRIFT_EVERY = 15 * 60
 MAX_DRIFT_EVERY = 31 * 86400
 _TOP_KEYS = frozenset({"version", "apply_on_merge", "apply_on_push", "merge_wait", "projects", "apply_on_comment",
-                       "apply_requirements", "drift"})
+                       "apply_requirements", "drift", "apply_branch", "untrusted_previews"})
 _PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment", "drift"})
 _DRIFT_KEYS = frozenset({"every", "issue"})
-REQUIREMENTS = ("approved", "mergeable", "undiverged")
+REQUIREMENTS = ("approved", "last_push_approved", "mergeable", "undiverged")
 DEFAULT_REQUIREMENTS = ("approved", "mergeable")
 _SKIP_DIRS = frozenset({".git", ".terraform", "node_modules"})
 
@@ -119,6 +119,10 @@ class BotConfig:
     merge_wait: int = DEFAULT_MERGE_WAIT
     source: str = "discovered"
     apply_requirements: tuple[str, ...] = DEFAULT_REQUIREMENTS
+    # Read from the default branch only: the branch whose merges apply (None: the default branch), and
+    # whether untrusted pull requests get credential-free previews (runner.bot.trust).
+    apply_branch: str | None = None
+    untrusted_previews: bool = False
 
     def project(self, name: str) -> Project | None:
         return next((p for p in self.projects if p.name == name), None)
@@ -175,6 +179,8 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     apply_on_comment = _boolean(doc, "apply_on_comment", False, "", problems)
     requirements = _requirements(doc.get("apply_requirements", list(DEFAULT_REQUIREMENTS)), problems)
     drift = drift_schedule(doc.get("drift"), "drift", problems)
+    untrusted_previews = _boolean(doc, "untrusted_previews", False, "", problems)
+    apply_branch = _text(doc, "apply_branch", "top level", problems)
     items = doc.get("projects")
     projects: list[Project] = []
     if items is None:
@@ -209,7 +215,8 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     if problems:
         raise BotConfigError(problems, source=raw.source)
     return BotConfig(projects=tuple(projects), apply_on_merge=apply_on_merge, apply_on_push=apply_on_push,
-                     merge_wait=merge_wait, source=raw.source, apply_requirements=requirements)
+                     merge_wait=merge_wait, source=raw.source, apply_requirements=requirements,
+                     apply_branch=apply_branch, untrusted_previews=untrusted_previews)
 
 
 def discover(root: Path) -> list[str]:

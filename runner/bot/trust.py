@@ -37,7 +37,8 @@ def of_pull_request(gh: GitHub, repo: str, pr: PullInfo) -> Trust:
         return Trust(False, f"its commits come from {where}, not from {repo}")
     permission = gh.permission(pr.author)
     if permission not in WRITE_PERMISSIONS:
-        return Trust(False, f"its author {pr.author} has {permission} permission on {repo}, not write")
+        return Trust(False, f"its author {pr.author} does not have write permission on {repo} (GitHub says "
+                            f"{permission!r})")
     return Trust(True)
 
 
@@ -49,8 +50,9 @@ def previews_enabled(settings: Settings, repo: str, default_config: BotConfig | 
 
 def preview_withheld(trust: Trust, branch: str) -> str:
     """Why no plan preview ran, and how an operator enables one."""
-    return (f"no plan preview ran because {trust.reason}: Kilolock runs no Terraform for pull requests from forks "
-            "or from authors without write permission. A maintainer can review the change and push it to a "
+    return (f"Kilolock runs no Terraform for this pull request because {trust.reason}: pull requests from forks "
+            "or by authors without write permission get no plan preview. A maintainer can review the change and "
+            "push it to a "
             "branch of this repository, or an operator can enable credential-free previews for this repository "
             f"(KL_GITHUB_UNTRUSTED_PREVIEWS on the server, or untrusted_previews: true in .kilolock.yml on {branch}).")
 

@@ -93,17 +93,22 @@ class World:
         git(self.work, "checkout", "-q", "main")
         return sha
 
-    def open_pr(self, number: int, branch: str, files: dict[str, str | None], *, deliver: bool = True) -> str:
-        head = self.commit(branch, files, f"PR {number}")
-        self.sim.open_pr(number, head_sha=head, head_ref=branch, base_sha=self.head("main"))
+    def open_pr(self, number: int, branch: str, files: dict[str, str | None], *, deliver: bool = True,
+                author: str = "alice", fork: str | None = None, base: str = "main") -> str:
+        """A pull request from ``branch`` (made from ``base``) into ``base``; ``fork`` names the repository
+        its head lives in on GitHub (its commits are in origin all the same, as GitHub's refs/pull/N/head)."""
+        head = self.commit(branch, files, f"PR {number}", start=base)
+        self.sim.open_pr(number, head_sha=head, head_ref=branch, base_sha=self.head(base), author=author,
+                         head_repo=fork, base_ref=base)
         if deliver:
             self.deliver_pr("opened", number)
         return head
 
-    def push_pr(self, number: int, files: dict[str, str | None], *, deliver: bool = True) -> str:
+    def push_pr(self, number: int, files: dict[str, str | None], *, deliver: bool = True,
+                pusher: str | None = None) -> str:
         branch = self.sim.prs[number]["head_ref"]
         head = self.commit(branch, files, f"PR {number}, more")
-        self.sim.push_pr(number, head)
+        self.sim.push_pr(number, head, pusher=pusher)
         if deliver:
             self.deliver_pr("synchronize", number)
         return head
@@ -303,7 +308,7 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
             sim.install(mock)
             mock.start()
             stops.append(lambda: (mock.stop(), mock.reset()))
-        sim.permissions.update(alice="write", mallory="read")
+        sim.permissions.update(alice="write", bob="write", carol="admin", mallory="read")
         settings = replace(server.settings, github_webhook_secret=None, github_api_url=sim.base_url,
                            github_clone_urls=((REPO, str(origin)),), repo_cache_dir=tmp_path / "cache",
                            data_dir=tmp_path / "kl-data", job_timeout=job_timeout, redis_url=redis_url,

@@ -200,10 +200,10 @@ TABLE: tuple[Setting, ...] = (
     Setting("github_clone_urls", "KL_GITHUB_CLONE_URLS", _clone_urls, (),
             "owner/repo=URL pairs overriding where repositories are cloned from"),
     Setting("github_repositories", "KL_GITHUB_REPOSITORIES", _repositories, (),
-            "owner/name, owner/* or * patterns of the repositories the bot serves", shown="none: every delivery "
+            "owner/name, owner/* or * patterns of the repositories the bot serves", shown="unset: every delivery "
             "is acknowledged and ignored"),
     Setting("github_untrusted_previews", "KL_GITHUB_UNTRUSTED_PREVIEWS", _repositories, (),
-            "repositories whose fork and outside pull requests get credential-free plan previews", shown="none"),
+            "repositories whose fork and outside pull requests get credential-free plan previews", shown="unset"),
     Setting("bot_token", "KL_BOT_TOKEN", text, None, "the token the bot's jobs present to the engine lane"),
     Setting("repo_cache_dir", "KL_REPO_CACHE_DIR", envtable.path, None, "where workers keep repository mirrors",
             shown="`KL_DATA_DIR/repos`"),

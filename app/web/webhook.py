@@ -84,6 +84,9 @@ def init_app(app: Flask, settings: Settings) -> None:
 
             url = start_embedded_redis(settings.data_root)
         redis_client = queue.connect(url)
+        if not settings.github_repositories:
+            log.warning("KL_GITHUB_REPOSITORIES is not set: /webhooks/github acknowledges every delivery and "
+                        "queues none; list the repositories the bot serves (owner/name or owner/*)")
     elif settings.github_enabled:
         # GitHub access without a secret: the bot's jobs could run, but nothing will ever enqueue them.
         log.warning("KL_GITHUB_WEBHOOK_SECRET is not set: /webhooks/github refuses every delivery")

@@ -69,8 +69,8 @@ def merge(ctx: Context, args: MergeArgs) -> Outcome:
         elsewhere = _other_branch(ctx, gh, repo, root, config, pr.base_ref)
         if elsewhere is not None:
             holds.release_all(ctx.db, repo, number, f"#{number} was merged into {pr.base_ref}")
-            not_applied = tuple(ApplyResult(name, (config.project(name) or holds.NO_PROJECT).state, merge_sha, "other_branch",
-                                            error=elsewhere) for name in touched)
+            not_applied = tuple(ApplyResult(name, (config.project(name) or holds.NO_PROJECT).state, merge_sha,
+                                            "other_branch", error=elsewhere) for name in touched)
             return JobStatus.SUCCEEDED, FanOutResult(base=base, not_applied=not_applied, notify=notify)
         # The pull request's holds end here; what it applied before merge is not applied twice.
         touched, before = holds.settle_merge(ctx, root, config, repo, number, merge_sha, touched)

@@ -124,7 +124,8 @@ def test_fork_and_outsider_pull_requests_get_a_footprint_but_no_terraform_and_no
         assert why in check["output"]["summary"] and "KL_GITHUB_UNTRUSTED_PREVIEWS" in check["output"]["summary"]
         body = marked(w, number)
         # The footprint (HCL analysis, no Terraform) is still there, with why no preview ran.
-        assert "`terraform_data.innocent`" in body and "**Plan preview:** not run. Kilolock runs no Terraform for this pull request because" in body
+        assert "`terraform_data.innocent`" in body
+        assert "**Plan preview:** not run. Kilolock runs no Terraform for this pull request because" in body
         assert "untrusted_previews: true in .kilolock.yml on main" in body
         [footprint] = w.sim.runs("kilolock/footprint", sha=head)
         assert footprint["conclusion"] == "success"

@@ -133,6 +133,7 @@ class World:
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.httpd.server_port}"
         self.sim, self.stop_sim = GitHubSim.served(REPO, mode="app")
+        self.sim.permissions["alice"] = "write"  # the pull requests' author: a writer, so previews run
         self.work, self.origin = tmp / "work", tmp / "origin.git"
         self.worker: subprocess.Popen[str] | None = None
 

@@ -52,9 +52,9 @@ def preview_withheld(trust: Trust, branch: str) -> str:
     """Why no plan preview ran, and how an operator enables one."""
     return (f"Kilolock runs no Terraform for this pull request because {trust.reason}: pull requests from forks "
             "or by authors without write permission get no plan preview. A maintainer can review the change and "
-            "push it to a "
-            "branch of this repository, or an operator can enable credential-free previews for this repository "
-            f"(KL_GITHUB_UNTRUSTED_PREVIEWS on the server, or untrusted_previews: true in .kilolock.yml on {branch}).")
+            "push it to a branch of this repository, or an operator can enable credential-free previews for this "
+            "repository (KL_GITHUB_UNTRUSTED_PREVIEWS on the server, or untrusted_previews: true in .kilolock.yml "
+            f"on {branch}).")
 
 
 def apply_refused(login: str, trust: Trust) -> str:

@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from app import envtable
+from app.domain.repositories import parse_patterns
 from app.domain.reservations import DEFAULT_MAX_GLOBS_PER_REQUEST, DEFAULT_MAX_GLOBS_PER_RUN
 from app.domain.throttle import parse_networks
 from app.envtable import Setting, boolean, comma_list, one_of, read_table, text, url, whole
@@ -73,6 +74,9 @@ class Settings:
     github_token: str | None = field(default=None, repr=False)
     github_api_url: str = GITHUB_API_URL
     github_clone_urls: tuple[tuple[str, str], ...] = ()
+    # Repositories the bot serves, and those whose untrusted pull requests get credential-free previews.
+    github_repositories: tuple[str, ...] = ()
+    github_untrusted_previews: tuple[str, ...] = ()
     bot_token: str | None = field(default=None, repr=False)
     repo_cache_dir: Path | None = None
     job_timeout: int = 3600
@@ -153,6 +157,10 @@ def _clone_urls(raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+def _repositories(raw: str) -> tuple[str, ...]:
+    return parse_patterns(comma_list(raw))
+
+
 def _proxies(raw: str) -> tuple[str, ...]:
     proxies = comma_list(raw)
     try:
@@ -198,6 +206,11 @@ TABLE: tuple[Setting, ...] = (
     Setting("github_api_url", "KL_GITHUB_API_URL", url, GITHUB_API_URL, "base URL of GitHub's REST API"),
     Setting("github_clone_urls", "KL_GITHUB_CLONE_URLS", _clone_urls, (),
             "owner/repo=URL pairs overriding where repositories are cloned from"),
+    Setting("github_repositories", "KL_GITHUB_REPOSITORIES", _repositories, (),
+            "owner/name, owner/* or * patterns of the repositories the bot serves", shown="unset: every delivery "
+            "is acknowledged and ignored"),
+    Setting("github_untrusted_previews", "KL_GITHUB_UNTRUSTED_PREVIEWS", _repositories, (),
+            "repositories whose fork and outside pull requests get credential-free plan previews", shown="unset"),
     Setting("bot_token", "KL_BOT_TOKEN", text, None, "the token the bot's jobs present to the engine lane"),
     Setting("repo_cache_dir", "KL_REPO_CACHE_DIR", envtable.path, None, "where workers keep repository mirrors",
             shown="`KL_DATA_DIR/repos`"),

@@ -125,13 +125,15 @@ class World:
     def __init__(self, h: Harness, redis_url: str, tmp: Path, sz: Sizes) -> None:
         self.h, self.redis_url, self.tmp, self.sz = h, redis_url, tmp, sz
         settings = Settings(database_url=h.url, auto_migrate=False, log_level="WARNING",
-                            github_webhook_secret=webhooks.SECRET, redis_url=redis_url)
+                            github_webhook_secret=webhooks.SECRET, redis_url=redis_url,
+                            github_repositories=(REPO,))
         self.app = create_app(settings)
         self.httpd = make_server("127.0.0.1", 0, self.app, threaded=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.httpd.server_port}"
         self.sim, self.stop_sim = GitHubSim.served(REPO, mode="app")
+        self.sim.permissions["alice"] = "write"  # the pull requests' author: a writer, so previews run
         self.work, self.origin = tmp / "work", tmp / "origin.git"
         self.worker: subprocess.Popen[str] | None = None
 

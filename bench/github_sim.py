@@ -64,6 +64,7 @@ class GitHubSim:
     check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
     permissions: dict[str, str] = field(default_factory=dict)
+    commit_authors: dict[str, str] = field(default_factory=dict)  # sha → the GitHub login of its author
     issues: dict[int, dict[str, Any]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
@@ -77,13 +78,23 @@ class GitHubSim:
 
     # --- the world the tests change ----------------------------------------------------------
 
-    def open_pr(self, number: int, *, head_sha: str, head_ref: str, base_sha: str, author: str = "alice") -> None:
+    def open_pr(self, number: int, *, head_sha: str, head_ref: str, base_sha: str, author: str = "alice",
+                head_repo: str | None = None, base_ref: str | None = None) -> None:
+        """``head_repo`` names the fork the head lives in (default: this repository); ``base_ref`` the
+        branch the pull request merges into (default: the default branch)."""
         self.prs[number] = {"number": number, "head_sha": head_sha, "head_ref": head_ref, "base_sha": base_sha,
                             "state": "open", "merged": False, "author": author, "merge_commit_sha": None,
-                            "mergeable": True, "mergeable_state": "clean", "reviews": []}
+                            "mergeable": True, "mergeable_state": "clean", "reviews": [],
+                            "head_repo": head_repo or self.repo, "base_ref": base_ref or self.default_branch}
+        self.commit_authors.setdefault(head_sha, author)
 
-    def push_pr(self, number: int, head_sha: str) -> None:
+    def reopen_pr(self, number: int) -> None:
+        self.prs[number].update(state="open", merged=False, merge_commit_sha=None)
+
+    def push_pr(self, number: int, head_sha: str, *, pusher: str | None = None) -> None:
+        """A new head; its commit's author is ``pusher`` (default: the pull request's author)."""
         self.prs[number]["head_sha"] = head_sha
+        self.commit_authors[head_sha] = pusher or self.prs[number]["author"]
 
     def merge_pr(self, number: int, merge_sha: str) -> None:
         self.prs[number].update(state="closed", merged=True, merge_commit_sha=merge_sha)
@@ -225,6 +236,11 @@ class GitHubSim:
                     if key in body:
                         issue[key] = body[key]
             return 200, self._issue_json(issue)
+        if (m := re.fullmatch(rf"{r}/commits/([0-9a-f]{{40}})", path)) and method == "GET":
+            login = self.commit_authors.get(m.group(1))
+            user = {"login": login, "id": 3, "type": "User"} if login else None
+            return 200, {"sha": m.group(1), "url": f"{self.base_url}{path}", "author": user, "committer": user,
+                         "commit": {"message": "", "author": {"name": login or "someone"}}}
         if m := re.fullmatch(rf"{r}/collaborators/([^/]+)/permission", path):
             permission = self.permissions.get(m.group(1))
             if permission is None:
@@ -245,9 +261,15 @@ class GitHubSim:
             "merge_commit_sha": pr["merge_commit_sha"], "url": url, "title": f"PR {pr['number']}",
             "mergeable": pr.get("mergeable", True), "mergeable_state": pr.get("mergeable_state", "clean"),
             "user": {"login": pr["author"], "id": 1, "type": "User"},
-            "head": {"sha": pr["head_sha"], "ref": pr["head_ref"], "label": f"x:{pr['head_ref']}"},
-            "base": {"sha": pr["base_sha"], "ref": self.default_branch, "label": f"x:{self.default_branch}"},
+            "head": {"sha": pr["head_sha"], "ref": pr["head_ref"], "label": f"x:{pr['head_ref']}",
+                     "repo": self._repo_json(pr.get("head_repo") or self.repo)},
+            "base": {"sha": pr["base_sha"], "ref": pr.get("base_ref") or self.default_branch,
+                     "label": f"x:{pr.get('base_ref') or self.default_branch}", "repo": self._repo_json(self.repo)},
         }
+
+    def _repo_json(self, full_name: str) -> dict[str, Any]:
+        return {"full_name": full_name, "name": full_name.split("/")[1], "fork": full_name != self.repo,
+                "url": f"{self.base_url}/repos/{full_name}", "owner": {"login": full_name.split("/")[0]}}
 
     def _comment_json(self, comment: dict[str, Any]) -> dict[str, Any]:
         return {"id": comment["id"], "body": comment["body"],

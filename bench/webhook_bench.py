@@ -292,7 +292,8 @@ class InProcess:
 
     def __init__(self, database_url: str, redis_url: str) -> None:
         settings = Settings(database_url=database_url, auto_migrate=False, log_level="WARNING",
-                            github_webhook_secret=SECRET, redis_url=redis_url)
+                            github_webhook_secret=SECRET, redis_url=redis_url,
+                            github_repositories=("Codertocat/Hello-World",))
         self.app = create_app(settings)
         self.pool_size = settings.db_pool_size
         port = common.free_port()

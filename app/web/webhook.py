@@ -3,8 +3,9 @@
 Owns the request side of the bot: it refuses every delivery while no secret is configured (fail
 closed), checks the size and the ``X-Hub-Signature-256`` HMAC of the raw body, records the delivery
 (its ``X-GitHub-Delivery`` id makes redeliveries no-ops), routes it (``app.domain.webhooks``) and
-enqueues jobs by dotted path (``app.queue``). It must stay fast: no GitHub API calls, no git, no
-Terraform here — jobs do that on workers. It never imports ``runner.bot.github``.
+enqueues jobs by dotted path (``app.queue``); a delivery for a repository outside
+``KL_GITHUB_REPOSITORIES`` is recorded as ignored, never queued. It must stay fast: no GitHub API
+calls, no git, no Terraform here — jobs do that on workers. It never imports ``runner.bot.github``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from redis.exceptions import RedisError
 from analyzer.jsontext import JsonInputError, load_json
 from app import queue
 from app.config import Settings
+from app.domain.repositories import is_allowed
 from app.domain.webhooks import PayloadError, Routed, route
 from app.errors import (
     BadRequestError,
@@ -82,6 +84,9 @@ def init_app(app: Flask, settings: Settings) -> None:
 
             url = start_embedded_redis(settings.data_root)
         redis_client = queue.connect(url)
+        if not settings.github_repositories:
+            log.warning("KL_GITHUB_REPOSITORIES is not set: /webhooks/github acknowledges every delivery and "
+                        "queues none; list the repositories the bot serves (owner/name or owner/*)")
     elif settings.github_enabled:
         # GitHub access without a secret: the bot's jobs could run, but nothing will ever enqueue them.
         log.warning("KL_GITHUB_WEBHOOK_SECRET is not set: /webhooks/github refuses every delivery")
@@ -124,6 +129,13 @@ def receive() -> tuple[Response, int]:
             store.mark_delivery(db, delivery_id, "failed", detail={"error": exc.message})
         WEBHOOK_DELIVERIES.labels(_label(event), "failed").inc()
         raise
+    if routed.jobs and not is_allowed(settings.github_repositories, routed.repo):
+        # Acknowledged (GitHub does not retry a 2xx) and recorded, but no job: nothing calls GitHub for it.
+        routed = Routed(routed.event, routed.action, routed.repo, reason=(
+            f"repository {routed.repo!r} is not in KL_GITHUB_REPOSITORIES: add it (owner/name or owner/*) "
+            "for the bot to serve it"))
+        log.warning("webhook delivery %s (%s) for %r refused: not an allowed repository", delivery_id, event,
+                    routed.repo)
     try:
         # One transaction: the delivery's row is recorded, the jobs enqueued, the outcome marked.
         with store.receive_delivery(db, delivery_id, routed.event, routed.action, routed.repo) as receipt:

@@ -59,12 +59,13 @@ MAX_MERGE_WAIT = 6 * 3600
 MIN_DRIFT_EVERY = 15 * 60
 MAX_DRIFT_EVERY = 31 * 86400
 _TOP_KEYS = frozenset({"version", "apply_on_merge", "apply_on_push", "merge_wait", "projects", "apply_on_comment",
-                       "apply_requirements", "drift", "env", "hold_expiry"})
+                       "apply_requirements", "drift", "env", "hold_expiry", "apply_branch",
+                       "untrusted_previews"})
 _PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment", "drift", "env"})
 MIN_HOLD_EXPIRY = 3600
 MAX_HOLD_EXPIRY = 366 * 86400
 _DRIFT_KEYS = frozenset({"every", "issue"})
-REQUIREMENTS = ("approved", "mergeable", "undiverged")
+REQUIREMENTS = ("approved", "last_push_approved", "mergeable", "undiverged")
 DEFAULT_REQUIREMENTS = ("approved", "mergeable")
 _SKIP_DIRS = frozenset({".git", ".terraform", "node_modules"})
 
@@ -128,6 +129,10 @@ class BotConfig:
     source: str = "discovered"
     apply_requirements: tuple[str, ...] = DEFAULT_REQUIREMENTS
     hold_expiry: int | None = None  # seconds after which a pull-request hold is released
+    # Read from the default branch only: the branch whose merges apply (None: the default branch), and
+    # whether untrusted pull requests get credential-free previews (runner.bot.trust).
+    apply_branch: str | None = None
+    untrusted_previews: bool = False
 
     def project(self, name: str) -> Project | None:
         return next((p for p in self.projects if p.name == name), None)
@@ -186,6 +191,8 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     drift = drift_schedule(doc.get("drift"), "drift", problems)
     env = _env_names(doc.get("env"), "env", problems)
     hold_expiry = _hold_expiry(doc.get("hold_expiry"), problems)
+    untrusted_previews = _boolean(doc, "untrusted_previews", False, "", problems)
+    apply_branch = _text(doc, "apply_branch", "top level", problems)
     items = doc.get("projects")
     projects: list[Project] = []
     if items is None:
@@ -222,7 +229,8 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
         raise BotConfigError(problems, source=raw.source)
     return BotConfig(projects=tuple(projects), apply_on_merge=apply_on_merge, apply_on_push=apply_on_push,
                      merge_wait=merge_wait, source=raw.source, apply_requirements=requirements,
-                     hold_expiry=hold_expiry)
+                     hold_expiry=hold_expiry, apply_branch=apply_branch,
+                     untrusted_previews=untrusted_previews)
 
 
 def _env_names(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:

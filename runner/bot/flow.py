@@ -48,6 +48,8 @@ from runner.terraform import TerraformNotFoundError, resolve_binary
 
 log = logging.getLogger("kilolock.bot")
 LEASE_SECONDS = DEFAULT_LEASE.total_seconds()
+# All an untrusted preview's Terraform sees of the worker's environment (Bench.without_credentials).
+UNTRUSTED_ENV = frozenset({"PATH", "KL_TERRAFORM_BIN", "LANG", "LC_ALL", "TZ", "TMPDIR"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,16 @@ class Bench:
     @property
     def cache_dir(self) -> Path:
         return self.settings.repo_cache_dir or self.data_dir / "repos"
+
+    def without_credentials(self) -> Bench:
+        """The bench of untrusted code: Terraform gets only the variables it needs to run (the binary, PATH,
+        automation switches) and an empty home of its own — no worker secret, no provider credential, no
+        CLI configuration (which may carry registry credentials), no ``TF_VAR_*``."""
+        home = self.data_dir / "untrusted-home"
+        home.mkdir(parents=True, exist_ok=True)
+        kept = {k: v for k, v in self.env.items() if k in UNTRUSTED_ENV}
+        return replace(self, env={**kept, "HOME": str(home), "TF_INPUT": "0", "TF_IN_AUTOMATION": "1",
+                                  "CHECKPOINT_DISABLE": "1"})
 
 
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PRIVATE", "CREDENTIAL", "ACCESS_KEY", "API_KEY",
@@ -157,6 +169,16 @@ def read_config(root: Path) -> tuple[BotConfig | None, tuple[str, ...]]:
         return None, exc.problems
 
 
+def default_config(bench: Bench, repo: str, root: Path, branch: str,
+                   token: str | None) -> tuple[str, BotConfig | None, tuple[str, ...]]:
+    """The tip of ``branch`` (the default branch) as the mirror behind ``root`` has it, and that commit's
+    validated ``.kilolock.yml`` (None and the problems when it is invalid): the trusted settings."""
+    tip = git.resolve_commit(root, f"refs/heads/{branch}")
+    with checkout(bench, repo, tip, token) as main_root:
+        config, problems = read_config(main_root)
+        return tip, config, problems
+
+
 def config_source(root: Path) -> str:
     """Where the checkout's configuration was read from (for a report on an invalid one)."""
     try:
@@ -240,8 +262,6 @@ def _shown_files(selection: Selection) -> tuple[str, ...]:
 
 
 def _with(shown: ProjectFootprint, **changes: object) -> ProjectFootprint:
-    from dataclasses import replace
-
     return replace(shown, **changes)  # type: ignore[arg-type]
 
 

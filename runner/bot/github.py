@@ -81,6 +81,8 @@ class PullInfo:
     mergeable: bool | None = None
     mergeable_state: str = "unknown"
     merge_commit_sha: str | None = None
+    # The repository the head lives in: this one, a fork's ``owner/name``, or None (the fork was deleted).
+    head_repo: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +174,7 @@ class GitHub:
         self._app_id = app_id
         self._login: str | None = f"{installation.app_slug}[bot]" if installation is not None else None
         self._default_branch: str | None = None
+        self._permissions: dict[str, str] = {}
         self._repository: Repository = gh.get_repo(repo)
 
     @classmethod
@@ -228,7 +231,8 @@ class GitHub:
             return PullInfo(number=pr.number, head_sha=pr.head.sha, head_ref=pr.head.ref, base_ref=pr.base.ref,
                             base_sha=pr.base.sha, merged=bool(pr.merged), state=pr.state, author=pr.user.login,
                             mergeable=pr.mergeable, mergeable_state=str(pr.mergeable_state or "unknown"),
-                            merge_commit_sha=pr.merge_commit_sha or None)
+                            merge_commit_sha=pr.merge_commit_sha or None,
+                            head_repo=pr.head.repo.full_name if pr.head.repo is not None else None)
 
         return self._policy.call(f"read pull request #{number}", once)
 
@@ -249,18 +253,33 @@ class GitHub:
                 "read the repository", lambda: str(self._gh.get_repo(self.repo).default_branch))
         return self._default_branch
 
+    def permission(self, login: str) -> str:
+        """``login``'s permission on the repository (``GET /repos/{o}/{r}/collaborators/{user}/permission``):
+        ``admin``, ``write`` (GitHub reports ``maintain`` as ``write``), ``read`` or ``none`` (also for
+        users GitHub does not know). Kept for the life of this client, which is one job."""
+        if login not in self._permissions:
+
+            def once() -> str:
+                try:
+                    return str(self._repository.get_collaborator_permission(login))
+                except UnknownObjectException:
+                    return "none"
+
+            self._permissions[login] = self._policy.call(f"read {login}'s permission", once)
+        return self._permissions[login]
+
     def has_write_access(self, login: str) -> bool:
-        """Whether ``login`` may push to the repository (collaborator permission admin, maintain or
-        write; ``maintain`` is reported by GitHub as ``write``). Unknown users have none."""
+        """Whether ``login`` may push to the repository (permission admin, maintain or write)."""
+        return self.permission(login) in ("admin", "maintain", "write")
 
-        def once() -> bool:
-            try:
-                permission = self._repository.get_collaborator_permission(login)
-            except UnknownObjectException:
-                return False
-            return permission in ("admin", "maintain", "write")
+    def commit_logins(self, sha: str) -> frozenset[str]:
+        """The GitHub logins of a commit's author and committer (those GitHub matched to an account)."""
 
-        return self._policy.call(f"read {login}'s permission", once)
+        def once() -> frozenset[str]:
+            commit = self._repository.get_commit(sha)
+            return frozenset(u.login for u in (commit.author, commit.committer) if u is not None and u.login)
+
+        return self._policy.call(f"read commit {sha[:12]}", once)
 
     # --- writes ---------------------------------------------------------------------------------
 

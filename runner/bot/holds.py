@@ -39,6 +39,7 @@ from app.store.pr_holds import PrHold
 from runner import git
 from runner.bot import flow, holdtext, markdown, render
 from runner.bot import requirements as apply_requirements
+from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig, Project
 from runner.bot.github import GitHub, PullInfo
 from runner.bot.outcomes import ApplyResult
@@ -78,12 +79,20 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
     if pr.state != "open":
         return CommentResult(reply=f"@{login} #{number} is {pr.state}: there is nothing to apply before merge.",
                              command="apply")
+    trust = trust_rules.of_pull_request(gh, repo, pr)
+    if not trust.trusted:
+        return CommentResult(reply=trust_rules.apply_refused(login, trust), command="apply")
     branch = gh.default_branch()
     token = gh.clone_token()
     with flow.checkout(ctx.bench, repo, pr.head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
-        tip, config, problems = _default_config(ctx, repo, head_root, branch, token)
+        _, config, problems = _default_config(ctx, repo, head_root, branch, token)
         if config is None:
             return CommentResult(reply=holdtext.config_invalid(login, branch, problems), command="apply")
+        tip, wrong_base = _base_tip(head_root, config, pr, branch)
+        if wrong_base:
+            return CommentResult(reply=f"@{login} {wrong_base}", command="apply")
+        # The change is measured from where the head left the pull request's own base branch, as its
+        # footprint is: never from another branch, whose commits nobody reviewed here.
         base = git.merge_base(head_root, tip, pr.head_sha)
         touched = flow.changed_for(config, head_root, base, pr.head_sha)
         names, refusal = _targets(config, touched, args.project, login, branch)
@@ -112,10 +121,29 @@ def _default_config(ctx: Context, repo: str, head_root: Path, branch: str,
     return flow.default_config(ctx.bench, repo, head_root, branch, token)
 
 
+def _base_tip(root: Path, config: BotConfig, pr: PullInfo, default_branch: str) -> tuple[str, str | None]:
+    """The tip of the pull request's base branch, or why a pull request into that branch is not applied:
+    only the configured branch (``apply_branch`` on the default branch, else the default branch) is."""
+    target = apply_branch(config, default_branch)
+    if pr.base_ref != target:
+        return "", (f"#{pr.number} merges into {pr.base_ref}, and Kilolock applies only pull requests into "
+                    f"{target} (apply_branch in .kilolock.yml on {default_branch}).")
+    return git.resolve_commit(root, f"refs/heads/{pr.base_ref}"), None
+
+
+def apply_branch(config: BotConfig | None, default_branch: str) -> str:
+    """The branch whose pull requests apply: the default branch's ``apply_branch``, else the default branch."""
+    return (config.apply_branch if config is not None else None) or default_branch
+
+
 def _unmet(gh: GitHub, config: BotConfig, pr: PullInfo, head_root: Path,
            tip: str) -> tuple[apply_requirements.Unmet, ...]:
-    reviews = gh.reviews(pr.number) if "approved" in config.apply_requirements else []
-    return apply_requirements.unmet(config.apply_requirements, pr, reviews=reviews,
+    wanted = config.apply_requirements
+    reviewed = bool({"approved", "last_push_approved"} & set(wanted))
+    reviews = gh.reviews(pr.number) if reviewed else []
+    writers = frozenset(login for login in {r.login for r in reviews} if gh.has_write_access(login))
+    pushers = gh.commit_logins(pr.head_sha) if "last_push_approved" in wanted else frozenset()
+    return apply_requirements.unmet(wanted, pr, reviews=reviews, writers=writers, pushers=pushers,
                                     contains_base_tip=git.is_ancestor(head_root, tip, pr.head_sha))
 
 
@@ -129,13 +157,20 @@ def review_readiness(ctx: Context, gh: GitHub, repo: str, number: int,
             skipped=f"#{number} is {pr.state} at {pr.head_sha[:12]}: the review came late")
     if any(h.head_sha == head_sha for h in holds_store.of_pull_request(ctx.db, repo, number)):
         return JobStatus.SKIPPED, ReviewResult(skipped=f"{head_sha[:12]} is applied already")
+    trust = trust_rules.of_pull_request(gh, repo, pr)
+    if not trust.trusted:
+        return JobStatus.SKIPPED, ReviewResult(skipped=f"no apply before merge: {trust.reason}")
     token = gh.clone_token()
     with flow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
-        tip, config, _ = _default_config(ctx, repo, head_root, gh.default_branch(), token)
+        branch = gh.default_branch()
+        _, config, _ = _default_config(ctx, repo, head_root, branch, token)
         if config is None:
             return JobStatus.SKIPPED, ReviewResult(skipped="the default branch's .kilolock.yml is invalid")
+        tip, wrong_base = _base_tip(head_root, config, pr, branch)
+        if wrong_base:
+            return JobStatus.SKIPPED, ReviewResult(skipped=wrong_base)
         touched = flow.changed_for(config, head_root, git.merge_base(head_root, tip, head_sha), head_sha)
-        names = [n for n in touched if (config.project(n) or _NO_PROJECT).apply_on_comment]
+        names = [n for n in touched if (config.project(n) or NO_PROJECT).apply_on_comment]
         if not names:
             return JobStatus.SKIPPED, ReviewResult(skipped="no project of the pull request has apply_on_comment")
         unmet = _unmet(gh, config, pr, head_root, tip)
@@ -155,13 +190,13 @@ def _targets(config: BotConfig, touched: dict[str, tuple[str, ...]], wanted: str
         names = list(touched)
     if not names:
         return [], f"@{login} this pull request changes no file of a Kilolock project: there is nothing to apply."
-    disabled = [n for n in names if not (config.project(n) or _NO_PROJECT).apply_on_comment]
+    disabled = [n for n in names if not (config.project(n) or NO_PROJECT).apply_on_comment]
     if disabled:
         return [], holdtext.disabled(login, disabled, branch)
     return names, None
 
 
-_NO_PROJECT = Project(name="", dir="", state="", address=None, files=(), apply_on_merge=False)
+NO_PROJECT = Project(name="", dir="", state="", address=None, files=(), apply_on_merge=False)
 
 
 def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base: str, pr: PullInfo, repo: str,

@@ -66,12 +66,35 @@ def merge(ctx: Context, args: MergeArgs) -> Outcome:
             return JobStatus.FAILED, FanOutResult(config_errors=errors, notify=notify)
         base = flow.merge_diff_base(root, merge_sha, pr.base_sha, pr.head_sha)
         touched = flow.changed_for(config, root, base, merge_sha)
+        elsewhere = _other_branch(ctx, gh, repo, root, config, pr.base_ref)
+        if elsewhere is not None:
+            holds.release_all(ctx.db, repo, number, f"#{number} was merged into {pr.base_ref}")
+            not_applied = tuple(ApplyResult(name, (config.project(name) or holds.NO_PROJECT).state, merge_sha,
+                                            "other_branch", error=elsewhere) for name in touched)
+            return JobStatus.SUCCEEDED, FanOutResult(base=base, not_applied=not_applied, notify=notify)
         # The pull request's holds end here; what it applied before merge is not applied twice.
         touched, before = holds.settle_merge(ctx, root, config, repo, number, merge_sha, touched)
     children, skipped = _fan_out(ctx, config, repo, number, merge_sha, base, touched, config.apply_on_merge,
                                  "apply on merge is off in .kilolock.yml")
     return JobStatus.SUCCEEDED, FanOutResult(base=base, children=children, not_applied=skipped + before,
                                              notify=notify)
+
+
+def _other_branch(ctx: Context, gh: GitHub, repo: str, root: Path, config: BotConfig, base_ref: str) -> str | None:
+    """None when merges into ``base_ref`` apply (it is the configured branch: ``apply_branch`` in the default
+    branch's ``.kilolock.yml``, else the default branch); otherwise why this merge is not applied. A merge
+    into the default branch reads that setting from the merge commit, which is the default branch now."""
+    branch = gh.default_branch()
+    trusted = config
+    if base_ref != branch:
+        _, trusted, _ = flow.default_config(ctx.bench, repo, root, branch, gh.clone_token())
+    target = holds.apply_branch(trusted, branch)
+    if base_ref == target:
+        return None
+    log.info("merge into %s on %s is not applied: the applied branch is %s", base_ref, repo, target)
+    return (f"merged into {base_ref}; Kilolock applies only merges into {target} (apply_branch in .kilolock.yml "
+            f"on {branch})")
+
 
 
 def push(ctx: Context, args: PushArgs) -> Outcome:

@@ -76,6 +76,7 @@ class PreviewOutcome:
     projects: tuple[ProjectPreview, ...] = ()
     config_errors: tuple[str, ...] = ()
     skipped: str | None = None
+    withheld: str | None = None  # why no Terraform ran for this head (untrusted code), and how to enable it
 
     @property
     def failed(self) -> bool:
@@ -85,8 +86,9 @@ class PreviewOutcome:
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """One project's apply after a merge (or a push to the default branch). ``status`` is ``committed``,
-    ``no_changes``, ``failed``, ``skipped`` (apply on merge is off), ``pending`` (not finished yet) or
-    ``applied_before_merge`` (a comment apply of the same files; not applied again)."""
+    ``no_changes``, ``failed``, ``skipped`` (apply on merge is off), ``other_branch`` (merged into a branch
+    that is not applied), ``pending`` (not finished yet) or ``applied_before_merge`` (a comment apply of the
+    same files; not applied again)."""
 
     project: str
     state: str
@@ -196,7 +198,8 @@ def preview_from_json(doc: Mapping[str, Any]) -> PreviewOutcome:
                           "warnings": tuple(p.get("warnings", ()))})
         for p in doc.get("projects", ()))
     return PreviewOutcome(head_sha=doc["head_sha"], projects=projects,
-                          config_errors=tuple(doc.get("config_errors", ())), skipped=doc.get("skipped"))
+                          config_errors=tuple(doc.get("config_errors", ())), skipped=doc.get("skipped"),
+                          withheld=doc.get("withheld"))
 
 
 def apply_from_json(doc: Mapping[str, Any]) -> ApplyResult:

@@ -16,6 +16,7 @@ from app.store import bot as store
 from app.store.bot import BotJob, JobStatus, PrFootprint
 from runner import git
 from runner.bot import flow, holds, render, view
+from runner.bot import trust as trust_rules
 from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, PLAN_CHECK, Context, complete, progress, refresh
 from runner.bot.github import GitHub, PullInfo
 from runner.bot.outcomes import FootprintOutcome, PreviewOutcome, ProjectPreview
@@ -92,19 +93,30 @@ def deliver_footprint(ctx: Context, row: BotJob, result: JobResult) -> None:
 
 
 def preview(ctx: Context, args: PreviewArgs) -> Outcome:
-    """The file-scoped plan of each project the PR touches."""
+    """The file-scoped plan of each project the PR touches. Untrusted code (``runner.bot.trust``) is not
+    planned unless the operator enabled it, and then with the default branch's projects and no credential."""
     repo, head_sha = args.repo, args.head_sha
     gh, pr, late = _head(ctx, args, PLAN_CHECK, "Planning the changed files")
     if late:
         return JobStatus.SKIPPED, PreviewResult(skipped=late)
+    trust = trust_rules.of_pull_request(gh, repo, pr)
+    bench = ctx.bench
     token = gh.clone_token()
-    with flow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,)) as root:
+    with flow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,), refresh=not trust.trusted) as root:
         config, errors = flow.read_config(root)
+        branch = gh.default_branch()
+        _, trusted, trusted_errors = flow.default_config(ctx.bench, repo, root, branch, token)
+        if not trust.trusted:
+            config, errors = trusted, trusted_errors
+            if not trust_rules.previews_enabled(ctx.settings, repo, config):
+                withheld = trust_rules.preview_withheld(trust, branch)
+                log.info("preview of %s#%s withheld: %s", repo, pr.number, trust.reason)
+                return JobStatus.SUCCEEDED, PreviewResult(preview=PreviewOutcome(head_sha, withheld=withheld))
+            bench = ctx.bench.without_credentials()
         projects: tuple[ProjectPreview, ...] = ()
         if config is not None:
             base = git.merge_base(root, pr.base_sha, head_sha)
-            _, trusted, _ = flow.default_config(ctx.bench, repo, root, gh.default_branch(), token)
-            projects = flow.preview(ctx.bench, root, config, base, head_sha, trusted=trusted)
+            projects = flow.preview(bench, root, config, base, head_sha, trusted=trusted)
     outcome = PreviewOutcome(head_sha, projects, errors)
     return (JobStatus.FAILED if outcome.failed else JobStatus.SUCCEEDED), PreviewResult(preview=outcome)
 
@@ -120,8 +132,12 @@ def deliver_preview(ctx: Context, row: BotJob, result: JobResult) -> None:
 
 
 def closed(ctx: Context, args: ClosedArgs) -> Outcome:
-    """PR closed without merging: forget its footprint and release its holds."""
+    """PR closed without merging: forget its footprint and release its holds — once GitHub confirms it is
+    closed (a replayed old delivery of a pull request that is open again changes nothing)."""
     repo, number = args.repo, args.number
+    pr = ctx.github(repo).pull_request(number)
+    if pr.state == "open":
+        return JobStatus.SKIPPED, ClosedResult(skipped=f"#{number} is open on GitHub: the close delivery is stale")
     notify = view.overlapping(ctx.db, repo, number, view.states_of(ctx.db, repo, number))
     released, applied_before, neighbours = holds.released_on_close(ctx, repo, number)
     store.drop_footprints(ctx.db, repo, number)

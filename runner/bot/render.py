@@ -146,6 +146,8 @@ def _project_section(project: ProjectFootprint, overlaps: Sequence[Overlap], pre
 
 
 def _preview_lines(preview: ProjectPreview | None, view: CommentView, shown: int) -> list[str]:
+    if view.preview is not None and view.preview.withheld:
+        return [f"**Plan preview:** not run. {_inline(view.preview.withheld)}", ""]
     if preview is None:
         if view.preview_pending or view.preview is None:
             return ["**Plan preview:** running…", ""]
@@ -183,7 +185,7 @@ def _apply_lines(result: ApplyResult, shown: int) -> list[str]:
     if result.status == "applied_before_merge":
         return [f"**Not applied again** ({sha}): applied before merge at serial {result.serial} (run "
                 f"{_code(result.run_id or '')}); the merge commit's project files equal the applied head's.", ""]
-    if result.status == "skipped":
+    if result.status in ("skipped", "other_branch"):
         return [f"**Not applied** ({sha}): {_inline(result.error or 'apply on merge is off for this project')}", ""]
     run = f" (run {_code(result.run_id)})" if result.run_id else ""
     lines = [f"**Apply failed** {sha}{run}; nothing was committed and the trunk is unchanged:", "",
@@ -229,6 +231,8 @@ def footprint_check(outcome: FootprintOutcome, overlaps: Mapping[str, Sequence[O
 
 
 def plan_check(outcome: PreviewOutcome) -> CheckOutput:
+    if outcome.withheld:
+        return CheckOutput("neutral", "No plan preview: untrusted pull request", _limit(_inline(outcome.withheld)))
     if outcome.config_errors:
         return CheckOutput("failure", ".kilolock.yml is invalid",
                            _limit("\n".join(f"- {_inline(p)}" for p in outcome.config_errors)))
@@ -258,6 +262,8 @@ def apply_check(results: Sequence[ApplyResult]) -> CheckOutput:
     elif done or before:
         title = "applied: " + ", ".join([f"{r.project} at serial {r.serial}" for r in done] +
                                         [f"{r.project} before merge at serial {r.serial}" for r in before])
+    elif all(r.status == "other_branch" for r in results):
+        title = "not applied: " + _first_line(results[0].error or "merged into a branch that is not applied")
     elif all(r.status == "skipped" for r in results):
         title = "not applied: apply on merge is off"
     else:
@@ -265,7 +271,8 @@ def apply_check(results: Sequence[ApplyResult]) -> CheckOutput:
     summary_lines: list[str] = []
     for r in results:
         summary_lines += _apply_lines(r, FOLD_AFTER)
-    conclusion = "failure" if failed else ("neutral" if all(r.status == "skipped" for r in results) else "success")
+    idle = all(r.status in ("skipped", "other_branch") for r in results)
+    conclusion = "failure" if failed else ("neutral" if idle else "success")
     return CheckOutput(conclusion, title, _limit("\n".join(summary_lines)))
 
 

@@ -1,7 +1,8 @@
-"""The apply requirements of comment applies (``approved``, ``mergeable``, ``undiverged``): which of them a
-pull request fails right now, each with the reason and what to do.
+"""The apply requirements of comment applies (``approved``, ``last_push_approved``, ``mergeable``,
+``undiverged``): which of them a pull request fails right now, each with the reason and what to do.
 
-Pure: the pull request, its reviews and whether its head contains the base branch's tip come in; frozen
+Pure: the pull request, its reviews, which reviewers may write, who pushed the head and whether the head
+contains the base branch's tip come in; frozen
 results go out. Must not: talk to GitHub or git (``runner.bot.holds`` fetches), or read the requirements
 from anywhere but the caller (the default branch's ``.kilolock.yml``).
 """
@@ -36,10 +37,12 @@ def latest_verdicts(reviews: Iterable[Review]) -> dict[str, Review]:
     return found
 
 
-def approval_problem(reviews: Iterable[Review], *, author: str, head_sha: str) -> str | None:
-    """None when someone other than the author approved the current head and nobody's latest verdict is
-    CHANGES_REQUESTED; otherwise what is missing."""
-    verdicts = latest_verdicts(reviews)
+def approval_problem(reviews: Iterable[Review], *, author: str, head_sha: str,
+                     writers: frozenset[str]) -> str | None:
+    """None when a reviewer with write access other than the author approved the current head and no
+    writer's latest verdict is CHANGES_REQUESTED; otherwise what is missing. Reviews by people without
+    write access count for nothing either way, as in GitHub's branch protection."""
+    verdicts = {login: r for login, r in latest_verdicts(reviews).items() if login in writers}
     wanting = sorted(login for login, r in verdicts.items() if r.state.upper() == "CHANGES_REQUESTED")
     if wanting:
         return "changes are requested by " + ", ".join(f"@{w}" for w in wanting) + \
@@ -50,7 +53,24 @@ def approval_problem(reviews: Iterable[Review], *, author: str, head_sha: str) -
     if approvers:
         return (f"the approval is of an earlier commit, not of the head {head_sha[:7]}: ask for a review of the "
                 "current head")
-    return "no approving review by someone other than the author: ask a reviewer to approve"
+    return ("no approving review by someone with write access other than the author: ask a maintainer to "
+            "approve")
+
+
+def last_push_problem(reviews: Iterable[Review], *, head_sha: str, writers: frozenset[str],
+                      pushers: frozenset[str]) -> str | None:
+    """None when a writer other than whoever pushed the head (its commit's author and committer) approved
+    the head itself; an unknown pusher fails closed."""
+    if not pushers:
+        return (f"GitHub cannot tell who pushed {head_sha[:7]} (its commit is not linked to an account), so no "
+                "approval can be shown to come from someone else: push a commit linked to your account")
+    verdicts = {login: r for login, r in latest_verdicts(reviews).items() if login in writers}
+    if any(r.state.upper() == "APPROVED" and r.commit_id == head_sha and login not in pushers
+           for login, r in verdicts.items()):
+        return None
+    who = ", ".join(f"@{p}" for p in sorted(pushers))
+    return (f"the latest push ({head_sha[:7]}, by {who}) is not approved by another reviewer with write access: "
+            "ask someone else to approve it")
 
 
 def mergeable_problem(pr: PullInfo) -> str | None:
@@ -64,14 +84,17 @@ def mergeable_problem(pr: PullInfo) -> str | None:
     return None
 
 
-def unmet(requirements: Sequence[str], pr: PullInfo, *, reviews: Sequence[Review],
-          contains_base_tip: bool) -> tuple[Unmet, ...]:
-    """The requirements among ``requirements`` that ``pr`` fails, in their order."""
+def unmet(requirements: Sequence[str], pr: PullInfo, *, reviews: Sequence[Review], contains_base_tip: bool,
+          writers: frozenset[str] = frozenset(), pushers: frozenset[str] = frozenset()) -> tuple[Unmet, ...]:
+    """The requirements among ``requirements`` that ``pr`` fails, in their order. ``writers`` are the
+    reviewers with write access; ``pushers`` the logins behind the head commit."""
     found: list[Unmet] = []
     for name in requirements:
         problem: str | None = None
         if name == "approved":
-            problem = approval_problem(reviews, author=pr.author, head_sha=pr.head_sha)
+            problem = approval_problem(reviews, author=pr.author, head_sha=pr.head_sha, writers=writers)
+        elif name == "last_push_approved":
+            problem = last_push_problem(reviews, head_sha=pr.head_sha, writers=writers, pushers=pushers)
         elif name == "mergeable":
             problem = mergeable_problem(pr)
         elif name == "undiverged" and not contains_base_tip:

@@ -93,17 +93,22 @@ class World:
         git(self.work, "checkout", "-q", "main")
         return sha
 
-    def open_pr(self, number: int, branch: str, files: dict[str, str | None], *, deliver: bool = True) -> str:
-        head = self.commit(branch, files, f"PR {number}")
-        self.sim.open_pr(number, head_sha=head, head_ref=branch, base_sha=self.head("main"))
+    def open_pr(self, number: int, branch: str, files: dict[str, str | None], *, deliver: bool = True,
+                author: str = "alice", fork: str | None = None, base: str = "main") -> str:
+        """A pull request from ``branch`` (made from ``base``) into ``base``; ``fork`` names the repository
+        its head lives in on GitHub (its commits are in origin all the same, as GitHub's refs/pull/N/head)."""
+        head = self.commit(branch, files, f"PR {number}", start=base)
+        self.sim.open_pr(number, head_sha=head, head_ref=branch, base_sha=self.head(base), author=author,
+                         head_repo=fork, base_ref=base)
         if deliver:
             self.deliver_pr("opened", number)
         return head
 
-    def push_pr(self, number: int, files: dict[str, str | None], *, deliver: bool = True) -> str:
+    def push_pr(self, number: int, files: dict[str, str | None], *, deliver: bool = True,
+                pusher: str | None = None) -> str:
         branch = self.sim.prs[number]["head_ref"]
         head = self.commit(branch, files, f"PR {number}, more")
-        self.sim.push_pr(number, head)
+        self.sim.push_pr(number, head, pusher=pusher)
         if deliver:
             self.deliver_pr("synchronize", number)
         return head
@@ -267,8 +272,10 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
     stops: list[Any] = []
 
     def make(*, mode: str = "app", files: dict[str, str] | None = None, kilolock_yml: str | None = None,
-             served: bool = False, job_timeout: int = 600, extra_env: dict[str, str] | None = None) -> World:
-        server = live_server_factory(github_webhook_secret=webhooks.SECRET, redis_url=redis_url)
+             served: bool = False, job_timeout: int = 600, extra_env: dict[str, str] | None = None,
+             repositories: tuple[str, ...] = (), untrusted_previews: tuple[str, ...] = ()) -> World:
+        server = live_server_factory(github_webhook_secret=webhooks.SECRET, redis_url=redis_url,
+                                     github_repositories=(REPO, *repositories))
         home = tmp_path / "tf-home"
         home.mkdir(exist_ok=True)
         tf_env = {**terraform_env(home), **(extra_env or {})}
@@ -301,10 +308,11 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
             sim.install(mock)
             mock.start()
             stops.append(lambda: (mock.stop(), mock.reset()))
-        sim.permissions.update(alice="write", mallory="read")
+        sim.permissions.update(alice="write", bob="write", carol="admin", mallory="read")
         settings = replace(server.settings, github_webhook_secret=None, github_api_url=sim.base_url,
                            github_clone_urls=((REPO, str(origin)),), repo_cache_dir=tmp_path / "cache",
                            data_dir=tmp_path / "kl-data", job_timeout=job_timeout, redis_url=redis_url,
+                           github_untrusted_previews=untrusted_previews,
                            **_credentials(mode, request))
         jobs.configure(settings, github=fast_github)
         return World(tmp_path, server.url, origin, work, settings, sim, redis_url, tf_env)

@@ -113,12 +113,14 @@ def bot_db(db):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def bot_settings(settings, redis_url: str, bot_db):  # type: ignore[no-untyped-def]
-    """Settings with the webhook secret of ``bench.webhooks.SECRET`` and the test Redis."""
+    """Settings with the webhook secret of ``bench.webhooks.SECRET``, the test Redis, and the repositories
+    of GitHub's example payloads (``Codertocat/Hello-World``) and of the bot's world served."""
     from dataclasses import replace
 
     from bench.webhooks import SECRET
 
-    return replace(settings, github_webhook_secret=SECRET, redis_url=redis_url)
+    return replace(settings, github_webhook_secret=SECRET, redis_url=redis_url,
+                   github_repositories=("Codertocat/Hello-World", "octo-org/*"))
 
 
 @pytest.fixture

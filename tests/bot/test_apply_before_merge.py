@@ -107,7 +107,7 @@ def test_each_requirement_fails_with_its_name_and_the_apply_runs_once_all_hold(w
 
     comment(w, 1, "kilolock apply")
     w.run_jobs()
-    assert "- **approved**: no approving review by someone other than the author" in replies(w, 1)[-1]
+    assert "- **approved**: no approving review by someone with write access other than the author" in replies(w, 1)[-1]
     w.push_pr(1, {".kilolock.yml": gate})
 
     w.sim.review(1, "alice", "APPROVED")  # the author's own approval does not count

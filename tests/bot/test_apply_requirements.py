@@ -10,6 +10,7 @@ from runner.bot.github import PullInfo, Review
 from runner.bot.requirements import approval_problem, unmet
 
 HEAD, OLD = "a" * 40, "b" * 40
+WRITERS = frozenset({"alice", "bob", "carol"})
 
 
 def pr(**changes: object) -> PullInfo:
@@ -25,30 +26,50 @@ def review(login: str, state: str, commit: str = HEAD) -> Review:
 
 
 def test_an_approval_of_the_head_by_someone_else_passes():
-    assert approval_problem([review("bob", "APPROVED")], author="alice", head_sha=HEAD) is None
+    assert approval_problem([review("bob", "APPROVED")], author="alice", head_sha=HEAD, writers=WRITERS) is None
 
 
 def test_the_authors_own_approval_does_not_count():
-    problem = approval_problem([review("alice", "APPROVED")], author="alice", head_sha=HEAD)
+    problem = approval_problem([review("alice", "APPROVED")], author="alice", head_sha=HEAD, writers=WRITERS)
     assert problem and "other than the author" in problem
 
 
 def test_an_approval_of_an_earlier_commit_does_not_count():
-    problem = approval_problem([review("bob", "APPROVED", OLD)], author="alice", head_sha=HEAD)
+    problem = approval_problem([review("bob", "APPROVED", OLD)], author="alice", head_sha=HEAD, writers=WRITERS)
     assert problem and "earlier commit" in problem
 
 
 def test_outstanding_changes_requested_block_even_with_an_approval():
     reviews = [review("bob", "APPROVED"), review("carol", "CHANGES_REQUESTED")]
-    problem = approval_problem(reviews, author="alice", head_sha=HEAD)
+    problem = approval_problem(reviews, author="alice", head_sha=HEAD, writers=WRITERS)
     assert problem and "@carol" in problem
 
 
 def test_the_latest_verdict_per_reviewer_counts_and_comments_do_not_change_it():
     reviews = [review("carol", "CHANGES_REQUESTED"), review("carol", "APPROVED"), review("carol", "COMMENTED")]
-    assert approval_problem(reviews, author="alice", head_sha=HEAD) is None
+    assert approval_problem(reviews, author="alice", head_sha=HEAD, writers=WRITERS) is None
     dismissed = [review("bob", "APPROVED"), review("bob", "DISMISSED")]
-    assert approval_problem(dismissed, author="alice", head_sha=HEAD) is not None
+    assert approval_problem(dismissed, author="alice", head_sha=HEAD, writers=WRITERS) is not None
+
+
+def test_reviews_by_people_without_write_access_count_for_nothing():
+    drive_by = [review("bob", "APPROVED"), review("mallory", "APPROVED")]
+    assert approval_problem(drive_by, author="alice", head_sha=HEAD, writers=frozenset({"alice"})) is not None
+    blocked = [review("bob", "APPROVED"), review("mallory", "CHANGES_REQUESTED")]
+    assert approval_problem(blocked, author="alice", head_sha=HEAD, writers=WRITERS) is None
+
+
+def test_the_last_push_must_be_approved_by_someone_other_than_its_pusher():
+    def problem(reviews: list[Review], pushers: frozenset[str]) -> str | None:
+        [found] = unmet(["last_push_approved"], pr(), reviews=reviews, contains_base_tip=True, writers=WRITERS,
+                        pushers=pushers) or [None]
+        return found.reason if found else None
+
+    assert problem([review("bob", "APPROVED")], frozenset({"alice"})) is None
+    assert "@bob" in (problem([review("bob", "APPROVED")], frozenset({"bob"})) or "")
+    assert problem([review("carol", "APPROVED", OLD)], frozenset({"bob"})) is not None
+    assert problem([review("mallory", "APPROVED")], frozenset({"bob"})) is not None  # not a writer
+    assert "cannot tell who pushed" in (problem([review("bob", "APPROVED")], frozenset()) or "")
 
 
 def test_mergeable_fails_on_conflicts_blocked_and_unknown():

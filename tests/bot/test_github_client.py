@@ -134,7 +134,8 @@ def test_app_mode_signs_a_jwt_finds_the_installation_and_uses_its_token(api, app
 
     assert (gh.mode, gh.login) == ("app", BOT)
     assert info == PullInfo(number=2, head_sha=pr["head"]["sha"], head_ref="changes", base_ref="master",
-                            base_sha=pr["base"]["sha"], merged=False, state="open", author="Codertocat")
+                            base_sha=pr["base"]["sha"], merged=False, state="open", author="Codertocat",
+                            head_repo="Codertocat/Hello-World")
     assert calls(api) == [("GET", f"/repos/{REPO}/installation"),
                           ("POST", "/app/installations/777/access_tokens"),
                           ("GET", f"/repos/{REPO}/pulls/2")]

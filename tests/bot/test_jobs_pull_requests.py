@@ -88,6 +88,7 @@ def test_two_overlapping_pull_requests_name_each_other_and_a_disjoint_one_names_
     assert checks[second]["output"]["title"].endswith("overlaps #1")
 
     # Closing PR 2 drops its footprint, and PR 1's comment stops naming it.
+    w.sim.close_pr(2)
     w.deliver_pr("closed", 2)
     w.run_jobs()
     assert footprints(w, 2) == [] and "#2" not in w.sim.bot_comment(1)

@@ -122,6 +122,51 @@ def test_a_signed_pull_request_opened_is_queued_as_a_footprint_job(bot_client, b
         "pull_request", "opened", REPO, "queued", [expected_id])
 
 
+@pytest.mark.parametrize("allowed", [(), ("Codertocat/Other",), ("Octocat/*",), ("codertocat/hello-world2",)])
+def test_a_delivery_for_a_repository_outside_the_allowlist_is_acknowledged_recorded_and_not_queued(
+        bot_settings, bot_db, redis_url, allowed, caplog):
+    from app.web import create_app
+
+    application = create_app(replace(bot_settings, github_repositories=allowed))
+    delivery = str(uuid.uuid4())
+    try:
+        with caplog.at_level("WARNING", logger="kilolock.webhook"):
+            response = post(application.test_client(), "pull_request", raw("pull_request/opened"), delivery=delivery)
+    finally:
+        application.extensions["kilolock"].db.close()
+
+    assert response.status_code == 200  # a 2xx: GitHub does not retry it
+    body = response.get_json()
+    assert body["status"] == "ignored" and "KL_GITHUB_REPOSITORIES" in body["reason"]
+    assert queued(redis_url) == []
+    recorded = store.get_delivery(bot_db, delivery)
+    assert recorded is not None and (recorded.repo, recorded.status) == (REPO, "ignored")
+    assert "not in KL_GITHUB_REPOSITORIES" in recorded.detail["reason"]
+    assert any(REPO in r.getMessage() and "not an allowed repository" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("allowed", [("Codertocat/Hello-World",), ("codertocat/*",), ("*",)])
+def test_an_allowed_repository_by_name_owner_or_star_is_queued(bot_settings, redis_url, allowed):
+    from app.web import create_app
+
+    application = create_app(replace(bot_settings, github_repositories=allowed))
+    try:
+        response = post(application.test_client(), "pull_request", raw("pull_request/opened"))
+    finally:
+        application.extensions["kilolock"].db.close()
+    assert response.status_code == 202 and len(queued(redis_url)) == 1
+
+
+def test_repository_patterns_are_validated_when_the_settings_are_read():
+    from app.config import Settings
+    from app.errors import ConfigError
+
+    settings = Settings.from_env({"KL_GITHUB_REPOSITORIES": "acme/infra, Acme-2/*"})
+    assert settings.github_repositories == ("acme/infra", "Acme-2/*")
+    with pytest.raises(ConfigError, match="KL_GITHUB_REPOSITORIES"):
+        Settings.from_env({"KL_GITHUB_REPOSITORIES": "acme, */infra"})
+
+
 def test_an_unsigned_delivery_is_refused_with_401_and_nothing_recorded_or_queued(bot_client, bot_db, redis_url):
     response = post(bot_client, "pull_request", raw("pull_request/opened"), secret=None)
 
@@ -229,11 +274,11 @@ def test_a_redelivery_is_acknowledged_and_not_run_again(bot_client, bot_db, redi
     assert deliveries_count(bot_db) == 1
 
 
-def test_a_redelivery_after_the_queue_was_down_is_processed(settings, redis_url, bot_db):
+def test_a_redelivery_after_the_queue_was_down_is_processed(bot_settings, redis_url, bot_db):
     from app.web import create_app
 
     delivery = str(uuid.uuid4())
-    down = create_app(replace(settings, github_webhook_secret=SECRET, redis_url="redis://127.0.0.1:1/0"))
+    down = create_app(replace(bot_settings, redis_url="redis://127.0.0.1:1/0"))
     try:
         failed = post(down.test_client(), "pull_request", raw("pull_request/opened"), delivery=delivery)
     finally:
@@ -243,7 +288,7 @@ def test_a_redelivery_after_the_queue_was_down_is_processed(settings, redis_url,
     assert recorded is not None and recorded.status == "failed"
     assert "enqueue failed" in recorded.detail["error"]
 
-    up = create_app(replace(settings, github_webhook_secret=SECRET, redis_url=redis_url))
+    up = create_app(bot_settings)
     try:
         retried = post(up.test_client(), "pull_request", raw("pull_request/opened"), delivery=delivery)
     finally:

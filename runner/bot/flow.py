@@ -169,16 +169,6 @@ def read_config(root: Path) -> tuple[BotConfig | None, tuple[str, ...]]:
         return None, exc.problems
 
 
-def default_config(bench: Bench, repo: str, root: Path, branch: str,
-                   token: str | None) -> tuple[str, BotConfig | None, tuple[str, ...]]:
-    """The tip of ``branch`` (the default branch) as the mirror behind ``root`` has it, and that commit's
-    validated ``.kilolock.yml`` (None and the problems when it is invalid): the trusted settings."""
-    tip = git.resolve_commit(root, f"refs/heads/{branch}")
-    with checkout(bench, repo, tip, token) as main_root:
-        config, problems = read_config(main_root)
-        return tip, config, problems
-
-
 def config_source(root: Path) -> str:
     """Where the checkout's configuration was read from (for a report on an invalid one)."""
     try:

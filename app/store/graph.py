@@ -157,6 +157,10 @@ def glob_lookup(globs: Iterable[Glob]) -> GlobLookup:
         if glob.is_exact:
             exact.add(text)
             continue
+        if glob.resource_type is not None and glob.module:
+            # Over-select the whole first module call: its keyless steps stand for any key.
+            prefixes.update((f"module.{glob.module[0].name}.", f"module.{glob.module[0].name}["))
+            continue
         stem = text[:-2]  # drop ".*"
         exact.add(stem)
         prefixes.update((stem + ".", stem + "["))

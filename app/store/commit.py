@@ -30,6 +30,7 @@ from psycopg.rows import class_row
 
 from analyzer.state import EncryptedState, OutputRow, ParsedState
 from app.domain import commit as rules
+from app.domain import scopes
 from app.domain.principal import Principal
 from app.errors import BadRequestError, RunNotFoundError, StateLockedError, WriteOutsideReservationError
 from app.store import events, holds, resources, runs, states
@@ -153,13 +154,14 @@ class _Checked:
     delta: rules.CommitDelta
     outside: list[str]
     stale: list[tuple[str, int]]  # of _Before.changed
+    outputs_written: tuple[str, ...] = ()  # root outputs the delta adds, changes or removes
 
 
 def commit_run(
     db: Database, principal: Principal, run_id: str, *, holder: str, state_body: bytes,
     slice_addresses: Sequence[str], prune_outputs: bool = True, clock: runs.Clock = runs.utcnow,
 ) -> CommitResult:
-    """Commit the post-apply state of a run's slice. Raises WriteOutsideReservationError,
+    """Commit the post-apply state of a run's slice. Raises AddressScopeError, WriteOutsideReservationError,
     StalePlanError, LeaseExpiredError, RunClosedError, NotRunHolderError; refusals write nothing."""
     slice_addresses = rules.check_addresses(slice_addresses, "slice_addresses")
     parsed = states.parse_body(state_body)
@@ -182,6 +184,7 @@ def commit_run(
                                   "their plan was made against (0 for a state with no versions yet)")
         if locked.reserved != checked.reserved:  # the run's reservations changed meanwhile: check against these
             checked = _check(before, locked.reserved, parsed, slice_addresses, prune_outputs)
+        check_scopes(principal, locked.state_name, checked)
         if checked.outside:
             outside = checked.outside
             shown = ", ".join(outside[:20]) + (f" and {len(outside) - 20} more" if len(outside) > 20 else "")
@@ -261,7 +264,14 @@ def _check(
     outside = rules.outside(delta.addresses, write_globs) + [
         f"output.{n}" for n in rules.outputs_outside(changed_outputs, write_globs)]
     stale = rules.stale(before.changed, rules.parse_globs(g for g, _ in reserved))
-    return _Checked(reserved, delta, outside, stale)
+    return _Checked(reserved, delta, outside, stale, tuple(changed_outputs))
+
+
+def check_scopes(principal: Principal, state_name: str, checked: _Checked) -> None:
+    """AddressScopeError when the token's address scopes lack a write scope for an address or root output
+    the commit writes, whatever its reservations cover (a token without scopes writes anywhere). A dry
+    commit runs this check too."""
+    scopes.check_written(principal.scopes, state_name, checked.delta.addresses, checked.outputs_written)
 
 
 def _check_stale(before: _Before, locked: Locked, checked: _Checked, base_serial: int) -> None:

@@ -55,6 +55,7 @@ class EngineCode(StrEnum):
     RUN_CLOSED = "run_closed"
     RUN_NOT_FOUND = "run_not_found"
     NOT_RUN_HOLDER = "not_run_holder"
+    ADDRESS_SCOPE = "address_scope"
     # Made by the client itself, never sent by the server.
     UNREACHABLE = "unreachable"
     HTTP_ERROR = "http_error"

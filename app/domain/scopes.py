@@ -149,9 +149,10 @@ class ScopeSet:
         return Refusal(canonical(glob), mode, self.nearest(glob, mode))
 
     def nearest(self, glob: Glob, mode: Mode) -> str:
-        """The scope to name beside a refusal: one that meets the glob (preferring the wanted mode), else the
-        first scope ("" for none)."""
-        met = sorted((s for _, s in self._read.meeting(glob)), key=lambda s: (not s.allows(mode), str(s)))
+        """The scope to name beside a refusal: one that meets the glob — preferring one that covers it (in a
+        lower mode), then one of the wanted mode — else the first scope ("" for none)."""
+        met = sorted((s for _, s in self._read.meeting(glob)),
+                     key=lambda s: (not covers(s.glob, glob), not s.allows(mode), str(s)))
         if met:
             return str(met[0])
         return str(self.scopes[0]) if self.scopes else ""

@@ -173,7 +173,9 @@ def cmd_tokens_list(args: argparse.Namespace) -> int:
     for t in found:
         state = "revoked" if t.revoked_at else "active"
         used = t.last_used_at.isoformat() if t.last_used_at else "never used"
-        print(f"{t.id}\t{t.name}\t{t.workspace}/{t.environment}\t{state}\tcreated {t.created_at.isoformat()}\t{used}")
+        scopes = ",".join(t.scopes) or "whole state"
+        print(f"{t.id}\t{t.name}\t{t.workspace}/{t.environment}\t{state}\tcreated {t.created_at.isoformat()}\t{used}"
+              f"\tscopes {scopes}")
     return EXIT_OK
 
 

@@ -701,7 +701,7 @@ def open_universe_and_globs(
     return build_universe(names, wide_keys, wide_resources), (*outputs, FRESH_OUTPUT), globs
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(open_universe_and_globs())
 def test_covers_agrees_with_brute_force_and_with_the_conflict_matrix(
     case: tuple[tuple[InstanceAddress, ...], tuple[str, ...], list[Glob]],

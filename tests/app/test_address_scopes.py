@@ -113,7 +113,8 @@ def _commit(token: dict[str, Any], run_id: str, body: bytes, addresses: list[str
 
 def test_a_reservation_outside_the_scopes_is_refused_with_the_envelope_audited_and_nothing_written(
         api, seeded, clean_db):  # type: ignore[no-untyped-def]
-    pay = api.token("pay", scopes=["module.payments.*:write", "output.payments_url:write", "terraform_data.shared:read"])
+    pay = api.token("pay", scopes=["module.payments.*:write", "output.payments_url:write",
+                                   "terraform_data.shared:read"])
     before = rows(clean_db)
     refused = _open(pay, ('module.payments["eu"].*', "write"), ("terraform_data.shared", "write"))
     assert refused.status_code == 403

@@ -118,7 +118,8 @@ def test_two_scoped_tokens_apply_their_own_parts_in_parallel_and_are_refused_out
     assert "terraform_data.shared_copy" in refused.stderr
     untouched = head(state, admin)
     assert untouched[""] == after[""] and "terraform_data.shared_copy" not in untouched
-    assert untouched["terraform_data.search[0]"]["instance"]["attributes"]["input"]["value"]["label"] == "recherche-v2 é"
+    label = untouched["terraform_data.search[0]"]["instance"]["attributes"]["input"]["value"]["label"]
+    assert label == "recherche-v2 é"
     events = requests.get(f"{state}/events", headers=bearer(admin), timeout=10).json()["events"]
     audited = [e for e in events if e["kind"] == "address_scope_refused"]
     assert audited and audited[0]["detail"]["token"] == "search"

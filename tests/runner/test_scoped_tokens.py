@@ -163,9 +163,9 @@ def test_a_plan_only_token_plans_but_cannot_apply_or_lock(world):  # type: ignor
     assert planner["token"]["scopes"] == ["*:read"]
     work = checkout(repo, "plan", planner)
     work.edit("payments.tf", "pay-v1", "pay-v9")
-    planned = work.kl("plan", "-f", "payments.tf")
+    planned = work.kl("plan", "--changed-from", "HEAD", "--out", "pr.igplan")  # as the plan workflow runs it
     assert planned.returncode == 0, planned.stdout + planned.stderr
-    assert "write module.payments" in planned.stdout
+    assert "File-scoped: payments.tf" in planned.stdout and "write module.payments" in planned.stdout
     before = head(state, admin)[""]
     applied = work.kl("apply", "-f", "payments.tf", "--confirm-scope", "--actor", "pr")
     assert applied.returncode != 0 and "address_scope" in applied.stderr + applied.stdout, applied.stderr

@@ -23,9 +23,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
+from analyzer.globs import parse_glob
+from app.domain import scopes
 from app.domain.locking import stored_lock
 from app.domain.principal import Principal
-from app.domain.reservations import RunStatus, Wanted, terraform_lock_hold
+from app.domain.reservations import Mode, RunStatus, Wanted, terraform_lock_hold
 from app.errors import (
     BadRequestError,
     LeaseExpiredError,
@@ -331,12 +333,16 @@ def close_run(
 
 
 def abort(db: Database, principal: Principal, run_id: str, *, reason: str = "", clock: Clock = utcnow) -> Run:
-    """Operator escape hatch: end any live run and free its addresses, whoever holds it."""
+    """Operator escape hatch: end any live run and free its addresses, whoever holds it (a token with address
+    scopes: only a run whose every glob its write scopes cover; AddressScopeError otherwise)."""
     now = clock()
     with db.transaction() as conn:
         status, actor, state_id, state_name, _ = _lock_run(conn, principal, run_id)
         if not RunStatus(status).is_live:
             raise RunClosedError(f"apply run {run_id} is already {status}", status=status)
+        if principal.scopes is not None:  # a scoped token ends only runs whose globs it may write
+            held = conn.execute(_RUN_RESERVATIONS, (run_id,)).fetchall()
+            scopes.check_requested(principal.scopes, state_name, ((parse_glob(g), Mode.WRITE) for g, _, _ in held))
         conn.execute(_RELEASE_ALL, (run_id,))
         conn.execute(_SET_STATUS, ("aborted", now, f"aborted by {principal.actor}" + (f": {reason}" if reason else ""),
                                    "{}", run_id))

@@ -138,7 +138,7 @@ def test_a_reservation_outside_the_scopes_is_refused_with_the_envelope_audited_a
     ended = requests.post(f"{api.url}/v1/engine/runs/{run_id}/abort", headers=search["headers"], timeout=10, json={})
     assert ended.status_code == 403 and ended.json()["code"] == "address_scope"
     assert requests.get(f"{api.url}/v1/engine/runs/{run_id}", headers=pay["headers"],
-                        timeout=10).json()["run"]["status"] == "open"
+                        timeout=10).json()["run"]["status"] == "reserved"
 
 
 def test_a_commit_writing_an_output_or_address_it_does_not_own_is_refused(api, seeded, clean_db):  # type: ignore[no-untyped-def]

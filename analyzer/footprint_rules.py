@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 
-from analyzer.addresses import AddressError, ModuleStep, parse_instance_address, parse_module_path
-from analyzer.globs import Glob, GlobKind, canonical, intersects, matches, parse_glob
+from analyzer.addresses import AddressError, parse_instance_address, parse_module_path
+from analyzer.globs import Glob, canonical, intersects, parse_glob
+from analyzer.globs import covers as covers_glob
 
 __all__ = [
     "DIAGNOSTICS",
@@ -203,7 +204,7 @@ class GlobCover:
         self._all.append(glob)
         if glob.is_everything:
             self._everything = True
-        elif glob.resource is None:
+        elif glob.resource is None:  # module and type prefixes
             self._modules.append(glob)
         else:
             self._by_resource.setdefault(glob.resource, []).append(glob)
@@ -254,28 +255,7 @@ def covers(globs: Iterable[str], glob: str) -> bool:
     return GlobCover(globs).covers(glob)
 
 
-def _covers(wide: Glob, narrow: Glob) -> bool:
-    if wide.is_everything:
-        return True
-    if narrow.is_everything:
-        return False
-    if narrow.is_exact:
-        return matches(wide, narrow.address)
-    if wide.is_exact:
-        return False
-    if wide.kind is GlobKind.MODULE:
-        return len(narrow.module) >= len(wide.module) and _steps_cover(wide.module, narrow.module)
-    return (
-        narrow.kind is GlobKind.RESOURCE
-        and narrow.resource == wide.resource
-        and len(narrow.module) == len(wide.module)
-        and _steps_cover(wide.module, narrow.module)
-    )
-
-
-def _steps_cover(wide: tuple[ModuleStep, ...], narrow: tuple[ModuleStep, ...]) -> bool:
-    # A keyless step covers any key; a keyed step covers only itself (not the keyless "any key" step).
-    return all(w.name == n.name and (w.key is None or w.key == n.key) for w, n in zip(wide, narrow, strict=False))
+_covers = covers_glob  # the conflict matrix's containment, one function (analyzer.globs.covers)
 
 
 def json_document_declarations(text: str) -> list[tuple[str, tuple[str, ...]]] | None:

@@ -1,8 +1,10 @@
 """Reservation globs: which instance addresses a reservation covers, and when two reservations conflict.
 
 Owns the glob grammar (``*``, an exact instance address, a module or resource prefix followed by
-``.*``, or a root output ``output.NAME`` / ``output.*``), its canonical text, ``matches``,
-``matches_output``, ``intersects`` and the read/write conflict matrix.
+``.*``, a resource type followed by ``.*`` (``aws_iam_role.*``, ``module.M.aws_iam_role.*``: every
+instance of every resource of that type in that module), or a root output ``output.NAME`` /
+``output.*``), its canonical text, ``matches``, ``matches_output``, ``intersects``, ``covers`` and the
+read/write conflict matrix.
 
 Root outputs. Outputs are not instances, so output globs live in their own space: ``output.NAME`` covers
 one root output, ``output.*`` every root output, ``*`` covers outputs too (it is Terraform's whole-state
@@ -50,6 +52,7 @@ __all__ = [
     "GlobKind",
     "canonical",
     "conflicts",
+    "covers",
     "intersects",
     "matches",
     "matches_output",
@@ -76,7 +79,8 @@ _MODES = (READ, WRITE)
 _ACCEPTED_FORMS = (
     "a glob is '*' (everything), an instance address ('aws_vpc.main', 'data.aws_ami.x', "
     "'module.net[\"a\"].aws_subnet.private[0]'), a module prefix ('module.web.*', 'module.net[\"a\"].*', "
-    "'module.a.module.b.*'), a resource prefix ('aws_instance.web.*', 'module.x.aws_instance.web.*') "
+    "'module.a.module.b.*'), a resource prefix ('aws_instance.web.*', 'module.x.aws_instance.web.*'), "
+    "a resource type ('aws_instance.*', 'data.aws_ami.*', 'module.x.aws_instance.*') "
     "or a root output ('output.NAME', or 'output.*' for every output)"
 )
 
@@ -89,6 +93,7 @@ class GlobKind(StrEnum):
     EVERYTHING = "everything"
     MODULE = "module"  # module.web.*: every address inside the module instance(s)
     RESOURCE = "resource"  # aws_instance.web.*: every instance of one resource, keyed or not
+    TYPE = "type"  # aws_instance.*: every instance of every resource of one type in one module
     EXACT = "exact"  # one instance address
     OUTPUT = "output"  # output.NAME: one root output
     OUTPUTS = "outputs"  # output.*: every root output
@@ -100,9 +105,10 @@ class Glob:
 
     ``module`` is the module path (empty for the root and for ``*``), ``resource`` is
     ``(mode, type, name)`` for resource and exact globs, and ``key`` is the instance key of an exact
-    glob; ``output`` is the name of an ``output.NAME`` glob. Build globs with ``parse_glob`` or the
-    ``everything``/``exact``/``module_prefix``/``resource_prefix``/``root_output``/``all_outputs``
-    constructors; the constructor rejects shapes that have no text form.
+    glob; ``output`` is the name of an ``output.NAME`` glob; ``resource_type`` is ``(mode, type)``
+    for a type glob (whose ``resource`` is None). Build globs with ``parse_glob`` or the
+    ``everything``/``exact``/``module_prefix``/``resource_prefix``/``type_prefix``/``root_output``/
+    ``all_outputs`` constructors; the constructor rejects shapes that have no text form.
     """
 
     kind: GlobKind
@@ -110,6 +116,7 @@ class Glob:
     resource: _Resource | None = None
     key: _Key = None
     output: str | None = None
+    resource_type: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         for step in self.module:
@@ -131,15 +138,20 @@ class Glob:
                     "reserve it with '*'"
                 )
             _check_identifier(name, "resource name")
+        if self.resource_type is not None:
+            mode, type_ = self.resource_type
+            _check_resource_type(mode, type_, rooted=not self.module)
         if self.output is not None:
             _check_identifier(self.output, "output name")
         has_resource = self.resource is not None
         bare = not self.module and not has_resource and self.key is None
         has_output = self.output is not None
-        shape_ok = {
+        typed = self.resource_type is not None
+        shape_ok = not (typed and self.kind is not GlobKind.TYPE) and {
             GlobKind.EVERYTHING: bare and not has_output,
             GlobKind.MODULE: bool(self.module) and not has_resource and self.key is None and not has_output,
             GlobKind.RESOURCE: has_resource and self.key is None and not has_output,
+            GlobKind.TYPE: typed and not has_resource and self.key is None and not has_output,
             GlobKind.EXACT: has_resource and not has_output,
             GlobKind.OUTPUT: bare and has_output,
             GlobKind.OUTPUTS: bare and not has_output,
@@ -170,6 +182,12 @@ class Glob:
     def resource_prefix(cls, module: tuple[ModuleStep, ...], mode: str, type_: str, name: str) -> Glob:
         """``….TYPE.NAME.*``: every instance of one resource, with or without an instance key."""
         return cls(GlobKind.RESOURCE, module, (mode, type_, name))
+
+    @classmethod
+    def type_prefix(cls, module: tuple[ModuleStep, ...], mode: str, type_: str) -> Glob:
+        """``….TYPE.*``: every instance of every resource of one type declared in the module(s) the steps name
+        (not in modules nested below them)."""
+        return cls(GlobKind.TYPE, module, resource_type=(mode, type_))
 
     @classmethod
     def root_output(cls, name: str) -> Glob:
@@ -215,6 +233,10 @@ def canonical(glob: Glob) -> str:
     if glob.kind is GlobKind.OUTPUT:
         return _OUTPUT_PREFIX + str(glob.output)
     module = format_module_path(glob.module)
+    if glob.resource_type is not None:
+        mode, type_ = glob.resource_type
+        head = f"{module}." if module else ""
+        return head + (f"{_DATA}.{type_}" if mode == _DATA else type_) + _PREFIX_SUFFIX
     if glob.resource is None:
         return module + _PREFIX_SUFFIX
     mode, type_, name = glob.resource
@@ -248,6 +270,9 @@ def parse_glob(text: str) -> Glob:
         return Glob.module_prefix(parse_module_path(body))
     except AddressError:
         pass  # Not a module path: it may still be a resource, which the next parse explains if not.
+    typed = _type_prefix(body)
+    if typed is not None:
+        return typed
     try:
         address = parse_instance_address(body)
     except AddressError as exc:
@@ -275,6 +300,12 @@ def matches(glob: Glob, address: str | InstanceAddress) -> bool:
         return glob.address == target
     if glob.kind is GlobKind.MODULE:
         return len(target.module) >= len(glob.module) and _steps_cover(glob.module, target.module)
+    if glob.kind is GlobKind.TYPE:
+        return (
+            glob.resource_type == (target.mode, target.type)
+            and len(target.module) == len(glob.module)
+            and _steps_cover(glob.module, target.module)
+        )
     return (
         glob.resource == (target.mode, target.type, target.name)
         and len(target.module) == len(glob.module)
@@ -308,12 +339,46 @@ def intersects(a: Glob, b: Glob) -> bool:
         return matches(a, b.address)
     if a.kind is GlobKind.MODULE and b.kind is GlobKind.MODULE:
         return _steps_unify(a.module, b.module)
-    if a.kind is GlobKind.RESOURCE and b.kind is GlobKind.RESOURCE:
+    if a.kind is GlobKind.MODULE and b.kind is GlobKind.MODULE:
+        return _steps_unify(a.module, b.module)
+    if a.kind is not GlobKind.MODULE and b.kind is not GlobKind.MODULE:  # resource and type prefixes
         return (
-            a.resource == b.resource and len(a.module) == len(b.module) and _steps_unify(a.module, b.module)
+            _type_of(a) == _type_of(b)
+            and (a.resource == b.resource or GlobKind.TYPE in (a.kind, b.kind))
+            and len(a.module) == len(b.module)
+            and _steps_unify(a.module, b.module)
         )
     module, resource = (a, b) if a.kind is GlobKind.MODULE else (b, a)
     return len(resource.module) >= len(module.module) and _steps_unify(module.module, resource.module)
+
+
+def covers(wide: Glob, narrow: Glob) -> bool:
+    """Whether every address (and root output) ``narrow`` matches is matched by ``wide`` too.
+
+    This is the reservation matrix's notion of containment: ``wide`` covers ``narrow`` exactly when every
+    glob that intersects ``narrow`` also intersects ``wide`` (the tests check it against ``intersects`` by
+    brute force). A keyless module step of a prefix means "any key", so it covers a keyed step, never the
+    other way round; an exact glob covers only itself.
+    """
+    if wide.is_everything:
+        return True
+    if narrow.is_everything:
+        return False
+    if wide.is_output or narrow.is_output:
+        if not (wide.is_output and narrow.is_output):
+            return False
+        return wide.kind is GlobKind.OUTPUTS or (narrow.kind is GlobKind.OUTPUT and wide.output == narrow.output)
+    if narrow.is_exact:
+        return matches(wide, narrow.address)
+    if wide.is_exact:
+        return False
+    if wide.kind is GlobKind.MODULE:
+        return len(narrow.module) >= len(wide.module) and _steps_cover(wide.module, narrow.module)
+    if narrow.kind is GlobKind.MODULE or _type_of(wide) != _type_of(narrow):
+        return False
+    if wide.kind is GlobKind.RESOURCE and narrow.resource != wide.resource:
+        return False  # a resource prefix covers its own instances, never a whole type
+    return len(narrow.module) == len(wide.module) and _steps_cover(wide.module, narrow.module)
 
 
 def conflicts(mode_a: str, glob_a: Glob, mode_b: str, glob_b: Glob) -> bool:
@@ -328,6 +393,41 @@ def conflicts(mode_a: str, glob_a: Glob, mode_b: str, glob_b: Glob) -> bool:
     if mode_a == READ and mode_b == READ:
         return False
     return intersects(glob_a, glob_b)
+
+
+def _type_of(glob: Glob) -> tuple[str, str] | None:
+    """``(mode, type)`` of a resource, exact or type glob."""
+    if glob.resource is not None:
+        return glob.resource[0], glob.resource[1]
+    return glob.resource_type
+
+
+def _type_prefix(body: str) -> Glob | None:
+    """``TYPE``, ``data.TYPE``, ``MODULE.TYPE`` or ``MODULE.data.TYPE`` before ``.*``, or None.
+
+    ``module.data.aws_x`` is the managed type ``aws_x`` in the module call named ``data`` (a module path
+    is read first, as Terraform reads ``module.NAME``); ``module.m.data.aws_x`` is a data source type."""
+    head, _, word = body.rpartition(".")
+    if not is_identifier(word) or word in ("module", _DATA):
+        return None
+    for mode, module_text in ((_MANAGED, head), (_DATA, _data_head(head))):
+        if module_text is None or (module_text and not module_text.startswith("module.")):
+            continue
+        try:
+            module = parse_module_path(module_text)
+        except AddressError:
+            continue
+        if mode == _MANAGED and not module and word == _OUTPUT:
+            return None  # a root type 'output' has no glob: 'output.*' is every root output
+        return Glob.type_prefix(module, mode, word)
+    return None
+
+
+def _data_head(head: str) -> str | None:
+    """The module path before a trailing ``data`` step, or None when there is none."""
+    if head == _DATA:
+        return ""
+    return head[: -len(_DATA) - 1] if head.endswith("." + _DATA) else None
 
 
 def _as_address(address: str | InstanceAddress) -> InstanceAddress:
@@ -385,19 +485,13 @@ def _parse_exact(text: str) -> Glob:
 
 
 def _explain_prefix(body: str) -> str | None:
-    """A pointed hint for a module path plus one dangling word: ``module``, ``data`` or a resource type."""
+    """A pointed hint for a module path plus a dangling ``module`` or ``data``."""
     head, _, word = body.rpartition(".")
-    if not is_identifier(word):
-        return None
     if _is_module_path(head):
         if word == "module":
             return f"{body!r} has no module name: write {body + '.NAME.*'!r}; '*' alone covers everything"
         if word == _DATA:
             return f"{body!r} has no data source type and name: write {body + '.TYPE.NAME.*'!r}"
-        return f"the resource type {word!r} has no name: write {body + '.NAME.*'!r}"
-    module_text, _, data = head.rpartition(".")
-    if data == _DATA and _is_module_path(module_text):
-        return f"the data source type {word!r} has no name: write {body + '.NAME.*'!r}"
     return None
 
 
@@ -435,6 +529,14 @@ def _reject(text: str, problem: str) -> NoReturn:
 def _check_identifier(text: str, what: str) -> None:
     if not is_identifier(text):
         raise ValueError(f"{what} {text!r} is not a valid identifier")
+
+
+def _check_resource_type(mode: str, type_: str, *, rooted: bool) -> None:
+    if mode not in (_MANAGED, _DATA):
+        raise ValueError(f"resource mode must be {_MANAGED!r} or {_DATA!r}, not {mode!r}")
+    _check_identifier(type_, "resource type")
+    if mode == _MANAGED and (type_ in ("module", _DATA) or (rooted and type_ == _OUTPUT)):
+        raise ValueError(f"a managed resource type glob cannot name the type {type_!r}")
 
 
 def _check_key(key: _Key) -> None:

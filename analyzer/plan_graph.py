@@ -173,6 +173,7 @@ def _covering(glob: Glob) -> Iterator[Glob]:
             candidate = Glob.resource_prefix(steps, *glob.resource)
             if candidate != glob:
                 yield candidate
+            yield Glob.type_prefix(steps, *glob.resource[:2])
 
 
 def _object(value: object, where: str) -> Mapping[str, Any]:

@@ -182,3 +182,15 @@ class StalePlanError(ConflictError):
 
 class WriteOutsideReservationError(ConflictError):
     """A commit would change addresses that none of the run's write reservations cover."""
+
+
+class AddressScopeError(ForbiddenError):
+    """The token's address scopes do not allow this: ``glob`` is what was asked for or written, ``mode``
+    the mode it needed, ``nearest_scope`` the token's scope closest to it ("" when it has none that meets).
+    Audited where it is answered (``app.web.errors``)."""
+
+    code = "address_scope"
+
+    def __init__(self, message: str, *, glob: str, mode: str, nearest_scope: str, state: str) -> None:
+        super().__init__(message, glob=glob, mode=mode, nearest_scope=nearest_scope, state=state)
+        self.glob, self.mode, self.nearest_scope, self.state = glob, mode, nearest_scope, state

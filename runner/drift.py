@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analyzer.addresses import parse_instance_address
 from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.globs import Glob, GlobError, GlobKind, matches, parse_glob
 from analyzer.state import ParsedState, parse_state
@@ -61,7 +62,7 @@ class Scope:
 
     checked: tuple[str, ...]
     read: tuple[str, ...]
-    targets: tuple[str, ...]            # Terraform -target addresses (none: the whole workspace)
+    targets: tuple[str, ...]            # the --target globs -target is made from (none: the whole workspace)
     footprint: Any = None               # the file-scoped footprint (-f), else None
     files: Any = None                   # the configuration's root files (-f)
     described: frozenset[str] = frozenset()
@@ -100,15 +101,27 @@ def _is_data_glob(glob: Glob) -> bool:
     return glob.resource is not None and glob.resource[0] == "data"
 
 
-def target_addresses(globs: Sequence[str]) -> tuple[str, ...]:
-    """Terraform ``-target`` addresses covering the globs (``*`` needs none)."""
+def target_addresses(globs: Sequence[str], addresses: Sequence[str] = ()) -> tuple[str, ...]:
+    """Terraform ``-target`` addresses covering the globs (``*`` needs none). Terraform has no target for a
+    whole resource type, so a type glob (``TYPE.*``) becomes the resources of the slice's ``addresses`` it
+    matches (the workspace's state holds nothing else of that type to refresh)."""
     found: list[str] = []
     for text in globs:
         glob = parse_glob(text)
         if glob.kind is GlobKind.EVERYTHING:
             return ()
+        if glob.kind is GlobKind.TYPE:
+            found.extend(parse_instance_address(a).resource_address for a in addresses if matches(glob, a))
+            continue
         found.append(text[:-2] if text.endswith(".*") else text)
     return tuple(sorted(set(found)))
+
+
+def slice_targets(scope: Scope, chosen: Slice) -> tuple[str, ...]:
+    """The ``-target`` addresses of a check over the fetched slice."""
+    if not scope.targets:
+        return ()
+    return target_addresses(scope.targets, chosen.addresses)
 
 
 def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
@@ -120,7 +133,7 @@ def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
             globs = tuple(sorted({str(parse_glob(t)) for t in request.targets}))
         except GlobError as exc:
             raise InvalidInput(f"--target: {exc}") from exc
-        return Scope(checked=globs, read=(), targets=target_addresses(globs))
+        return Scope(checked=globs, read=(), targets=() if "*" in globs else globs)
     if not request.files:
         return Scope(checked=("*",), read=(), targets=())
     from analyzer.gcpause import gc_paused
@@ -184,11 +197,11 @@ def _workspace(request: DriftRequest, scope: Scope, chosen: Slice, dest: Path) -
     return workspace.build(request.config_dir, dest, chosen.raw)
 
 
-def refresh_plan(ctx: TerraformContext, ws: workspace.Workspace, scope: Scope) -> dict[str, Any]:
+def refresh_plan(ctx: TerraformContext, ws: workspace.Workspace, targets: Sequence[str]) -> dict[str, Any]:
     """init, plan -refresh-only -out, show -json (quietly: Terraform prints drifted values)."""
     init(ctx, ws)
     terraform(ctx, ws, ["plan", "-refresh-only", "-input=false", "-lock=false", "-no-color", f"-out={PLAN_FILE}",
-                        *(f"-target={t}" for t in scope.targets)], quiet=True)
+                        *(f"-target={t}" for t in targets)], quiet=True)
     return show_plan(ctx, ws)
 
 
@@ -225,7 +238,7 @@ def check_drift(client: EngineClient, ctx: TerraformContext, request: DriftReque
     run_id, chosen = _open(client, request, scope, write=False, kind="drift")
     tmp = Path(tempfile.mkdtemp(prefix=f"kl-drift-{run_id}-"))
     try:
-        plan = refresh_plan(ctx, _workspace(request, scope, chosen, tmp / "ws"), scope)
+        plan = refresh_plan(ctx, _workspace(request, scope, chosen, tmp / "ws"), slice_targets(scope, chosen))
     except BaseException as exc:
         _close(client, run_id, request.actor, "failed", f"drift check failed: {exc}")
         raise
@@ -276,7 +289,7 @@ def refresh(client: EngineClient, ctx: TerraformContext, request: DriftRequest, 
 def _refresh_run(client: EngineClient, ctx: TerraformContext, request: DriftRequest, scope: Scope, chosen: Slice,
                  run_id: str, tmp: Path, heartbeat: Heartbeat, dry_run: bool) -> RefreshOutcome:
     ws = _workspace(request, scope, chosen, tmp / "ws")
-    plan = refresh_plan(ctx, ws, scope)
+    plan = refresh_plan(ctx, ws, slice_targets(scope, chosen))
     drifted = _drifted(plan, scope)
     result = DriftResult(request.state, chosen.serial, _checked_count(chosen, scope), scope.checked, drifted, run_id)
     if dry_run:

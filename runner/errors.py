@@ -56,6 +56,7 @@ class EngineCode(StrEnum):
     RUN_NOT_FOUND = "run_not_found"
     NOT_RUN_HOLDER = "not_run_holder"
     WRITE_OUTSIDE_RESERVATION = "write_outside_reservation"
+    ADDRESS_SCOPE = "address_scope"
     # Made by the client itself, never sent by the server.
     UNREACHABLE = "unreachable"
     HTTP_ERROR = "http_error"

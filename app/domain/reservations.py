@@ -131,9 +131,11 @@ def parse_wanted(
 def glob_root(glob_text: str) -> str:
     """The first step of a glob, from its parsed form: ``module.NAME``, ``TYPE.NAME``,
     ``data.TYPE.NAME``, ``output`` (every output glob) or ``*``. Globs whose roots differ (and neither
-    is ``*``) can never intersect, which is what the store's root index relies on."""
+    is ``*``) can never intersect, which is what the store's root index relies on. A root module's type glob
+    (``aws_iam_role.*``) meets every ``aws_iam_role.NAME`` root, so its root is ``*``: it is read by every
+    conflict check of the state, and reads every reservation of the state when it is requested."""
     glob = _parsed(glob_text)
-    if glob.is_everything:
+    if glob.is_everything or (glob.resource_type is not None and not glob.module):
         return EVERYTHING
     if glob.is_output:
         return OUTPUTS_ROOT

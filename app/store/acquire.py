@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from analyzer.globs import parse_glob
+from app.domain import scopes
 from app.domain.locking import lock_created
 from app.domain.principal import Principal
 from app.domain.reservations import (
@@ -323,7 +324,9 @@ def acquire(
     db: Database, principal: Principal, attempt: Attempt, *, policy: WaitPolicy, clock: Clock,
     grant: Callable[[psycopg.Connection, states.StateRow], None], exclude_run: str | None = None,
 ) -> Ticket | None:
-    """One attempt: None when granted, a Ticket when the request waits, else ReservationConflictError."""
+    """One attempt: None when granted, a Ticket when the request waits, else ReservationConflictError
+    (or AddressScopeError, before anything is read, when the token's address scopes do not cover it)."""
+    scopes.check_requested(principal.scopes, attempt.state_name, ((w.glob, w.mode) for w in attempt.wanted))
     now = clock()
     with db.transaction() as conn:
         if policy.ticket:

@@ -30,6 +30,7 @@ from psycopg.rows import class_row
 
 from analyzer.state import EncryptedState, OutputRow, ParsedState
 from app.domain import commit as rules
+from app.domain import scopes
 from app.domain.principal import Principal
 from app.errors import BadRequestError, RunNotFoundError, StateLockedError, WriteOutsideReservationError
 from app.store import events, holds, resources, runs, states
@@ -163,6 +164,7 @@ class _Verdict:
     written: tuple[str, ...]  # the instance addresses it writes (unreserved data sources left out)
     outside: list[str]  # addresses and output.NAME outside the write globs
     stale: list[tuple[str, int]]  # of _Before.changed: reserved addresses changed after the base serial
+    outputs_written: tuple[str, ...] = ()  # root outputs it adds, changes or removes
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +180,7 @@ def commit_run(
     db: Database, principal: Principal, run_id: str, *, holder: str, state_body: bytes,
     slice_addresses: Sequence[str], prune_outputs: rules.Prune = True, clock: runs.Clock = runs.utcnow,
 ) -> CommitResult:
-    """Commit the post-apply state of a run's slice. Raises WriteOutsideReservationError,
+    """Commit the post-apply state of a run's slice. Raises AddressScopeError, WriteOutsideReservationError,
     StalePlanError, LeaseExpiredError, RunClosedError, NotRunHolderError; refusals write nothing."""
     slice_addresses = rules.check_addresses(slice_addresses, "slice_addresses")
     parsed = states.parse_body(state_body)
@@ -233,6 +235,7 @@ def _refuse(
     if base_serial is None:
         raise BadRequestError(f"apply run {run_id} has no base serial: open runs that commit with the serial "
                               "their plan was made against (0 for a state with no versions yet)")
+    check_scopes(principal, locked.state_name, verdict)
     if verdict.outside:
         outside = verdict.outside
         shown = ", ".join(outside[:20]) + (f" and {len(outside) - 20} more" if len(outside) > 20 else "")
@@ -321,7 +324,15 @@ def _judge(
     written = tuple(sorted({a for a in addresses if not skip(a)}))
     outside = rules.outside(written, write_globs) + [
         f"output.{n}" for n in rules.outputs_outside(changed_outputs, write_globs)]
-    return _Verdict(written, outside, rules.stale(before.changed, rules.parse_globs(g for g, _ in reserved)))
+    return _Verdict(written, outside, rules.stale(before.changed, rules.parse_globs(g for g, _ in reserved)),
+                    tuple(changed_outputs))
+
+
+def check_scopes(principal: Principal, state_name: str, verdict: _Verdict) -> None:
+    """AddressScopeError when the token's address scopes lack a write scope for an address or root output
+    the change writes, whatever its reservations cover (a token without scopes writes anywhere). The
+    commit and its dry run both run it."""
+    scopes.check_written(principal.scopes, state_name, verdict.written, verdict.outputs_written)
 
 
 def _check_stale(before: _Before, locked: Locked, verdict: _Verdict, base_serial: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from psycopg.rows import class_row
 
+from app.domain import scopes
 from app.domain.jobs import JobKind
 from app.domain.locking import lock_holder, stored_lock
 from app.domain.principal import Principal
@@ -85,7 +86,7 @@ WHERE a.id = %(run)s AND a.tenant_id = %(tenant)s AND e.tenant_id = %(tenant)s A
 ORDER BY e.id DESC LIMIT %(limit)s
 """
 _TOKEN_BY_ID = """
-SELECT t.id, t.tenant_id, t.name, w.public_id AS workspace_id, e.public_id AS environment_id
+SELECT t.id, t.tenant_id, t.name, w.public_id AS workspace_id, e.public_id AS environment_id, t.scopes
 FROM api_tokens t JOIN environments e ON e.id = t.environment_id JOIN workspaces w ON w.id = e.workspace_id
 WHERE t.id = %s AND t.revoked_at IS NULL
 """
@@ -234,6 +235,9 @@ def head_resources(
     lines = tuple(ResourceLine(address=a, type=t, mode=m, status=s, deposed=d, provider=p, create_serial=c)
                   for a, t, m, s, d, p, c, _ in found)
     matched = int(found[0][7]) if found else 0
+    if principal.scopes is not None:  # a scoped token sees (and counts) only what its read scopes cover
+        lines = tuple(line for line in lines if scopes.can_read(principal.scopes, line.address))
+        matched = total = len(lines)
     return ResourcePage(serial=row.current_serial, total=int(total), matched=matched, lines=lines)
 
 
@@ -244,12 +248,14 @@ def head_outputs(db: Database, principal: Principal, name: str) -> list[OutputLi
         if row.head_version_id is None:
             return []
         with conn.cursor(row_factory=class_row(OutputLine)) as cur:
-            return cur.execute(_HEAD_OUTPUTS, (row.head_version_id,)).fetchall()
+            found = cur.execute(_HEAD_OUTPUTS, (row.head_version_id,)).fetchall()
+    return [o for o in found if scopes.can_read_output(principal.scopes, o.name)]
 
 
 def lifecycles(db: Database, principal: Principal, name: str, address: str) -> list[Lifecycle]:
     """Every lifecycle of one instance address, oldest first (attributes only, no private data).
-    Raises StateNotFoundError, or NotFoundError when the state never held the address."""
+    Raises StateNotFoundError, NotFoundError when the state never held the address, or AddressScopeError."""
+    scopes.check_readable(principal.scopes, name, address)
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
         with conn.cursor(row_factory=class_row(Lifecycle)) as cur:
@@ -265,14 +271,17 @@ def neighbourhood(db: Database, principal: Principal, name: str, address: str, *
         row = states.find_state(conn, principal, name)
         upstream = [a for (a,) in conn.execute(_UPSTREAM, (row.id, address, limit))]
         downstream = [a for (a,) in conn.execute(_DOWNSTREAM, (row.id, address, limit)) if a != address]
-    return Neighbourhood(depends_on=tuple(upstream), dependents=tuple(downstream))
+    readable = principal.scopes
+    return Neighbourhood(depends_on=tuple(a for a in upstream if scopes.can_read(readable, a)),
+                         dependents=tuple(a for a in downstream if scopes.can_read(readable, a)))
 
 
 def run_events(db: Database, principal: Principal, run_id: str, *, limit: int = 50) -> list[RunEvent]:
     """The newest audit events that name this run (its log tail), newest first."""
     params = {"run": run_id, "tenant": principal.tenant_id, "scope": principal.scope, "limit": limit}
     with db.transaction() as conn, conn.cursor(row_factory=class_row(RunEvent)) as cur:
-        return cur.execute(_RUN_EVENTS, params).fetchall()
+        found = cur.execute(_RUN_EVENTS, params).fetchall()
+    return [e for e in found if scopes.readable_event(principal.scopes, e.detail)]
 
 
 def token_id_for_secret(db: Database, secret: str) -> int | None:

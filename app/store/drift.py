@@ -8,12 +8,15 @@ checks finishing together fold their findings into ``outstanding`` one after the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from analyzer.globs import parse_glob
 from app.domain import drift as rules
+from app.domain import scopes
 from app.domain.principal import Principal
+from app.domain.reservations import Mode
 from app.errors import StateNotFoundError
 from app.store import events, states
 from app.store.db import Database
@@ -78,7 +81,9 @@ def _report(state: str, row: tuple[Any, ...]) -> Report:
 
 def record(db: Database, principal: Principal, name: str, submitted: rules.Submitted, *, refreshed: int,
            now: datetime) -> Report:
-    """Store a check of ``name`` and fold it into the state's outstanding drift. Raises StateNotFoundError."""
+    """Store a check of ``name`` and fold it into the state's outstanding drift. Raises StateNotFoundError, or
+    AddressScopeError when the token may not read every glob the report covers."""
+    scopes.check_requested(principal.scopes, name, ((parse_glob(g), Mode.READ) for g in submitted.globs))
     with db.transaction() as conn:
         row = states.locked_row(conn, principal, name, create=False)
         if row is None:
@@ -97,7 +102,7 @@ def record(db: Database, principal: Principal, name: str, submitted: rules.Submi
                       drifted=len(submitted.drifted), outstanding=len(after), run_id=submitted.run_id)
         latest = conn.execute(_LATEST, (row.id, 1)).fetchone()
     assert latest is not None
-    return _report(name, latest)
+    return readable_part(principal, _report(name, latest))
 
 
 def reports(db: Database, principal: Principal, name: str, *, limit: int = 1) -> list[Report]:
@@ -105,7 +110,20 @@ def reports(db: Database, principal: Principal, name: str, *, limit: int = 1) ->
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
         found = conn.execute(_LATEST, (row.id, limit)).fetchall()
-    return [_report(name, r) for r in found]
+    return [readable_part(principal, _report(name, r)) for r in found]
+
+
+def readable_part(principal: Principal, report: Report) -> Report:
+    """What a scoped token may see of a report: the entries and globs its read scopes cover."""
+    if principal.scopes is None:
+        return report
+    readable = principal.scopes
+
+    def entries(found: tuple[rules.DriftEntry, ...]) -> tuple[rules.DriftEntry, ...]:
+        return tuple(e for e in found if scopes.can_read(readable, e.address))
+
+    globs = tuple(g for g in report.globs if readable.allows(parse_glob(g), Mode.READ))
+    return replace(report, globs=globs, found=entries(report.found), drifted=entries(report.drifted))
 
 
 def drifted_by_state(db: Database, principal: Principal) -> dict[str, int]:

@@ -11,6 +11,8 @@ import psycopg
 from psycopg.rows import class_row
 
 from app.domain.principal import Principal
+from app.domain.scopes import readable_event
+from app.store.db import Database
 
 _INSERT = """
 INSERT INTO events (tenant_id, scope, state_id, state_name, kind, actor, serial, lock_id, detail)
@@ -58,8 +60,17 @@ def record(
     )
 
 
+def record_refused(db: Database, principal: Principal, kind: str, *, state_name: str, **detail: Any) -> None:
+    """Audit a refused request in a transaction of its own: the request's own transaction rolled back, so
+    the refusal is the only row it leaves."""
+    with db.transaction() as conn:
+        record(conn, principal, kind, state_id=None, state_name=state_name, **detail)
+
+
 def list_events(
     conn: psycopg.Connection, principal: Principal, state_name: str | None = None, limit: int = 100
 ) -> list[Event]:
+    """The newest events; a token with address scopes sees only those whose addresses it may read."""
     with conn.cursor(row_factory=class_row(Event)) as cur:
-        return cur.execute(_LIST, (principal.tenant_id, principal.scope, state_name, state_name, limit)).fetchall()
+        found = cur.execute(_LIST, (principal.tenant_id, principal.scope, state_name, state_name, limit)).fetchall()
+    return [e for e in found if readable_event(principal.scopes, e.detail)]

@@ -11,7 +11,9 @@ from analyzer.addresses import AddressError, has_prefix, parse_instance_address
 from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
 from analyzer.state import InstanceRow
 from analyzer.state_assembly import assemble_state
+from app.domain import scopes
 from app.domain.principal import Principal
+from app.domain.reservations import Mode
 from app.errors import BadRequestError, NotFoundError, StateNotFoundError
 from app.store import assembly, resources, states
 from app.store.db import Database
@@ -56,6 +58,8 @@ def list_resources(
     if prefix:
         # SQL narrows by string shape; the structured rule has the last word.
         found = [r for r in found if has_prefix(r.address, prefix)]
+    if principal.scopes is not None:  # a scoped token lists only what its read scopes cover
+        found = [r for r in found if scopes.can_read(principal.scopes, r.address)]
     return Listing(state=name, serial=at, resources=found)
 
 
@@ -69,6 +73,7 @@ def _check_prefix(prefix: str) -> None:
 def resource_history(db: Database, principal: Principal, name: str, address: str) -> list[ResourceRow]:
     """Every lifecycle of one instance address, oldest first."""
     _check_address(address, "address")
+    scopes.check_readable(principal.scopes, name, address)
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
         found = resources.history(conn, state_id=row.id, address=address)
@@ -81,11 +86,19 @@ def dependency_edges(db: Database, principal: Principal, name: str, *, serial: i
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
         at = _resolve_serial(row.current_serial, serial, name)
-        return resources.edges_at(conn, state_id=row.id, serial=at)
+        edges = resources.edges_at(conn, state_id=row.id, serial=at)
+    return [e for e in edges if _readable_edge(principal, e.address, e.depends_on)]
+
+
+def _readable_edge(principal: Principal, address: str, depends_on: str) -> bool:
+    """A scoped token sees an edge when it may read both ends."""
+    return scopes.can_read(principal.scopes, address) and scopes.can_read_resource(principal.scopes, depends_on)
 
 
 def assemble(db: Database, principal: Principal, name: str, *, serial: int | None = None) -> bytes:
-    """Re-assemble a v4 state from the rows alive at ``serial`` and that version's outputs."""
+    """Re-assemble a v4 state from the rows alive at ``serial`` and that version's outputs (the whole state:
+    a scoped token needs '*:read', and slices instead)."""
+    scopes.check_whole_state(principal.scopes, name, Mode.READ, "assembling")
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
         at = _resolve_serial(row.current_serial, serial, name)
@@ -157,6 +170,10 @@ def glob_lookup(globs: Iterable[Glob]) -> GlobLookup:
         if glob.is_exact:
             exact.add(text)
             continue
+        if glob.resource_type is not None and glob.module:
+            # Over-select the whole first module call: its keyless steps stand for any key.
+            prefixes.update((f"module.{glob.module[0].name}.", f"module.{glob.module[0].name}["))
+            continue
         stem = text[:-2]  # drop ".*"
         exact.add(stem)
         prefixes.update((stem + ".", stem + "["))
@@ -197,6 +214,9 @@ def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[s
             instances = _rows_under(conn, row.id, lookup)
         outputs = resources.outputs_of(conn, version_id=version.id)
     wanted = [i for i in instances if any(matches(g, i.address) for g in parsed)]
+    if principal.scopes is not None:  # a scoped token's slice holds only what its read scopes cover
+        wanted = [i for i in wanted if scopes.can_read(principal.scopes, i.address)]
+        outputs = [o for o in outputs if scopes.can_read_output(principal.scopes, o.name)]
     return assemble_state(serial=version.serial, lineage=version.lineage,
                           terraform_version=version.terraform_version, instances=wanted, outputs=outputs)
 
@@ -211,7 +231,8 @@ def edges_touching(db: Database, principal: Principal, name: str, globs: Sequenc
         row = states.find_state(conn, principal, name)
         if lookup.everything:
             rows = resources.instances_at(conn, state_id=row.id, serial=row.current_serial or 0)
-            return sorted({(r.address, d) for r in rows for d in r.dependencies})
+            return sorted({(r.address, d) for r in rows for d in r.dependencies
+                           if _readable_edge(principal, r.address, d)})
         for r in _rows_under(conn, row.id, lookup):
             found.update((r.address, d) for d in r.dependencies)
         # Dependencies name resources without instance keys: a glob's keyless stem is such a name.
@@ -223,7 +244,8 @@ def edges_touching(db: Database, principal: Principal, name: str, globs: Sequenc
                                        {"state": row.id, "prefixes": module_prefixes}).fetchall()
         found.update((address, d) for address, deps in dependents for d in deps)
     # Resource-level ends (no instance key) match a glob when the glob covers any of their instances.
-    return sorted((a, d) for a, d in found if any(_touches(g, a) or _touches(g, d) for g in parsed))
+    return sorted((a, d) for a, d in found if any(_touches(g, a) or _touches(g, d) for g in parsed)
+                  and _readable_edge(principal, a, d))
 
 
 def _keyless(address: str) -> str:

@@ -23,9 +23,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
+from analyzer.globs import parse_glob
+from app.domain import scopes
 from app.domain.locking import stored_lock
 from app.domain.principal import Principal
-from app.domain.reservations import RunStatus, Wanted, terraform_lock_hold
+from app.domain.reservations import Mode, RunStatus, Wanted, terraform_lock_hold
 from app.errors import (
     BadRequestError,
     LeaseExpiredError,
@@ -344,12 +346,16 @@ def abort(
     """Operator escape hatch: end any live run and free its addresses, whoever holds it. A run whose
     Terraform is applying (``running``) only becomes ``aborting``: it keeps its reservations until its
     client has stopped Terraform and closed it, or its lease lapses. ``force`` frees them at once (for a
-    run whose Terraform is known to have stopped)."""
+    run whose Terraform is known to have stopped). A token with address scopes ends only a run whose every
+    glob its write scopes cover (AddressScopeError otherwise)."""
     now = clock()
     with db.transaction() as conn:
         status, actor, state_id, state_name, _ = _lock_run(conn, principal, run_id)
         if not RunStatus(status).is_live:
             raise RunClosedError(f"apply run {run_id} is already {status}", status=status)
+        if principal.scopes is not None:  # a scoped token ends only runs whose globs it may write
+            held = conn.execute(_RUN_RESERVATIONS, (run_id,)).fetchall()
+            scopes.check_requested(principal.scopes, state_name, ((parse_glob(g), Mode.WRITE) for g, _, _ in held))
         summary = f"aborted by {principal.actor}" + (f": {reason}" if reason else "")
         if status in (RunStatus.RUNNING, RunStatus.ABORTING) and not force:
             conn.execute(_SET_STATUS, (RunStatus.ABORTING.value, None, summary, "{}", run_id))

@@ -16,6 +16,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from app.domain.principal import Principal
+from app.domain.scopes import ScopeError, parse_scopes
 from app.errors import BadRequestError, ConflictError, NotFoundError
 from app.store import events
 from app.store.db import Database
@@ -37,19 +38,20 @@ ON CONFLICT (workspace_id, name) DO NOTHING
 """
 _ENVIRONMENT = "SELECT id, public_id FROM environments WHERE workspace_id = %s AND name = %s"
 _INSERT_TOKEN = """
-INSERT INTO api_tokens (public_id, tenant_id, environment_id, name, token_hash, created_by)
-VALUES (%s, %s, %s, %s, %s, %s)
+INSERT INTO api_tokens (public_id, tenant_id, environment_id, name, token_hash, created_by, scopes)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
 """
+_SET_SCOPES = "UPDATE api_tokens SET scopes = %s WHERE tenant_id = %s AND public_id = %s"
 _TOKEN_FIELDS = """
 t.public_id AS id, t.name, w.name AS workspace, w.public_id AS workspace_id, e.name AS environment,
-e.public_id AS environment_id, t.created_at, t.last_used_at, t.revoked_at
+e.public_id AS environment_id, t.created_at, t.last_used_at, t.revoked_at, t.scopes
 FROM api_tokens t JOIN environments e ON e.id = t.environment_id JOIN workspaces w ON w.id = e.workspace_id
 """
 _TOKENS = f"SELECT {_TOKEN_FIELDS} WHERE t.tenant_id = %s ORDER BY t.created_at, t.id"
 _TOKEN = f"SELECT {_TOKEN_FIELDS} WHERE t.tenant_id = %s AND t.public_id = %s"
 _REVOKE = "UPDATE api_tokens SET revoked_at = now() WHERE tenant_id = %s AND public_id = %s AND revoked_at IS NULL"
 _AUTHENTICATE = """
-SELECT t.id, t.tenant_id, t.name, w.public_id AS workspace_id, e.public_id AS environment_id
+SELECT t.id, t.tenant_id, t.name, w.public_id AS workspace_id, e.public_id AS environment_id, t.scopes
 FROM api_tokens t JOIN environments e ON e.id = t.environment_id JOIN workspaces w ON w.id = e.workspace_id
 WHERE t.token_hash = %s AND t.revoked_at IS NULL
 """
@@ -81,6 +83,7 @@ class TokenInfo:
     created_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
+    scopes: list[str]  # address scopes 'GLOB:MODE'; empty: the whole state
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,7 @@ class AuthenticatedToken:
     name: str
     workspace_id: str
     environment_id: str
+    scopes: list[str]
 
     @property
     def scope(self) -> str:
@@ -133,12 +137,27 @@ def list_tenants(db: Database) -> list[Tenant]:
         return cur.execute(_TENANTS).fetchall()
 
 
+def checked_scopes(scopes: object) -> list[str]:
+    """Address scopes from a request or the command line, validated and canonical; BadRequestError names a bad one."""
+    if scopes is None:
+        return []
+    if not isinstance(scopes, list | tuple):
+        raise BadRequestError('scopes must be a list of "GLOB:read" or "GLOB:write" strings')
+    try:
+        return list(parse_scopes(scopes))
+    except ScopeError as exc:
+        raise BadRequestError(str(exc)) from exc
+
+
 def create_token(
     db: Database, slug: str, *, name: str, environment: str, workspace: str = "default", actor: str,
+    scopes: object = None,
 ) -> tuple[str, TokenInfo]:
-    """Create a token for one environment (creating the workspace and environment on first use).
-    Returns the secret — the only time it exists outside the caller's hands — and the listing."""
+    """Create a token for one environment (creating the workspace and environment on first use), with
+    address scopes (none: the whole state). Returns the secret — the only time it exists outside the
+    caller's hands — and the listing."""
     name = _check(_NAME, name, "token name", "use letters, digits, '.', '_' and '-'")
+    scope_texts = checked_scopes(scopes)
     environment = _check(_NAME, environment, "environment", "use letters, digits, '.', '_' and '-'")
     workspace = _check(_NAME, workspace, "workspace", "use letters, digits, '.', '_' and '-'")
     secret = "kl_" + secrets.token_urlsafe(32)
@@ -151,10 +170,11 @@ def create_token(
         conn.execute(_ENSURE_ENVIRONMENT, (tenant.id, workspace_row[0], "env_" + secrets.token_hex(6), environment))
         env_row = conn.execute(_ENVIRONMENT, (workspace_row[0], environment)).fetchone()
         assert env_row is not None
-        conn.execute(_INSERT_TOKEN, (public_id, tenant.id, env_row[0], name, hash_secret(secret), actor))
+        conn.execute(_INSERT_TOKEN, (public_id, tenant.id, env_row[0], name, hash_secret(secret), actor,
+                                     scope_texts))
         principal = Principal(tenant_id=tenant.id, actor=actor, scope=f"{workspace_row[1]}/{env_row[1]}")
         events.record(conn, principal, "token_create", state_id=None, state_name="", token_id=public_id,
-                      token_name=name, environment=environment, workspace=workspace)
+                      token_name=name, environment=environment, workspace=workspace, scopes=scope_texts)
         with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
             info = cur.execute(_TOKEN, (tenant.id, public_id)).fetchone()
     assert info is not None
@@ -180,6 +200,27 @@ def revoke_token(db: Database, slug: str, token_id: str, *, actor: str) -> Token
             events.record(conn, Principal(tenant_id=tenant.id, actor=actor, scope=f"{info.workspace_id}/"
                                           f"{info.environment_id}"),
                           "token_revoke", state_id=None, state_name="", token_id=token_id, token_name=info.name)
+        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
+            updated = cur.execute(_TOKEN, (tenant.id, token_id)).fetchone()
+    assert updated is not None
+    return updated
+
+
+def set_token_scopes(db: Database, slug: str, token_id: str, scopes: object, *, actor: str) -> TokenInfo:
+    """Replace a token's address scopes (an empty list: the whole state again); audited with both lists.
+    The next request of the token is checked against the new scopes."""
+    scope_texts = checked_scopes(scopes)
+    with db.transaction() as conn:
+        tenant = _tenant(conn, slug)
+        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
+            info = cur.execute(_TOKEN, (tenant.id, token_id)).fetchone()
+        if info is None:
+            raise NotFoundError(f"tenant {slug!r} has no token {token_id!r}: list them with kl tokens list {slug}")
+        conn.execute(_SET_SCOPES, (scope_texts, tenant.id, token_id))
+        events.record(conn, Principal(tenant_id=tenant.id, actor=actor,
+                                      scope=f"{info.workspace_id}/{info.environment_id}"),
+                      "token_scopes", state_id=None, state_name="", token_id=token_id, token_name=info.name,
+                      before=list(info.scopes), after=scope_texts)
         with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
             updated = cur.execute(_TOKEN, (tenant.id, token_id)).fetchone()
     assert updated is not None

@@ -20,6 +20,7 @@ from flask import Request
 from app.config import AuthMode, Settings
 from app.domain.names import split_scoped_path
 from app.domain.principal import Principal, default_principal
+from app.domain.scopes import scope_set
 from app.domain.throttle import client_address, parse_networks
 from app.errors import AuthThrottledError, ForbiddenError, InvalidStateNameError, UnauthorizedError
 from app.store import Database, tenancy, throttle
@@ -87,7 +88,8 @@ def principal_for(creds: Credentials | None, request: Request, settings: Setting
     if creds.scheme == "basic" and not hmac.compare_digest(creds.username.encode(), token.workspace_id.encode()):
         refuse(db, settings, request, [*keys, token_key], creds.username, "username is not the token's workspace id",
                hint="set username to the token's workspace id (ws_...)")
-    return Principal.for_token(tenant_id=token.tenant_id, name=token.name, scope=token.scope, token_id=token.id)
+    return Principal.for_token(tenant_id=token.tenant_id, name=token.name, scope=token.scope, token_id=token.id,
+                               scopes=scope_set(tuple(token.scopes)))
 
 
 def remote_address(request: Request, settings: Settings) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from flask import Blueprint, Response, request
 
 from app.domain.locking import classify_unlock
+from app.domain.reservations import Mode
+from app.domain.scopes import check_whole_state
 from app.errors import InvalidLockInfoError, InvalidStateNameError, PayloadTooLargeError, StateNotFoundError
 from app.store import states
 from app.web import inputs, metrics
@@ -55,6 +57,10 @@ def state(name: str) -> Response:
     who = principal()
     db = services().db
     lock_id = request.args.get("ID") or None
+    # The whole state moves in each of these: a token with address scopes needs '*' (a scoped token reads
+    # through the engine lane's slice and resources reads instead).
+    mode = Mode.READ if request.method == "GET" else Mode.WRITE
+    check_whole_state(who.scopes, name, mode, f"Terraform's {request.method}")
     if request.method == "GET":
         raw = states.read_head(db, who, name)
         if raw is None:
@@ -78,6 +84,7 @@ def state(name: str) -> Response:
 def state_unlock(name: str) -> Response:
     """The unlock alias for edges that drop UNLOCK requests with a body."""
     name = state_name(name)
+    check_whole_state(principal().scopes, name, Mode.WRITE, "Terraform's UNLOCK")
     request_ = classify_unlock(bytes(_lock_body("UNLOCK")), request.args.get("ID") or None)
     states.unlock(services().db, principal(), name, request_)
     return _ok()

@@ -13,6 +13,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from app.config import AuthMode
 from app.domain.blocks import scoped_backend_block
+from app.domain.scopes import PLAN_ONLY
 from app.errors import BadRequestError, ForbiddenError, UnauthorizedError
 from app.store import tenancy
 from app.web.auth import check_throttle, credentials_of, refuse, remote_address
@@ -65,11 +66,32 @@ def create_token(slug: str) -> tuple[Response, int]:
     doc = _body()
     secret, info = tenancy.create_token(
         services().db, slug, name=str(doc.get("name", "")), environment=str(doc.get("environment", "")),
-        workspace=str(doc.get("workspace") or "default"), actor="control-api",
+        workspace=str(doc.get("workspace") or "default"), actor="control-api", scopes=_scopes(doc),
     )
     block = scoped_backend_block(public_base_url(), info.workspace_id, info.environment_id)
     return jsonify({"ok": True, "token_secret": secret, "token": info, "workspace_id": info.workspace_id,
                     "environment_id": info.environment_id, "backend_block": block}), 201
+
+
+def _scopes(doc: dict[str, Any]) -> object:
+    """``scopes`` (a list of 'GLOB:MODE'), or ``plan_only: true`` for the preset '*:read'."""
+    plan_only = doc.get("plan_only", False)
+    if not isinstance(plan_only, bool):
+        raise BadRequestError("plan_only must be true or false")
+    if plan_only and doc.get("scopes"):
+        raise BadRequestError("give scopes or plan_only, not both (plan_only is the scope '*:read')")
+    return list(PLAN_ONLY) if plan_only else doc.get("scopes")
+
+
+@bp.put("/tenants/<slug>/tokens/<token_id>/scopes")
+def set_scopes(slug: str, token_id: str) -> Response:
+    """Replace a token's address scopes: ``{"scopes": [...]}`` (``[]``: the whole state) or ``{"plan_only": true}``."""
+    doc = _body()
+    if "scopes" not in doc and not doc.get("plan_only"):
+        raise BadRequestError('body must be {"scopes": ["GLOB:MODE", ...]} ([] for the whole state) or '
+                              '{"plan_only": true}')
+    info = tenancy.set_token_scopes(services().db, slug, token_id, _scopes(doc) or [], actor="control-api")
+    return jsonify({"ok": True, "token": info})
 
 
 @bp.get("/tenants/<slug>/tokens")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app.errors import KlError, PayloadTooLargeError, StateLockedError
+from app.errors import AddressScopeError, KlError, PayloadTooLargeError, StateLockedError
+from app.store import events
 
 log = logging.getLogger("kilolock.web")
 
@@ -63,6 +64,16 @@ def register(app: Flask) -> None:
     def _kl_error(error: KlError) -> Response:
         if error.status >= 500:
             log.error("request failed: %s %s: %s", request.method, request.path, error.code)
+        return error_response(error)
+
+    @app.errorhandler(AddressScopeError)
+    def _address_scope(error: AddressScopeError) -> Response:
+        # Every scope refusal is audited, whichever lane and check raised it (its own transaction rolled back).
+        who = g.get("principal")
+        if who is not None:
+            events.record_refused(app.extensions["kilolock"].db, who, "address_scope_refused", state_name=error.state,
+                                  glob=error.glob, mode=error.mode, nearest_scope=error.nearest_scope,
+                                  method=request.method, path=request.path[:300])
         return error_response(error)
 
     @app.errorhandler(RequestEntityTooLarge)

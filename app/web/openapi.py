@@ -24,6 +24,8 @@ _WANTED = {
         "glob": _STR, "mode": {"type": "string", "enum": ["read", "write"]}}},
 }
 _HOLDER = {"holder": {**_STR, "description": "the run's holder name, as opened"}}
+_SCOPES = {"type": "array", "maxItems": 1000, "items": {**_STR, "description": "GLOB:read or GLOB:write"},
+           "description": "address scopes (write implies read); none: the whole state"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +137,11 @@ OPERATIONS: tuple[Operation, ...] = (
              success=201),
     _control("get", "/tenants", "List tenants"),
     _control("post", "/tenants/{slug}/tokens", "Create a token (the secret is shown once)", "slug",
-             body={"name": _STR, "environment": _STR, "workspace": _STR}, required=("name", "environment"),
-             success=201),
+             body={"name": _STR, "environment": _STR, "workspace": _STR, "scopes": _SCOPES,
+                   "plan_only": {"type": "boolean", "description": "the preset scope '*:read'"}},
+             required=("name", "environment"), success=201),
+    _control("put", "/tenants/{slug}/tokens/{token_id}/scopes", "Replace a token's address scopes (audited)",
+             "slug", "token_id", body={"scopes": _SCOPES, "plan_only": {"type": "boolean"}}),
     _control("get", "/tenants/{slug}/tokens", "List a tenant's tokens (never secrets)", "slug"),
     _control("post", "/tenants/{slug}/tokens/{token_id}/revoke", "Revoke a token", "slug", "token_id"),
     _control("delete", "/tenants/{slug}/tokens/{token_id}", "Revoke a token (DELETE form)", "slug", "token_id"),
@@ -145,12 +150,19 @@ OPERATIONS: tuple[Operation, ...] = (
 _ERROR = {
     "type": "object",
     "required": ["ok", "code", "error", "status"],
-    "properties": {"ok": {"const": False}, "code": _STR, "error": _STR, "status": {"type": "integer"}},
-    "description": "The JSON error envelope; some codes add fields (conflicts, waiting, lock_info, retry_after).",
+    "properties": {"ok": {"const": False}, "code": _STR, "error": _STR, "status": {"type": "integer"},
+                   "glob": {**_STR, "description": "address_scope: the glob or address refused"},
+                   "mode": {"type": "string", "enum": ["read", "write"]},
+                   "nearest_scope": {**_STR, "description": "address_scope: the token's closest scope"},
+                   "state": _STR},
+    "description": "The JSON error envelope; some codes add fields (conflicts, waiting, lock_info, retry_after; "
+                   "address_scope adds glob, mode, nearest_scope and state).",
 }
 _ERRORS = {
     "400": "malformed request: the message names the field",
-    "401": "no credentials", "403": "credentials refused, or another credential's run",
+    "401": "no credentials",
+    "403": "credentials refused, another credential's run, or address_scope: the token's address scopes do not "
+           "cover the request",
     "404": "no such state or run", "409": "conflict: reservations, stale plan, closed run",
     "413": "body over KL_MAX_BODY_BYTES", "423": "the state is locked",
     "429": "too many failed authentications (Retry-After)",

@@ -41,6 +41,7 @@ from app.config import AuthMode, Settings
 from app.domain.attributes import AttributeChange, attribute_diff, sensitive_paths
 from app.domain.principal import Principal, default_principal
 from app.domain.reservations import format_duration
+from app.domain.scopes import scope_set
 from app.errors import BadRequestError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
 from app.store import Database, dashboard, pr_holds, runs
 from app.store import drift as drift_store
@@ -132,7 +133,8 @@ def _session_principal() -> Principal | None:
     token = dashboard.session_token(services().db, token_id) if isinstance(token_id, int) else None
     if token is None:
         return None
-    return Principal.for_token(tenant_id=token.tenant_id, name=token.name, scope=token.scope, token_id=token.id)
+    return Principal.for_token(tenant_id=token.tenant_id, name=token.name, scope=token.scope, token_id=token.id,
+                               scopes=scope_set(tuple(token.scopes)))
 
 
 def _wants_html() -> bool:

@@ -173,6 +173,8 @@ def _waited(args: argparse.Namespace) -> str:
 def _engine_hint(exc: EngineError, args: argparse.Namespace) -> str:
     if exc.code == EngineCode.STATE_NOT_FOUND:
         return " (kl states lists the states on the server; check --state, KL_STATE or the backend address)"
+    if exc.code == EngineCode.ADDRESS_SCOPE:
+        return f" [{EngineCode.ADDRESS_SCOPE}: the token's address scopes; kl tokens list shows them]"
     if exc.status in (401, 403):
         source = getattr(args, "token_source", None)
         if source is None:

@@ -151,17 +151,31 @@ def _token_json(info: Any) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(info).items()}
 
 
+def _scopes_of(args: argparse.Namespace) -> list[str]:
+    """--scope GLOB:MODE (repeated) or --plan-only (the preset '*:read'); neither: the whole state."""
+    from app.domain.scopes import PLAN_ONLY
+
+    if args.plan_only and args.scope:
+        raise UsageError("give --scope or --plan-only, not both (--plan-only is the scope '*:read')")
+    return list(PLAN_ONLY) if args.plan_only else list(args.scope or [])
+
+
+def _print_scopes(info: Any) -> None:
+    print("scopes: " + (", ".join(info.scopes) if info.scopes else "none (the whole state of its environment)"))
+
+
 def cmd_tokens_create(args: argparse.Namespace) -> int:
     from app.store import tenancy
 
     secret, info = tenancy.create_token(_operator_db(), args.tenant, name=args.name, environment=args.environment,
-                                        workspace=args.workspace, actor=_operator_name())
+                                        workspace=args.workspace, actor=_operator_name(), scopes=_scopes_of(args))
     block = scoped_backend_block(_server_url(args), info.workspace_id, info.environment_id)
     if args.json:
         print_json({"token_secret": secret, "token": _token_json(info), "workspace_id": info.workspace_id,
                     "environment_id": info.environment_id, "backend_block": block})
         return EXIT_OK
     print(f"token {info.id} ({info.name}) for {info.workspace_id}/{info.environment_id}")
+    _print_scopes(info)
     print(f"secret (shown once, store it now): {secret}\n")
     print(block)
     return EXIT_OK
@@ -184,8 +198,34 @@ def cmd_tokens_list(args: argparse.Namespace) -> int:
     for t in found:
         state = "revoked" if t.revoked_at else "active"
         used = t.last_used_at.isoformat() if t.last_used_at else "never used"
-        print(f"{t.id}\t{t.name}\t{t.workspace}/{t.environment}\t{state}\tcreated {t.created_at.isoformat()}\t{used}")
+        scopes = ",".join(t.scopes) or "whole state"
+        print(f"{t.id}\t{t.name}\t{t.workspace}/{t.environment}\t{state}\tcreated {t.created_at.isoformat()}\t{used}"
+              f"\tscopes {scopes}")
     return EXIT_OK
+
+
+def cmd_tokens_scopes(args: argparse.Namespace) -> int:
+    from app.store import tenancy
+
+    if not (args.scope or args.plan_only or args.whole_state) or (args.whole_state and (args.scope or args.plan_only)):
+        raise UsageError("give the new scopes (--scope GLOB:MODE ..., or --plan-only), or --whole-state "
+                                 "to remove every scope")
+    info = tenancy.set_token_scopes(_operator_db(), args.tenant, args.token_id, _scopes_of(args),
+                                    actor=_operator_name())
+    if args.json:
+        print_json(_token_json(info))
+        return EXIT_OK
+    print(f"token {info.id} ({info.name}): scopes replaced; its next request is checked against them")
+    _print_scopes(info)
+    return EXIT_OK
+
+
+def _scope_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scope", action="append", metavar="GLOB:MODE",
+                        help="an address scope, read or write (write implies read), e.g. 'module.payments.*:write'; "
+                             "repeat it; without any the token has the whole state")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="the preset '*:read': reads, slices and read reservations for kl plan, no writes")
 
 
 def cmd_tokens_revoke(args: argparse.Namespace) -> int:
@@ -373,7 +413,15 @@ def _register_tenancy(sub: Commands) -> None:
     k_create.add_argument("--server-url", help="base URL for the backend block (default: KL_PUBLIC_URL, else "
                                                f"{DEFAULT_SERVER_URL})")
     k_create.add_argument("--json", action="store_true", help="print JSON")
+    _scope_flags(k_create)
     k_create.set_defaults(func=cmd_tokens_create)
+    k_scopes = tokens_sub.add_parser("scopes", help="replace a token's address scopes (audited)")
+    k_scopes.add_argument("tenant", metavar="TENANT")
+    k_scopes.add_argument("token_id", metavar="TOKEN_ID")
+    _scope_flags(k_scopes)
+    k_scopes.add_argument("--whole-state", action="store_true", help="remove every scope: the whole state again")
+    k_scopes.add_argument("--json", action="store_true", help="print JSON")
+    k_scopes.set_defaults(func=cmd_tokens_scopes)
     k_list = tokens_sub.add_parser("list", help="list a tenant's tokens (never the secrets)")
     k_list.add_argument("tenant", metavar="TENANT", help="tenant slug")
     k_list.add_argument("--json", action="store_true", help="print JSON")

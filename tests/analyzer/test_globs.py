@@ -29,6 +29,7 @@ from analyzer.globs import (
     GlobKind,
     canonical,
     conflicts,
+    covers,
     intersects,
     matches,
     matches_output,
@@ -62,6 +63,12 @@ Resource = tuple[str, str, str]
         ("aws_instance.web.*", GlobKind.RESOURCE),
         ("module.x.aws_instance.web.*", GlobKind.RESOURCE),
         ("data.aws_ami.x.*", GlobKind.RESOURCE),
+        ("fakecloud_queue.*", GlobKind.TYPE),
+        ("data.aws_ami.*", GlobKind.TYPE),
+        ("module.x.aws_iam_role.*", GlobKind.TYPE),
+        ('module.x["k"].data.aws_ami.*', GlobKind.TYPE),
+        ("module.data.aws_iam_role.*", GlobKind.TYPE),  # the managed type in the module call named 'data'
+        ("module.x.output.*", GlobKind.TYPE),
         ("output.o1", GlobKind.OUTPUT),
         ("output.db_password", GlobKind.OUTPUT),
         ("output.*", GlobKind.OUTPUTS),
@@ -111,10 +118,7 @@ def test_parse_glob_keeps_a_doubled_dollar_as_a_literal_dollar_brace_and_refuses
         ("**", "'*' at character 1 is not allowed there"),
         ("module.*", "'module' has no module name: write 'module.NAME.*'"),
         ("module.x.module.*", "has no module name: write 'module.x.module.NAME.*'"),
-        ("aws_instance.*", "the resource type 'aws_instance' has no name: write 'aws_instance.NAME.*'"),
-        ("module.x.aws_instance.*", "write 'module.x.aws_instance.NAME.*'"),
         ("data.*", "'data' has no data source type and name: write 'data.TYPE.NAME.*'"),
-        ("data.aws_ami.*", "the data source type 'aws_ami' has no name: write 'data.aws_ami.NAME.*'"),
         ("a.b.c.*", "'a.b.c' before '.*' is neither a module path nor a resource"),
         ("a.b.c", "expected the end of the address after the resource"),
         (".*", "'.*' must follow a module path or a resource"),
@@ -461,6 +465,7 @@ def globs_from(address: InstanceAddress) -> list[Glob]:
                 found.append(Glob.module_prefix(module))
             if depth == len(address.module):
                 found.append(Glob.resource_prefix(module, address.mode, address.type, address.name))
+                found.append(Glob.type_prefix(module, address.mode, address.type))
     return found
 
 
@@ -572,6 +577,7 @@ all_globs = st.one_of(
     ),
     st.lists(module_steps, min_size=1, max_size=3).map(lambda steps: Glob.module_prefix(tuple(steps))),
     st.builds(Glob.resource_prefix, module_paths, modes, identifiers, identifiers),
+    st.builds(Glob.type_prefix, module_paths, modes, identifiers),
     st.just(Glob.all_outputs()),
     st.builds(Glob.root_output, output_names),
 )
@@ -624,3 +630,95 @@ def test_the_real_plan_has_keyed_unkeyed_and_module_addresses() -> None:
     addresses = {c["address"] for c in PLAN2}
     assert {"terraform_data.cbd", "terraform_data.web[0]", 'terraform_data.item["a"]'} <= addresses
     assert {"module.child.terraform_data.inner[0]", 'module.each["b"].terraform_data.inner[0]'} <= addresses
+
+
+# --- type globs and covers -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("glob", "address", "expected"),
+    [
+        ("fakecloud_queue.*", "fakecloud_queue.a", True),
+        ("fakecloud_queue.*", 'fakecloud_queue.b["k"]', True),
+        ("fakecloud_queue.*", "fakecloud_queues.a", False),
+        ("fakecloud_queue.*", "data.fakecloud_queue.a", False),
+        ("fakecloud_queue.*", "module.m.fakecloud_queue.a", False),  # the root module's resources only
+        ("module.m.fakecloud_queue.*", 'module.m["x"].fakecloud_queue.a[0]', True),
+        ("module.m.fakecloud_queue.*", "module.m.module.n.fakecloud_queue.a", False),
+        ('module.m["x"].fakecloud_queue.*', 'module.m["y"].fakecloud_queue.a', False),
+        ("data.aws_ami.*", "data.aws_ami.x", True),
+        ("data.aws_ami.*", "aws_ami.x", False),
+    ],
+)
+def test_type_globs_match_every_instance_of_one_type_in_one_module(glob: str, address: str, expected: bool) -> None:
+    assert matches(parse_glob(glob), address) is expected
+
+
+def test_a_type_glob_covers_the_resources_of_its_type_and_meets_modules_above_it() -> None:
+    queues = parse_glob("fakecloud_queue.*")
+    assert covers(queues, parse_glob("fakecloud_queue.jobs.*"))
+    assert covers(queues, parse_glob('fakecloud_queue.jobs["a"]'))
+    assert not covers(parse_glob("fakecloud_queue.jobs.*"), queues)
+    assert not intersects(queues, parse_glob("module.m.*"))
+    assert intersects(parse_glob("module.m.x.*"), parse_glob("module.m.*"))
+    assert not covers(parse_glob("module.m.x.*"), parse_glob("module.m.*"))
+    assert covers(parse_glob("module.m.*"), parse_glob('module.m["k"].x.*'))
+    assert not covers(parse_glob('module.m["k"].*'), parse_glob("module.m.x.*"))  # keyless: any key
+
+
+def test_covers_between_outputs_and_everything() -> None:
+    assert covers(parse_glob("*"), parse_glob("output.x"))
+    assert covers(parse_glob("output.*"), parse_glob("output.x"))
+    assert not covers(parse_glob("output.x"), parse_glob("output.*"))
+    assert not covers(parse_glob("output.*"), parse_glob("*"))
+    assert not covers(parse_glob("module.m.*"), parse_glob("output.x"))
+    assert not covers(parse_glob("output.*"), parse_glob("x.y"))
+
+
+FRESH_KEY = "fresh"
+FRESH_NAME = "fresh_name"
+FRESH_OUTPUT = "fresh_output"
+
+
+@st.composite
+def open_universe_and_globs(
+    draw: st.DrawFn,
+) -> tuple[tuple[InstanceAddress, ...], tuple[str, ...], list[Glob]]:
+    """Globs derived from a closed universe, and a wider universe to test them over: it adds no key, a key,
+    a resource name of each type and a resource type that no glob names, and an output no glob names. Where ``b`` has an
+    address ``a`` lacks, one of these is a witness (a keyless step, a type glob or a module prefix covers
+    more than any keyed step, resource name or type), so containment of masks over it is ``covers``."""
+    names = draw(st.lists(st.sampled_from(MODULE_NAMES), min_size=1, max_size=2, unique=True))
+    keys = draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
+    resources = draw(st.lists(st.sampled_from(RESOURCES), min_size=1, max_size=2, unique=True))
+    sources = draw(st.lists(st.sampled_from(build_universe(names, keys, resources)), min_size=1, max_size=6))
+    globs = [draw(st.sampled_from(globs_from(address))) for address in sources]
+    outputs = tuple(draw(st.lists(st.sampled_from(OUTPUT_NAMES), min_size=1, max_size=2, unique=True)))
+    globs += draw(st.lists(st.sampled_from([Glob.all_outputs(), *map(Glob.root_output, outputs)]), max_size=3))
+    wide_keys = tuple(dict.fromkeys((*keys, None, FRESH_KEY)))
+    fresh = [(m, t, FRESH_NAME) for m, t, _ in resources] + [("managed", "fresh_type", FRESH_NAME)]
+    wide_resources = tuple(dict.fromkeys((*resources, *fresh)))
+    return build_universe(names, wide_keys, wide_resources), (*outputs, FRESH_OUTPUT), globs
+
+
+@settings(max_examples=100, deadline=None)
+@given(open_universe_and_globs())
+def test_covers_agrees_with_brute_force_and_with_the_conflict_matrix(
+    case: tuple[tuple[InstanceAddress, ...], tuple[str, ...], list[Glob]],
+) -> None:
+    """``covers(a, b)`` holds exactly when every address and output of ``b`` is one of ``a``; then every
+    glob that meets ``b`` meets ``a``, so whatever conflicts with ``b`` conflicts with ``a``."""
+    universe, outputs, globs = case
+    masks = [coverage_mask(glob, universe, outputs) for glob in globs]
+    for (a, mask_a), (b, mask_b) in itertools.product(zip(globs, masks, strict=True), repeat=2):
+        assert covers(a, b) is (mask_b & ~mask_a == 0), (canonical(a), canonical(b))
+        if covers(a, b):
+            for c in globs:
+                for mode_b, mode_c in itertools.product(("read", "write"), repeat=2):
+                    assert not conflicts(mode_b, b, mode_c, c) or conflicts(mode_b, a, mode_c, c)
+
+
+@given(all_globs)
+def test_every_glob_covers_itself_and_everything_covers_it(glob: Glob) -> None:
+    assert covers(glob, glob)
+    assert covers(Glob.everything(), glob)

@@ -57,6 +57,17 @@ def test_json_output_data_sources_never_count_and_a_clean_check_exits_0(cloud_re
     assert set(doc) == {"state", "serial", "checked", "drifted"}
 
 
+def test_a_resource_type_glob_checks_every_resource_of_that_type(cloud_repo):
+    cloud_repo.cloud.edit("local", "bucket", "logs", size=DRIFTED_SIZE)
+    cloud_repo.cloud.edit("local", "queue", "jobs", delay=3)
+    code, doc = cloud_repo.drift_json("--target", "fakecloud_bucket.*")
+    assert code == 2 and doc["checked"] == 3, doc  # logs, backup (another region) and archive; not the data source
+    assert doc["drifted"] == [{"address": "fakecloud_bucket.logs", "attributes": ["size"], "gone": False}]
+    code, doc = cloud_repo.drift_json("--target", "fakecloud_queue.*")
+    assert code == 2 and doc["checked"] == 1, doc
+    assert doc["drifted"] == [{"address": "fakecloud_queue.jobs", "attributes": ["delay"], "gone": False}]
+
+
 def test_refresh_of_a_file_commits_the_refreshed_values_then_drift_is_clean(cloud_repo, live_server):
     serial = cloud_repo.serial()
     cloud_repo.cloud.edit("local", "bucket", "logs", size=42)

@@ -72,6 +72,8 @@ def test_glob_root_reads_the_parsed_first_step() -> None:
     assert glob_root('aws_instance.web["data.x"]') == "aws_instance.web"
     assert glob_root("data.aws_ami.x.*") == "data.aws_ami.x"
     assert glob_root("module.data.terraform_data.q") == "module.data"
+    assert glob_root("aws_iam_role.*") == glob_root("data.aws_ami.*") == "*"  # meets many TYPE.NAME roots
+    assert glob_root("module.m.aws_iam_role.*") == "module.m"
 
 
 @settings(max_examples=300, deadline=None)

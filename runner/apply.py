@@ -33,6 +33,7 @@ from runner.plan import (
     TerraformContext,
     described_part,
     fetch_snapshot,
+    incidental_writes,
     plan_in_workspace,
     terraform,
     var_flags,
@@ -150,7 +151,7 @@ def _save_recovery(data_dir: Path, run_id: str, spec: PlanSpec, holder: str, res
         "run_id": run_id, "state": spec.state, "address": spec.address, "holder": holder,
         "base_serial": spec.base_serial, "slice_addresses": slice_addresses,
         "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations], "reason": reason,
-        "prune_outputs": spec.mode == "full",
+        "prune_outputs": spec.mode == "full", "removed_outputs": list(spec.removed_outputs),
     }, indent=2))
     return where
 
@@ -264,7 +265,8 @@ def _replan(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, prepare
     except KlExit as exc:
         _fail(client, run_id, options.actor, str(exc))
         raise
-    replanned_writes = analyze_plan(plan).write_set - set(spec.orphans)
+    rewritten = incidental_writes(plan, prepared.slice_raw, spec.write_globs)
+    replanned_writes = (analyze_plan(plan).write_set | rewritten) - set(spec.orphans)
     if replanned_writes != set(spec.write_set):
         extra = sorted(replanned_writes - set(spec.write_set))
         missing = sorted(set(spec.write_set) - replanned_writes)
@@ -337,7 +339,7 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
                         f"kl recover {run_id} to commit it")
     try:
         answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses,
-                               prune_outputs=spec.mode == "full")
+                               prune_outputs=spec.mode == "full", removed_outputs=spec.removed_outputs)
     except EngineError as exc:
         where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, str(exc))
         if exc.code not in (EngineCode.LEASE_EXPIRED, EngineCode.RUN_CLOSED):
@@ -381,7 +383,8 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
         target = opened["run"]["id"]
     try:
         answer = client.commit(target, holder=holder, state=json.loads(result),
-                               slice_addresses=meta["slice_addresses"], prune_outputs=meta.get("prune_outputs", True))
+                               slice_addresses=meta["slice_addresses"], prune_outputs=meta.get("prune_outputs", True),
+                               removed_outputs=meta.get("removed_outputs", []))
     except EngineError as exc:
         raise refusal(exc.code)(f"recovery commit refused: {exc}") from exc
     shutil.rmtree(where, ignore_errors=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -169,8 +169,11 @@ class EngineClient:
         return self._post(path, body)
 
     def commit(self, run_id: str, *, holder: str, state: dict[str, Any], slice_addresses: list[str],
-               prune_outputs: bool = True) -> dict[str, Any]:
-        body = {"holder": holder, "state": state, "slice_addresses": slice_addresses, "prune_outputs": prune_outputs}
+               prune_outputs: bool = True, removed_outputs: Sequence[str] = ()) -> dict[str, Any]:
+        body: dict[str, Any] = {"holder": holder, "state": state, "slice_addresses": slice_addresses,
+                                "prune_outputs": prune_outputs}
+        if removed_outputs:  # only then: a server without the field still answers every other commit
+            body["removed_outputs"] = list(removed_outputs)
         return self._post(f"/runs/{quote(run_id)}/commit", body, timeout=self.timeout * 5)
 
     def slice(self, state: str, globs: list[str]) -> bytes:

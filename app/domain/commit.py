@@ -7,7 +7,7 @@ Root outputs are reserved like instances, with ``output.NAME`` / ``output.*`` (a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from analyzer.addresses import AddressError, parse_instance_address
@@ -125,14 +125,16 @@ def check_addresses(addresses: Iterable[str], what: str) -> list[str]:
     return checked
 
 
-def changed_outputs(base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True) -> list[str]:
-    """Names of the root outputs the apply added, changed or (when ``prune``) removed relative to
-    its base: exactly the outputs ``merge_outputs`` takes from it, so exactly what it must reserve."""
+def changed_outputs(base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True,
+                    removed: Collection[str] = ()) -> list[str]:
+    """Names of the root outputs the apply added, changed or removed relative to its base (removed: every
+    output it lacks when ``prune``, else those of ``removed`` it lacks): exactly the outputs ``merge_outputs``
+    takes from it, so exactly what it must reserve."""
     before = {o.name: o for o in base}
     after = {o.name: o for o in result}
     changed = {n for n, o in after.items() if n not in before or not _same(before[n], o)}
-    if prune:
-        changed |= before.keys() - after.keys()
+    gone = before.keys() - after.keys()
+    changed |= gone if prune else gone & set(removed)
     return sorted(changed)
 
 
@@ -157,20 +159,22 @@ def _same(a: OutputRow, b: OutputRow) -> bool:
 
 
 def merge_outputs(
-    head: Iterable[OutputRow], base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True
+    head: Iterable[OutputRow], base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True,
+    removed: Collection[str] = (),
 ) -> tuple[OutputRow, ...]:
     """Keep the trunk's outputs; take from the apply only what it changed relative to its base
     (new or different values), and — when ``prune``, i.e. the workspace held the whole
     configuration — drop the outputs it no longer has. An output the apply did not touch keeps
     whatever value a concurrent commit gave it. A file-scoped workspace holds only some outputs, so
-    it never prunes: its missing outputs are simply not its business."""
+    it never prunes, except the outputs of ``removed``: those whose blocks the change deleted (and that the
+    result lacks), which a full apply would drop; its other missing outputs are simply not its business."""
     merged = {o.name: o for o in head}
     before = {o.name: o for o in base}
     after = {o.name: o for o in result}
     for name, output in after.items():
         if name not in before or not _same(before[name], output):
             merged[name] = output
-    for name in before if prune else ():
+    for name in before if prune else set(removed) & before.keys():
         if name not in after:
             merged.pop(name, None)
     return tuple(merged[n] for n in sorted(merged))

@@ -115,7 +115,8 @@ OPERATIONS: tuple[Operation, ...] = (
     _run("/abort", "Abort a run (operators; releases its reservations)", {"reason": _STR}, ()),
     _run("/commit", "Row-level commit of the run's post-apply slice", {
         **_HOLDER, "state": {"type": "object", "description": "the post-apply v4 state of the slice"},
-        "slice_addresses": {"type": "array", "items": _STR}, "prune_outputs": {"type": "boolean"}},
+        "slice_addresses": {"type": "array", "items": _STR}, "prune_outputs": {"type": "boolean"},
+        "removed_outputs": {"type": "array", "items": _STR}},
         ("holder", "state")),
     _control("post", "/tenants", "Create a tenant", body={"slug": _STR, "name": _STR}, required=("slug",),
              success=201),

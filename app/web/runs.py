@@ -22,6 +22,8 @@ from app.web import inputs, metrics
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("runs", __name__, url_prefix="/v1/engine")
+# Root outputs one commit may drop because the change deleted their blocks (a request stays bounded).
+_MAX_REMOVED_OUTPUTS = 1000
 
 
 def _body() -> dict[str, Any]:
@@ -217,7 +219,8 @@ def abort(run_id: str) -> tuple[Response, int]:
 @metrics.engine_call("commit")
 def commit(run_id: str) -> tuple[Response, int]:
     """Row-level commit of the run's post-apply slice: ``{"holder", "state", "slice_addresses",
-    "prune_outputs"}`` (prune: the workspace held every output, so missing ones were removed)."""
+    "prune_outputs", "removed_outputs"}`` (prune: the workspace held every output, so missing ones were
+    removed; removed_outputs: outputs whose blocks the change deleted, dropped when the result lacks them)."""
     doc = _body()
     state = doc.get("state")
     if not isinstance(state, dict):
@@ -228,9 +231,14 @@ def commit(run_id: str) -> tuple[Response, int]:
     prune = doc.get("prune_outputs", True)
     if not isinstance(prune, bool):
         raise BadRequestError("prune_outputs must be true or false")
+    removed = doc.get("removed_outputs", [])
+    if not isinstance(removed, list) or len(removed) > _MAX_REMOVED_OUTPUTS or not all(
+            isinstance(n, str) and 0 < len(n) <= 256 for n in removed):
+        raise BadRequestError(f"removed_outputs must be a list of at most {_MAX_REMOVED_OUTPUTS} output names")
     result = commit_store.commit_run(
         services().db, principal(), run_id, holder=_text(doc, "holder"),
         state_body=json.dumps(state).encode(), slice_addresses=slice_addresses, prune_outputs=prune,
+        removed_outputs=removed,
     )
     payload = {"serial": result.serial, "created": result.created, "updated": result.updated,
                "deleted": result.deleted, "addresses": list(result.addresses),

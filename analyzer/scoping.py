@@ -131,14 +131,16 @@ def output_globs(names: Iterable[str]) -> tuple[str, ...]:
 def described_in(fp: Footprint, extra: Iterable[str] = ()) -> tuple[str, ...]:
     """Configuration-level addresses whose trunk rows the slice carries: the workspace's resource and
     module blocks (``module.NAME.*``), plus every written address — a ``moved`` source or a deleted
-    declaration must be in the slice for Terraform to move or destroy it."""
+    declaration must be in the slice for Terraform to move or destroy it. Read globs add nothing: a row they
+    name without a block in the workspace (a resource the trunk's dependencies name and the configuration no
+    longer reaches) would be planned for destruction; it is reserved for reading, never carried."""
     names: set[str] = set()
     for block in fp.blocks:
         if block.type in ("resource", "data", "ephemeral"):
             names.add(block.name)
         elif block.type == "module":
             names.add(block.name + ".*")
-    for glob in (*fp.write_globs, *fp.read_globs, *extra):
+    for glob in (*fp.write_globs, *extra):
         if glob.startswith("output."):
             continue
         try:

@@ -23,7 +23,7 @@ from typing import Any
 from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, parse_state
-from app.domain.commit import commit_delta, parse_globs, unreserved_read
+from app.domain.commit import commit_delta, is_data_source, parse_globs, unreserved_read
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
 from runner import workspace
 from runner.counts import counts_line
@@ -266,10 +266,14 @@ def _replan(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, prepare
         _fail(client, run_id, options.actor, str(exc))
         raise
     rewritten = incidental_writes(plan, prepared.slice_raw, spec.write_globs)
-    replanned_writes = (analyze_plan(plan).write_set | rewritten) - set(spec.orphans)
-    if replanned_writes != set(spec.write_set):
-        extra = sorted(replanned_writes - set(spec.write_set))
-        missing = sorted(set(spec.write_set) - replanned_writes)
+    # Data sources are compared by neither side: what one reads may change between the plan and now, and the
+    # commit takes whatever the apply read for those under the write globs.
+    replanned_writes = {a for a in (analyze_plan(plan).write_set | rewritten) - set(spec.orphans)
+                        if not is_data_source(a)}
+    planned = {a for a in spec.write_set if not is_data_source(a)}
+    if replanned_writes != planned:
+        extra = sorted(replanned_writes - planned)
+        missing = sorted(planned - replanned_writes)
         message = (f"the re-plan over the trunk slice differs from kl-plan.json (new: {extra[:10]}, gone: "
                    f"{missing[:10]}); nothing was applied: re-run kl plan")
         _fail(client, run_id, options.actor, message)
@@ -329,7 +333,9 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
         if isinstance(before, ParsedState) else {}
     delta = commit_delta(base, parsed.instances, slice_addresses,
                          skip=unreserved_read(parse_globs(spec.write_globs)))
-    surprise = sorted(set(delta.addresses) - set(spec.write_set))
+    # Data sources no write glob covers are skipped (the trunk keeps its copy); those it covers are re-read and
+    # committed, whatever they read.
+    surprise = sorted(a for a in set(delta.addresses) - set(spec.write_set) if not is_data_source(a))
     if surprise or heartbeat.lost:
         reason = (f"the apply changed addresses outside the plan's write set: {', '.join(surprise[:20])}"
                   if surprise else f"the reservations were lost during the apply: {heartbeat.lost}")

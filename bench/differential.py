@@ -79,7 +79,8 @@ class Config:
                     f'  input = "b{self.b}-${{length(terraform_data.a)}}"\n}}\n'
                     + (f"\nmoved {{\n  from = terraform_data.{self.moved_from}\n"
                        f"  to   = terraform_data.{self.b_name}\n}}\n" if self.moved_from else ""),
-            "c.tf": f'module "{self.mod_name}" {{\n  source = "../mods/m"\n  name   = "${{local.prefix}}-c{self.c}"\n}}\n'
+            "c.tf": f'module "{self.mod_name}" {{\n  source = "../mods/m"\n'
+                    f'  name   = "${{local.prefix}}-c{self.c}"\n}}\n'
                     + (f"\nmoved {{\n  from = module.{self.mod_moved_from}\n  to   = {m}\n}}\n"
                        if self.mod_moved_from else ""),
             "outputs.tf": ('output "a_count" {\n  value = length(terraform_data.a)\n}\n\n' if self.count_output else "")

@@ -33,6 +33,7 @@ from bench.differential import Case, cleanup
 from bench.fakecloud.install import install
 
 SECTION = "## Differential equivalence of file-scoped applies"
+KINDS = "; real fakecloud objects: deletions, removed blocks and outputs, module moves, data sources, deleted files"
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -98,8 +99,7 @@ def render(counts: Counter[str], refusals: Counter[str], cases: int, first: int,
     lines = [SECTION, "",
              f"Measured {datetime.now(UTC).strftime('%Y-%m-%d')} with `.venv/bin/python -m bench.differential_bench "
              f"--cases {cases} --first-seed {first}{' --plain' if plain else ''}` (seeds {first}–{first + cases - 1}"
-             f"{'' if plain else '; real fakecloud objects: deletions, removed blocks and outputs, module moves, data sources'}"
-             ").", "",
+             f"{'' if plain else KINDS}).", "",
              table(["cases run", "converged", "refused (exit 2/3, nothing written)", "diverged", "per case"], rows),
              ""]
     if refusals:

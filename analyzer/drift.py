@@ -16,6 +16,7 @@ from typing import Any
 from analyzer.addresses import AddressError, parse_instance_address
 from analyzer.state import InstanceRow, ParsedState
 from analyzer.state_assembly import assemble_state
+from analyzer.values import same_value
 
 
 class DriftFormatError(ValueError):
@@ -36,9 +37,9 @@ class DriftedInstance:
 
 def changed_attributes(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> tuple[str, ...]:
     """Top-level attribute names whose values differ between two objects (a key present on one side only
-    counts as changed)."""
+    counts as changed), compared as JSON values (``analyzer.values``: ``true`` is not ``1``)."""
     before, after = before or {}, after or {}
-    return tuple(sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)))
+    return tuple(sorted(k for k in set(before) | set(after) if not same_value(before.get(k), after.get(k))))
 
 
 def is_data_address(address: str) -> bool:

@@ -131,6 +131,7 @@ def scope_changes(
     texts_at_ref: Mapping[str, str],
     module_sources: Mapping[str, str] = _EMPTY,
     file_readers: Mapping[str, tuple[str, ...]] = _NO_READERS,
+    artifacts: frozenset[str] = frozenset(),
 ) -> ChangeScope:
     """Map diff entries to the scope of a file-scoped plan of the root module in ``config_dir``.
 
@@ -139,13 +140,16 @@ def scope_changes(
     module call whose source is local (including calls nested in local modules, resolved by the caller to
     the root call that contains them) to its config-dir-relative source directory, e.g.
     ``{"web": "modules/web"}``. ``file_readers`` maps a config-dir-relative path read by ``file()`` or
-    ``templatefile()`` to the ``.tf`` files whose expressions read it.
+    ``templatefile()`` to the ``.tf`` files whose expressions read it. ``artifacts`` holds the
+    repository-relative paths the caller recognised by their content as Kilolock's own files (plan files).
 
     The rules, in the order they are tried for each changed path:
 
     1. Anything under a ``.terraform/`` directory, Terraform's state files (``*.tfstate``,
        ``*.tfstate.backup``, ``.terraform.tfstate.lock.info``), editor backups (``name~``, ``#name#``)
-       and ``.tf`` files whose name starts with ``.`` (Terraform skips them): unrelated.
+       and ``.tf`` files whose name starts with ``.`` (Terraform skips them): unrelated. So is one of
+       Kilolock's own ``artifacts`` (a plan file is never configuration), unless a local module's directory
+       holds it or ``file()``/``templatefile()`` reads it: then rules 5 and 6 apply to it as to any file.
     2. A ``.tf`` or ``.tf.json`` file directly in ``config_dir``: added, modified or copied → ``files``;
        deleted → ``deleted`` with its text at REF (its addresses must be planned for destruction, not
        forgotten; a missing text is a failure); renamed within ``config_dir`` → the new path in ``files``,
@@ -169,7 +173,7 @@ def scope_changes(
     Type changes (a file became a symbolic link or a submodule, or back) and unmerged paths that rules
     1-8 would not call unrelated are failures, as is any unknown kind of change.
     """
-    builder = _ScopeBuilder(_normalise_dir(config_dir), texts_at_ref, module_sources, file_readers)
+    builder = _ScopeBuilder(_normalise_dir(config_dir), texts_at_ref, module_sources, file_readers, artifacts)
     for entry in entries:
         builder.add(entry)
     return builder.build()
@@ -236,8 +240,9 @@ class _ScopeBuilder:
     """Accumulates one :func:`scope_changes` call; every rule above lives in one of its methods."""
 
     def __init__(self, config_dir: str, texts_at_ref: Mapping[str, str], module_sources: Mapping[str, str],
-                 file_readers: Mapping[str, tuple[str, ...]]) -> None:
+                 file_readers: Mapping[str, tuple[str, ...]], artifacts: frozenset[str] = frozenset()) -> None:
         self.config_dir = config_dir
+        self.artifacts = artifacts
         self.texts_at_ref = texts_at_ref
         self.module_dirs = {name: posixpath.normpath(src) for name, src in module_sources.items()}
         self.readers = {posixpath.normpath(path): tuple(tfs) for path, tfs in file_readers.items()}
@@ -309,7 +314,7 @@ class _ScopeBuilder:
     def _touch(self, path: str, *, removed: bool) -> None:
         rel = self._rel(path)
         name = posixpath.basename(rel)
-        if _ignore_reason(rel) is not None:
+        if _ignore_reason(rel) is not None or self._is_artifact(path, rel):
             self.unrelated[path] = None
             return
         if _is_top_level(rel):
@@ -342,6 +347,13 @@ class _ScopeBuilder:
         else:
             self._full(path, "it may feed the configuration through a path the analysis could not see (no known "
                              "module uses its directory and no file()/templatefile() is known to read it)")
+
+    def _is_artifact(self, path: str, rel: str) -> bool:
+        # A name Terraform itself loads is configuration whatever it holds.
+        name = posixpath.basename(rel)
+        if path not in self.artifacts or _is_config_file(name) or name.endswith(_VARS_SUFFIXES) or name == _LOCK_FILE:
+            return False
+        return not self._modules_of(rel) and posixpath.normpath(rel) not in self.readers
 
     def _delete(self, path: str, rel: str) -> None:
         text = self.texts_at_ref.get(path)

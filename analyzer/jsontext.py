@@ -91,9 +91,14 @@ def _reject_constant(name: str) -> object:
     raise JsonInputError(f"{name} is not a JSON value: send finite numbers")
 
 
-def load_json(raw: bytes | bytearray | str, *, max_depth: int = MAX_DEPTH) -> Any:
+def load_json(raw: bytes | bytearray | str, *, max_depth: int = MAX_DEPTH,
+              exact_under: frozenset[str] = frozenset()) -> Any:
     """Parse a request body, refusing (JsonInputError) text that is not UTF-8 JSON, nests deeper than
-    ``max_depth``, holds NUL or lone surrogates, integers beyond 64 bits or non-finite numbers."""
+    ``max_depth``, holds NUL or lone surrogates, integers beyond 64 bits or non-finite numbers.
+
+    Integers under the top-level keys ``exact_under`` may exceed 64 bits (up to the digits Python converts):
+    a Terraform state carried in a body holds HCL numbers, which are arbitrary precision (``1e20`` is the
+    integer 100000000000000000000), and the store keeps them exactly."""
     try:
         doc = json.loads(raw, parse_constant=_reject_constant)
     except RecursionError:
@@ -106,11 +111,11 @@ def load_json(raw: bytes | bytearray | str, *, max_depth: int = MAX_DEPTH) -> An
         raise
     except ValueError:  # e.g. an integer with more digits than int() converts
         raise JsonInputError("the body holds a number that is too long") from None
-    _check(doc, max_depth)
+    _check(doc, max_depth, exact_under)
     return doc
 
 
-def _check(doc: object, max_depth: int) -> None:
+def _check(doc: object, max_depth: int, exact_under: frozenset[str] = frozenset()) -> None:
     stack: list[tuple[object, tuple[str | int, ...]]] = [(doc, ())]
     while stack:
         value, path = stack.pop()
@@ -122,7 +127,7 @@ def _check(doc: object, max_depth: int) -> None:
         elif isinstance(value, bool) or value is None:
             continue
         elif isinstance(value, int):
-            if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            if not -INT64_MAX - 1 <= value <= INT64_MAX and not (path and path[0] in exact_under):
                 raise JsonInputError(f"{json_path(path)} is an integer outside the 64-bit range")
         elif isinstance(value, dict):
             for key, item in value.items():

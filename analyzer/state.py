@@ -39,6 +39,7 @@ from analyzer.addresses import (
     resource_address,
 )
 from analyzer.gcpause import gc_paused
+from analyzer.values import WholeNumber, json_number, normal_value
 
 try:
     import orjson
@@ -130,11 +131,12 @@ class EncryptedState:
 
 
 def canonical_json(value: object) -> str:
-    """Compact JSON with sorted keys and raw Unicode: equal values always give equal text.
+    """Compact JSON with sorted keys and raw Unicode, numbers in ``analyzer.values``' canonical form:
+    equal values always give equal text.
 
     Raises ValueError for values JSON cannot hold (NaN, infinities).
     """
-    text, _ = _canonical(value)
+    text, _ = _canonical(normal_value(value))
     return text
 
 
@@ -215,8 +217,10 @@ def _canonical_accelerated(value: object) -> tuple[str, bytes]:
 
 
 class _FloatCheck:
-    """The ``parse_float`` hook of ``_load``: converts exactly like json's default (``float``) and notes
-    whether every float in the body is one orjson writes the same way as json (see ``_ORJSON_FLOAT_MIN``).
+    """The ``parse_float`` hook of ``_load``: converts numbers into the canonical form of
+    ``analyzer.values`` (``1.0`` is the integer 1, so a value reads the same whoever wrote it) and notes
+    whether every float kept in the body is one orjson writes the same way as json (see
+    ``_ORJSON_FLOAT_MIN``).
     """
 
     __slots__ = ("orjson_safe",)
@@ -224,9 +228,9 @@ class _FloatCheck:
     def __init__(self) -> None:
         self.orjson_safe = True
 
-    def __call__(self, text: str) -> float:
-        value = float(text)
-        if value and not _ORJSON_FLOAT_MIN <= abs(value) <= _FLOAT_MAX:
+    def __call__(self, text: str) -> int | float:
+        value = json_number(text)
+        if type(value) is float and value and not _ORJSON_FLOAT_MIN <= abs(value) <= _FLOAT_MAX:
             self.orjson_safe = False
         return value
 
@@ -379,7 +383,7 @@ def _instance_row(
         address = f"{res_address}[{key}]"
     elif type(key) is str:
         address = f"{res_address}[{quote_hcl_string(key)}]"
-    elif type(key) is float and key.is_integer():
+    elif isinstance(key, WholeNumber):
         # Go reads every JSON number as float64, so Terraform accepts 1.0 as the key [1]; so do we.
         key = int(key)
         address = f"{res_address}[{key}]"
@@ -448,7 +452,8 @@ _EMPTY_METADATA_ITEMS = tuple(_EMPTY_METADATA.items())
 
 
 def normalize_instance(instance: dict[str, Any]) -> dict[str, Any]:
-    """The instance without metadata keys whose value means the same as their absence."""
+    """The instance without metadata keys whose value means the same as their absence, and with the lists
+    Terraform reads as sets (``_SET_METADATA``) in sorted order."""
     # A copy made only when a key goes, and no comprehensions: this runs once per instance of every upload.
     kept = None
     for key, empty in _EMPTY_METADATA_ITEMS:
@@ -461,7 +466,24 @@ def normalize_instance(instance: dict[str, Any]) -> dict[str, Any]:
         if kept is None:
             kept = instance.copy()
         del kept["identity_schema_version"]
+    for key in _SET_METADATA:
+        items = instance.get(key)
+        if type(items) is list and len(items) > 1:
+            keys = [_set_order(item) for item in items]
+            if any(a > b for a, b in zip(keys, keys[1:], strict=False)):
+                if kept is None:
+                    kept = instance.copy()
+                kept[key] = [item for _, item in sorted(zip(keys, items, strict=True), key=lambda pair: pair[0])]
     return instance if kept is None else kept
+
+
+# Lists Terraform reads as sets: the instance's dependencies and its sensitive attribute paths. Terraform
+# writes them sorted; another writer's order means nothing, so they are stored (and hashed) in that order.
+_SET_METADATA = ("dependencies", "sensitive_attributes")
+
+
+def _set_order(item: object) -> str:
+    return item if type(item) is str else canonical_json(item)
 
 
 def _canonical_instance(instance: dict[str, Any], address: str, canonical: _Canonical) -> tuple[str, bytes]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 
@@ -91,6 +91,13 @@ class Settings:
     @property
     def github_enabled(self) -> bool:
         return bool(self.github_app_id or self.github_token)
+
+    def secret_values(self) -> tuple[str, ...]:
+        """The configured secrets (every field kept out of ``repr``, and the database and Redis URLs), for
+        redaction of what leaves the process (``app.domain.redaction``)."""
+        values = [getattr(self, f.name) for f in fields(self) if not f.repr]
+        values += [self.database_url, self.redis_url]
+        return tuple(v for v in values if isinstance(v, str) and v)
 
     @property
     def data_root(self) -> Path:

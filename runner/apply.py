@@ -151,9 +151,18 @@ def _save_recovery(data_dir: Path, run_id: str, spec: PlanSpec, holder: str, res
         "run_id": run_id, "state": spec.state, "address": spec.address, "holder": holder,
         "base_serial": spec.base_serial, "slice_addresses": slice_addresses,
         "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations], "reason": reason,
-        "prune_outputs": spec.mode == "full", "removed_outputs": list(spec.removed_outputs),
+        "prune_outputs": pruned_outputs(spec),
     }, indent=2))
     return where
+
+
+def pruned_outputs(spec: PlanSpec) -> bool | list[str]:
+    """Which trunk outputs the commit may remove when the post-apply state lacks them: every one for a
+    workspace of the whole configuration; for a file-scoped one, the outputs it declares (reserved for
+    writing): one it declares but Terraform left out of the state became null."""
+    if spec.mode == "full":
+        return True
+    return sorted(g.removeprefix("output.") for g in spec.write_globs if g.startswith("output.") and g != "output.*")
 
 
 def _fail(client: EngineClient, run_id: str, holder: str, summary: str) -> None:
@@ -345,7 +354,7 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
                         f"kl recover {run_id} to commit it")
     try:
         answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses,
-                               prune_outputs=spec.mode == "full", removed_outputs=spec.removed_outputs)
+                               prune_outputs=pruned_outputs(spec))
     except EngineError as exc:
         where = _save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, str(exc))
         if exc.code not in (EngineCode.LEASE_EXPIRED, EngineCode.RUN_CLOSED):
@@ -389,8 +398,7 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
         target = opened["run"]["id"]
     try:
         answer = client.commit(target, holder=holder, state=json.loads(result),
-                               slice_addresses=meta["slice_addresses"], prune_outputs=meta.get("prune_outputs", True),
-                               removed_outputs=meta.get("removed_outputs", []))
+                               slice_addresses=meta["slice_addresses"], prune_outputs=meta.get("prune_outputs", True))
     except EngineError as exc:
         raise refusal(exc.code)(f"recovery commit refused: {exc}") from exc
     shutil.rmtree(where, ignore_errors=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -105,13 +105,31 @@ class EngineClient:
     def _acquire(self, path: str, body: dict[str, Any], wait_seconds: float | None) -> dict[str, Any]:
         """POST a reservation request; while the server answers 202 (queued), wait as it says and
         ask again with the ticket, until granted, refused, or ``wait_seconds`` is used up (then one
-        last ask without a wait gets the final answer). Stopping early (Ctrl-C, a cancelled job)
-        simply stops asking: the ticket lapses on the server and is never granted."""
+        last ask without a wait gets the final answer). Stopping early (Ctrl-C, SIGTERM, a cancelled job)
+        gives the place up on the server at once (:meth:`cancel_ticket`); if even that cannot reach it,
+        the ticket lapses there within its window and is never granted."""
         deadline = self._monotonic() + (wait_seconds or 0)
         request = dict(body)
+        try:
+            return self._wait_in_queue(path, request, deadline)
+        except EngineError as exc:
+            if exc.status != 409:  # a refusal (409) has ended the place on the server already
+                self._give_up(request, body)
+            raise
+        except BaseException:
+            # Stopped while queued (Ctrl-C, SIGTERM, a lost connection, a cancelled job): the place goes with us.
+            self._give_up(request, body)
+            raise
+
+    def _give_up(self, request: dict[str, Any], body: dict[str, Any]) -> None:
+        if request.get("ticket"):
+            self.cancel_ticket(str(request["ticket"]), str(body.get("actor") or body.get("holder") or ""))
+
+    def _wait_in_queue(self, path: str, request: dict[str, Any], deadline: float) -> dict[str, Any]:
         while True:
             answer, status = self._post_status(path, request)
             if status != 202:
+                request.pop("ticket", None)  # granted or refused: the server has ended the queue place
                 return answer
             request["ticket"] = answer["ticket"]
             remaining = deadline - self._monotonic()
@@ -123,6 +141,15 @@ class EngineClient:
             # as the next poll goes out on them; asking on a fresh connection never races that.
             self._session.close()
             self._sleep(max(min(pause, remaining), 0.05))
+
+    def cancel_ticket(self, ticket: str, holder: str) -> bool:
+        """Give up a queue place (best effort: False when the server is unreachable or the place is gone)."""
+        try:
+            answer, _ = self._post_status(f"/tickets/{quote(ticket, safe='')}/cancel", {"holder": holder},
+                                          timeout=min(self.timeout, 10.0))
+        except (EngineError, requests.RequestException):
+            return False
+        return bool(answer.get("cancelled"))
 
     @staticmethod
     def _decode(response: requests.Response) -> dict[str, Any]:
@@ -169,11 +196,8 @@ class EngineClient:
         return self._post(path, body)
 
     def commit(self, run_id: str, *, holder: str, state: dict[str, Any], slice_addresses: list[str],
-               prune_outputs: bool = True, removed_outputs: Sequence[str] = ()) -> dict[str, Any]:
-        body: dict[str, Any] = {"holder": holder, "state": state, "slice_addresses": slice_addresses,
-                                "prune_outputs": prune_outputs}
-        if removed_outputs:  # only then: a server without the field still answers every other commit
-            body["removed_outputs"] = list(removed_outputs)
+               prune_outputs: bool | list[str] = True) -> dict[str, Any]:
+        body = {"holder": holder, "state": state, "slice_addresses": slice_addresses, "prune_outputs": prune_outputs}
         return self._post(f"/runs/{quote(run_id)}/commit", body, timeout=self.timeout * 5)
 
     def slice(self, state: str, globs: list[str]) -> bytes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,7 +21,7 @@ from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.footprint import Footprint, compute_footprint
 from analyzer.gcpause import gc_paused
 from analyzer.globs import matches, parse_glob
-from analyzer.hcl import HclError, ParseCache, content_digest
+from analyzer.hcl import HclError, ParseCache
 from analyzer.plan import PlanFormatError, analyze_plan
 from analyzer.scoping import (
     ScopeRefused,
@@ -42,6 +41,8 @@ from runner.apply import ApplyOptions, ApplyOutcome, Builder, Prepared, SavedPla
 from runner.engine_client import EngineClient, EngineError
 from runner.errors import EngineCode, Failed, InvalidInput, NothingToDo, StalePlan
 from runner.git import work_tree_root
+from runner.parsecache import load_cache, prune_cache, save_cache
+from runner.parsecache import signature as _signature
 from runner.plan import (
     Snapshot,
     TerraformContext,
@@ -54,7 +55,7 @@ from runner.plan import (
     plan_in_workspace,
     spec_from_plan,
 )
-from runner.spec import PlanSpec
+from runner.spec import PlanSpec, is_plan_file
 
 __all__ = ["Selection", "apply_files", "changed_selection", "file_selection", "module_sources", "plan_files",
            "plan_files_saved", "read_configuration"]
@@ -71,50 +72,6 @@ def _read_tf(directory: Path) -> dict[str, str]:
         if path.is_file() and path.name.endswith((".tf", ".tf.json")) and path.name != workspace.OVERRIDE_NAME:
             found[path.name] = path.read_text(encoding="utf-8", errors="surrogateescape")
     return found
-
-
-def _cache_path(data_dir: Path) -> Path:
-    return data_dir / "hcl-cache.pickle"
-
-
-def load_cache(data_dir: Path) -> ParseCache:
-    """The parse cache kept between runs (by content hash, so a stale entry is never used)."""
-    try:
-        with open(_cache_path(data_dir), "rb") as handle:
-            cache = pickle.load(handle)
-        return cache if isinstance(cache, ParseCache) else ParseCache()
-    except (OSError, pickle.PickleError, EOFError, AttributeError, ImportError):
-        return ParseCache()
-
-
-Signature = tuple[frozenset[str], frozenset[tuple[str, int]], frozenset[str]]
-
-
-def _signature(cache: ParseCache) -> Signature:
-    """Which entries the cache holds (entries are immutable, so equal keys mean equal contents)."""
-    return (frozenset(cache.analyses), frozenset(cache.blocks), frozenset(cache.prescans))
-
-
-def prune_cache(cache: ParseCache, files: Mapping[str, str]) -> None:
-    """Keep only entries for the current contents of the files (the cache never grows without bound)."""
-    digests = {content_digest(text) for text in files.values()}
-    for key in [k for k in cache.analyses if k not in digests]:
-        del cache.analyses[key]
-    for key in [k for k in cache.prescans if k not in digests]:
-        del cache.prescans[key]
-    for block_key in [k for k in cache.blocks if k[0] not in digests]:
-        del cache.blocks[block_key]
-
-
-def save_cache(data_dir: Path, cache: ParseCache, *, loaded: Signature | None = None) -> None:
-    """Persist the cache (skipped when nothing changed since ``loaded``, its signature when read)."""
-    if loaded is not None and _signature(cache) == loaded:
-        return
-    data_dir.mkdir(parents=True, exist_ok=True)
-    tmp = _cache_path(data_dir).with_suffix(".tmp")
-    with open(tmp, "wb") as handle:
-        pickle.dump(cache, handle, protocol=pickle.HIGHEST_PROTOCOL)
-    tmp.replace(_cache_path(data_dir))
 
 
 def _diagnostics_text(fp: Footprint) -> str:
@@ -209,7 +166,8 @@ def build_minimal(config_dir: Path, files: Mapping[str, str], fp: Footprint, des
 
 
 def _module_ignore(skip: set[Path]):  # type: ignore[no-untyped-def]
-    patterns = shutil.ignore_patterns(".terraform", ".git", "*.tfstate*", "*.igplan", "kl-plan.json")
+    patterns = shutil.ignore_patterns(".terraform", ".git", workspace.ARTIFACT_DIR, "*.tfstate*", "*.igplan",
+                                      "kl-plan.json")
 
     def ignore(directory: str, names: list[str]) -> set[str]:
         dropped = set(patterns(directory, names))
@@ -363,9 +321,11 @@ def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str,
         read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))), described=described,
         warnings=tuple(warnings),
         # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a
-        # file-scoped commit never prunes outputs, so those are not changes of this plan.
-        output_changes={**changed_outputs(analysis, frozenset({("no-op",), ("delete",)})),
-                        **{name: "delete" for name in removed}}, refresh=refresh,
+        # file-scoped commit removes only the outputs it declares (one that became null) and those whose blocks
+        # the change deleted, so the others are not changes of this plan.
+        output_changes={**{name: action for name, action in changed_outputs(analysis).items()
+                           if action != "delete" or name in fp.outputs}, **{name: "delete" for name in removed}},
+        refresh=refresh,
     )
     spec = replace(
         spec, mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, layout),
@@ -459,7 +419,7 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
         raise InvalidInput(f"{exc}: fix that file, or run kl plan without -f (a full plan)") from exc
     readers = file_readers(texts)
     scope = changed_from(config_dir, config_dir, ref, against=against, module_sources=sources,
-                         file_readers=readers or {})
+                         file_readers=readers or {}, is_artifact=is_plan_file)
     var_texts: dict[str, tuple[str | None, str | None]] = {}
     for widening in scope.widen:
         if widening.kind is WidenKind.VARIABLES:

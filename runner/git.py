@@ -22,18 +22,32 @@ import fcntl
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
+import git.cmd
 from git import Blob, Commit, Diff, Repo
 from git.diff import Diffable
 from git.exc import CommandError, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from analyzer.gitdiff import Change, ChangeScope, DiffEntry, scope_changes
+from runner import childenv
+
+_popen = git.cmd.safer_popen
+
+
+def _explicit_popen(*args: Any, env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
+    # GitPython starts every git from a copy of os.environ (plus its own and our GIT_* additions) and has
+    # no way to start from less; this is the one place its children are spawned, so the allowlist is
+    # applied here: git never sees the worker's KL_* secrets or a provider credential.
+    return _popen(*args, env=childenv.for_git(env if env is not None else {}), **kwargs)
+
+
+git.cmd.safer_popen = _explicit_popen
 
 _CHANGE_KINDS: Final = {
     "A": Change.ADDED,
@@ -126,20 +140,35 @@ def changed_from(
     against: str | None = None,
     module_sources: Mapping[str, str] = _NO_MODULES,
     file_readers: Mapping[str, tuple[str, ...]] = _NO_READERS,
+    is_artifact: Callable[[Path], bool] | None = None,
 ) -> ChangeScope:
     """The file-scoped plan scope of ``config_dir`` for the changes since ``ref`` (see :func:`changed_entries`).
 
     ``repo_dir`` may be any directory inside the working tree; a relative ``config_dir`` is taken
     relative to it. The text at ``ref`` of every removed ``.tf``/``.tf.json`` file is collected; one that
     cannot be read (a symbolic link, not UTF-8) is left out, which ``scope_changes`` reports as a failure.
-    ``module_sources`` and ``file_readers`` come from the HCL analysis (see ``scope_changes``).
+    ``module_sources`` and ``file_readers`` come from the HCL analysis (see ``scope_changes``). On the
+    working-tree side (no ``against``), ``is_artifact`` is asked about every added or modified file that is
+    not a ``.tf`` file; those it recognises as Kilolock's own (plan files) are passed on as ``artifacts``.
     """
     with _open(repo_dir) as repo:
         relative_dir = _config_dir_in(repo, repo_dir, config_dir)
         entries = _changed_entries(repo, ref, against)
         texts = _removed_texts(repo, ref, entries)
+        root = Path(repo.working_tree_dir).resolve() if repo.working_tree_dir else None
+    # Only a file inside the configuration directory can change the scope by being recognised (one outside it
+    # is unrelated anyway, or claimed by a module or a file() reader, which come first).
+    inside = f"{relative_dir}/" if relative_dir else ""
+    artifacts = frozenset(
+        e.path for e in entries
+        if is_artifact is not None and against is None and root is not None and e.change in _PRESENT
+        and e.path.startswith(inside) and not e.path.endswith(_CONFIG_SUFFIXES) and is_artifact(root / e.path))
     return scope_changes(entries, config_dir=relative_dir, texts_at_ref=texts, module_sources=module_sources,
-                         file_readers=file_readers)
+                         file_readers=file_readers, artifacts=artifacts)
+
+
+# The changes after which a path exists on the compared side.
+_PRESENT: Final = frozenset({Change.ADDED, Change.MODIFIED, Change.COPIED, Change.RENAMED})
 
 
 def _removed_texts(repo: Repo, ref: str, entries: list[DiffEntry]) -> dict[str, str]:

@@ -14,6 +14,25 @@ from typing import Any
 SPEC_VERSION = 1
 
 
+# A plan file larger than this is not recognised as one by change detection (it then counts as a change).
+_ARTIFACT_MAX_BYTES = 64 * 1024 * 1024
+
+
+def is_plan_file(path: Path) -> bool:
+    """Whether ``path`` is a plan file ``kl plan`` wrote: a JSON object carrying the ``kilolock_plan`` version
+    marker (recognised by structure, whatever the file is called). Unreadable files are not."""
+    try:
+        if not path.is_file() or path.stat().st_size > _ARTIFACT_MAX_BYTES:
+            return False
+        with path.open("rb") as handle:
+            if handle.read(1) != b"{":
+                return False
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("kilolock_plan") == SPEC_VERSION and isinstance(doc.get("state"), str)
+
+
 class SpecError(Exception):
     """The plan file is missing, unreadable or not a kl-plan.json."""
 

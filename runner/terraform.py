@@ -23,6 +23,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Literal
 
+from runner import childenv
+
 _log = logging.getLogger("kilolock.terraform")
 
 # Terraform's own default for how long a provider may take to stop is minutes; 30 s is enough for
@@ -146,8 +148,9 @@ def run(
 ) -> TerraformResult:
     """Run ``binary args`` in ``cwd`` and return its exit code and captured output.
 
-    The child gets ``env`` plus TF_IN_AUTOMATION=1 and CHECKPOINT_DISABLE=1, no stdin, and its own
-    process group. ``stream`` is called with each output line as it arrives (from reader threads).
+    The child gets ``env`` (less any ``KL_*``/``TF_HTTP_*``) plus TF_IN_AUTOMATION=1 and
+    CHECKPOINT_DISABLE=1, no stdin, and its own process group. ``stream`` is called with each output
+    line as it arrives (from reader threads).
     After ``timeout`` seconds the group gets SIGINT, Terraform's graceful stop, and after a further
     ``grace_period`` SIGKILL; the result then has ``timed_out=True``. If the caller is interrupted
     while waiting (KeyboardInterrupt), the child is stopped the same way before the exception
@@ -159,7 +162,7 @@ def run(
     process = subprocess.Popen(
         command,
         cwd=cwd,
-        env={**env, **_AUTOMATION_ENV},
+        env={**childenv.for_person(env), **_AUTOMATION_ENV},  # never a KL_* secret, whoever the caller
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

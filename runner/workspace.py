@@ -17,12 +17,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from app import atomic
+from runner import childenv
+
 # Copied configuration never includes Terraform's own working data, local states or our artifacts.
-_SKIP_DIRS = {".terraform", ".git", ".hg", ".kilolock"}
+_SKIP_DIRS = {".terraform", ".git", ".hg", ".kilolock"}  # .kilolock: ARTIFACT_DIR
 _SKIP_SUFFIXES = (".tfstate", ".tfstate.backup", ".tfplan", ".igplan")
 _SKIP_NAMES = {"kl-plan.json", ".terraform.tfstate.lock.info"}
 # Files that decide what Terraform plans; their hash pins a kl-plan.json to the configuration.
 _CONFIG_SUFFIXES = (".tf", ".tf.json", ".tfvars", ".tfvars.json", ".tftpl", ".tpl", ".hcl")
+
+# Beside a configuration, kl keeps its own files (the default plan file of kl plan -f) in this directory.
+ARTIFACT_DIR = ".kilolock"
+_ARTIFACT_IGNORE = "# Kilolock's own files (plan files): never configuration, never committed\n*\n"
 
 OVERRIDE_NAME = "kilolock_override.tf"
 OVERRIDE = 'terraform {\n  backend "local" {}\n}\n'
@@ -36,6 +43,16 @@ def _copied(config_dir: Path) -> Iterator[Path]:
         if path.is_file() and not path.name.endswith(_SKIP_SUFFIXES) and path.name not in _SKIP_NAMES \
                 and path.name != OVERRIDE_NAME:
             yield path
+
+
+def artifact_dir(config_dir: Path) -> Path:
+    """``config_dir/.kilolock``, created with a ``.gitignore`` that ignores everything in it, so git (and
+    ``kl plan --changed-from``) never sees what kl keeps there; workspaces never copy it."""
+    where = config_dir / ARTIFACT_DIR
+    ignore = where / ".gitignore"
+    if not ignore.is_file():
+        atomic.write_text(ignore, _ARTIFACT_IGNORE, mode=0o644)
+    return where
 
 
 def copied_files(config_dir: Path) -> list[Path]:
@@ -156,10 +173,11 @@ def carry_lock_file(config_dir: Path, dest: Path) -> None:
 
 
 def terraform_env(base: Mapping[str, str], cache_dir: Path) -> dict[str, str]:
-    """The environment of Terraform in a private workspace: the user's own, with the CLI configuration's
+    """The environment of Terraform in a private workspace: ``base`` (already the worker's allowlist, or the
+    user's own) without ``KL_*`` and ``TF_HTTP_*`` (``runner.childenv``), with the CLI configuration's
     path made absolute (Terraform runs inside the workspace), the shared plugin cache, and no TF_DATA_DIR
     (every workspace keeps its own .terraform, or parallel runs would overwrite each other's)."""
-    env = dict(base)
+    env = childenv.for_person(base)
     env["TF_PLUGIN_CACHE_DIR"] = str(plugin_cache(base, cache_dir))
     rc = cli_config_file(base)
     if base.get("TF_CLI_CONFIG_FILE") and rc is not None:
@@ -167,9 +185,6 @@ def terraform_env(base: Mapping[str, str], cache_dir: Path) -> dict[str, str]:
     env.pop("TF_DATA_DIR", None)
     env["TF_IN_AUTOMATION"] = "1"
     env["TF_INPUT"] = "0"
-    # The workspace's own backend is local; never let TF_HTTP_* settings leak into it.
-    for key in [k for k in env if k.startswith("TF_HTTP_")]:
-        del env[key]
     # A TF_CLI_CONFIG_FILE naming a missing file makes Terraform prefix every output with "Unable to open
     # CLI configuration file" and then run with no CLI configuration; an empty file gives that same
     # configuration without the warning burying the real error.

@@ -75,5 +75,6 @@ def parse_apply_args(words: Sequence[str]) -> ApplyArgs:
         return ApplyArgs(None)
     if rest[0] in ("-p", "--project") and len(rest) == 2 and rest[1]:
         return ApplyArgs(rest[1])
-    return ApplyArgs(None, f"`kilolock apply {' '.join(rest)}` is not understood: use `kilolock apply` for every "
-                           "project the pull request touches, or `kilolock apply -p NAME` for one")
+    # Plain text: it quotes the comment, and the reply escapes it once (runner.bot.markdown).
+    return ApplyArgs(None, f"kilolock apply {' '.join(rest)} is not understood: use kilolock apply for every "
+                           "project the pull request touches, or kilolock apply -p NAME for one")

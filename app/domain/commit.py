@@ -7,12 +7,13 @@ Root outputs are reserved like instances, with ``output.NAME`` / ``output.*`` (a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from analyzer.addresses import AddressError, parse_instance_address
 from analyzer.globs import Glob, matches_output, parse_glob
 from analyzer.state import InstanceRow, OutputRow
+from analyzer.values import same_json
 from app.domain.globindex import GlobIndex
 from app.domain.lifecycle import Key, changed_instances
 from app.errors import BadRequestError
@@ -125,17 +126,26 @@ def check_addresses(addresses: Iterable[str], what: str) -> list[str]:
     return checked
 
 
-def changed_outputs(base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True,
-                    removed: Collection[str] = ()) -> list[str]:
-    """Names of the root outputs the apply added, changed or removed relative to its base (removed: every
-    output it lacks when ``prune``, else those of ``removed`` it lacks): exactly the outputs ``merge_outputs``
-    takes from it, so exactly what it must reserve."""
+# Which base outputs an apply's state may remove by leaving them out: all (True: the workspace held the whole
+# configuration), none (False), or these names (the outputs a partial workspace declares: one it declares but
+# its state lacks evaluated to null, and Terraform keeps no null output).
+Prune = bool | frozenset[str]
+
+
+def _removed(before: Mapping[str, OutputRow], after: Mapping[str, OutputRow], prune: Prune) -> set[str]:
+    gone = before.keys() - after.keys()
+    if isinstance(prune, bool):
+        return set(gone) if prune else set()
+    return gone & prune
+
+
+def changed_outputs(base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: Prune = True) -> list[str]:
+    """Names of the root outputs the apply added, changed or removed (as ``prune`` allows) relative to
+    its base: exactly the outputs ``merge_outputs`` takes from it, so exactly what it must reserve."""
     before = {o.name: o for o in base}
     after = {o.name: o for o in result}
-    changed = {n for n, o in after.items() if n not in before or not _same(before[n], o)}
-    gone = before.keys() - after.keys()
-    changed |= gone if prune else gone & set(removed)
-    return sorted(changed)
+    changed = {n for n, o in after.items() if n not in before or not same_output(before[n], o)}
+    return sorted(changed | _removed(before, after, prune))
 
 
 def outputs_outside(names: Iterable[str], write_globs: Sequence[Glob]) -> list[str]:
@@ -150,31 +160,34 @@ def stale_outputs(base: Iterable[OutputRow], head: Iterable[OutputRow], globs: S
     before = {o.name: o for o in base}
     now = {o.name: o for o in head}
     moved = [n for n in before.keys() | now.keys()
-             if n not in before or n not in now or not _same(before[n], now[n])]
+             if n not in before or n not in now or not same_output(before[n], now[n])]
     coverage = GlobCoverage(globs)
     return sorted(n for n in moved if coverage.covers_output(n))
 
-def _same(a: OutputRow, b: OutputRow) -> bool:
-    return (a.value_json, a.type_json, a.sensitive) == (b.value_json, b.type_json, b.sensitive)
+
+def same_output(a: OutputRow | None, b: OutputRow | None) -> bool:
+    """Whether two root outputs are the same (value, type and sensitivity), compared as JSON values and
+    never as text: the trunk's come back from Postgres in jsonb's spelling, an apply's in Terraform's."""
+    if a is None or b is None:
+        return a is b
+    return a.sensitive == b.sensitive and same_json(a.value_json, b.value_json) and same_json(a.type_json,
+                                                                                               b.type_json)
 
 
 def merge_outputs(
-    head: Iterable[OutputRow], base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: bool = True,
-    removed: Collection[str] = (),
+    head: Iterable[OutputRow], base: Iterable[OutputRow], result: Iterable[OutputRow], *, prune: Prune = True
 ) -> tuple[OutputRow, ...]:
     """Keep the trunk's outputs; take from the apply only what it changed relative to its base
-    (new or different values), and — when ``prune``, i.e. the workspace held the whole
-    configuration — drop the outputs it no longer has. An output the apply did not touch keeps
-    whatever value a concurrent commit gave it. A file-scoped workspace holds only some outputs, so
-    it never prunes, except the outputs of ``removed``: those whose blocks the change deleted (and that the
-    result lacks), which a full apply would drop; its other missing outputs are simply not its business."""
+    (new or different values), and drop the outputs it no longer has as ``prune`` allows: all of them
+    when the workspace held the whole configuration, the named ones for a file-scoped workspace (the
+    outputs it declares; the others are simply not its business). An output the apply did not touch
+    keeps whatever value a concurrent commit gave it."""
     merged = {o.name: o for o in head}
     before = {o.name: o for o in base}
     after = {o.name: o for o in result}
     for name, output in after.items():
-        if name not in before or not _same(before[name], output):
+        if name not in before or not same_output(before[name], output):
             merged[name] = output
-    for name in before if prune else set(removed) & before.keys():
-        if name not in after:
-            merged.pop(name, None)
+    for name in _removed(before, after, prune):
+        merged.pop(name, None)
     return tuple(merged[n] for n in sorted(merged))

@@ -188,6 +188,42 @@ def blocks(wanted: Sequence[Wanted], earlier: Iterable[Sequence[Wanted]]) -> boo
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """An earlier request in a state's queue: who waits, for which run (None: it would open a new one),
+    since when, and what it wants."""
+
+    holder: str
+    run_id: str | None
+    enqueued_at: datetime
+    wanted: tuple[Wanted, ...]
+
+
+# A refusal because earlier waiters go first names this many of them.
+SHOWN_WAITERS = 5
+
+
+def waiting_ahead(wanted: Sequence[Wanted], earlier: Sequence[Waiter]) -> list[Waiter]:
+    """The earlier waiters, in queue order, whose requests each conflict with ``wanted`` (those that go first)."""
+    return [w for w in earlier if blocks(wanted, [w.wanted])]
+
+
+def describe_waiting(ahead: Sequence[Waiter], now: datetime, limit: int = SHOWN_WAITERS) -> str:
+    """``reservation conflict: earlier waiting requests for the same addresses go first: alice (run ar_…,
+    waiting 12s for module.web.*), …``, naming the first ``limit`` and counting the rest."""
+    parts = []
+    for w in ahead[:limit]:
+        run = f"run {w.run_id}" if w.run_id else "a new run"
+        globs = ", ".join(x.text for x in w.wanted[:3])
+        if len(w.wanted) > 3:
+            globs += f" and {len(w.wanted) - 3} more"
+        parts.append(f"{w.holder} ({run}, waiting {format_duration(now - w.enqueued_at)} for {globs})")
+    more = f"; and {len(ahead) - limit} more" if len(ahead) > limit else ""
+    named = f": {'; '.join(parts)}{more}" if parts else ""
+    return (f"reservation conflict: earlier waiting requests for the same addresses go first{named}; "
+            "retry with a longer wait (kl apply --wait), or after they are granted")
+
+
 def shown_conflicts(found: Sequence[Conflict], limit: int = SHOWN_CONFLICTS) -> tuple[list[Conflict], int]:
     """The first ``limit`` conflicts an answer or audit event lists, and how many it leaves out."""
     return list(found[:limit]), max(len(found) - limit, 0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,16 +26,20 @@ from analyzer.globs import parse_glob
 from app.domain.locking import lock_created
 from app.domain.principal import Principal
 from app.domain.reservations import (
+    SHOWN_WAITERS,
     Conflict,
     Held,
     Mode,
+    Waiter,
     Wanted,
     blocks,
     describe,
+    describe_waiting,
     find_conflicts,
     glob_root,
     shown_conflicts,
     terraform_lock_hold,
+    waiting_ahead,
 )
 from app.errors import ReservationConflictError, StateNotFoundError, TicketExpiredError
 from app.store import events, holds, states
@@ -50,6 +54,8 @@ WAITER_STALE = timedelta(seconds=10)
 # says how many more there are ("at least" once the scan stopped).
 CONFLICT_SCAN_LIMIT = 1000
 _TICKET = re.compile(r"wt_([1-9][0-9]{0,17})")
+# A waiter named in a refusal shows this many of the globs it wants.
+SHOWN_WANTED = 5
 
 _INSERT_RESERVATION = """
 INSERT INTO resource_reservations (tenant_id, state_id, run_id, glob, root, mode, holder, info,
@@ -58,8 +64,8 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (run_id, glob, mode) DO UPDATE SET expires_at = EXCLUDED.expires_at
 """
 _WAITER_INSERT = """
-INSERT INTO reservation_waiters (state_id, holder, wanted, enqueued_at, seen_at, credential, wait_until)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
+INSERT INTO reservation_waiters (state_id, holder, wanted, enqueued_at, seen_at, credential, wait_until, run_id)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 RETURNING id
 """
 _WAITER_TOUCH = "UPDATE reservation_waiters SET seen_at = %s WHERE id = %s"
@@ -69,7 +75,13 @@ SELECT state_id, wanted, credential, seen_at, wait_until, enqueued_at FROM reser
 """
 _WAITER_PURGE = "DELETE FROM reservation_waiters WHERE state_id = %s AND seen_at <= %s"
 _EARLIER_WAITERS = """
-SELECT wanted FROM reservation_waiters WHERE state_id = %s AND id < %s AND seen_at > %s ORDER BY id
+SELECT wanted, holder, run_id, enqueued_at FROM reservation_waiters
+WHERE state_id = %s AND id < %s AND seen_at > %s ORDER BY id
+"""
+# A waiter leaves the queue with the kl process that waits: only its own credential and holder can do that.
+_WAITER_CANCEL = """
+DELETE FROM reservation_waiters WHERE id = %s AND credential = %s AND holder = %s
+RETURNING state_id, (SELECT name FROM states WHERE states.id = reservation_waiters.state_id)
 """
 
 
@@ -126,6 +138,43 @@ class Attempt:
     waiter_id: int | None = None
     wait_until: datetime | None = None
     enqueued_at: datetime | None = None
+    run_id: str | None = None  # the live run that asks for more reservations, if any
+    earlier: list[tuple[Any, ...]] = field(default_factory=list)  # the queue ahead when it last blocked us
+
+
+def _is_queued(attempt: Attempt, earlier: list[tuple[Any, ...]]) -> bool:
+    """Whether earlier waiters compete for our addresses (then they go first); keeps the queue for a refusal."""
+    queued = bool(earlier) and blocks(attempt.wanted, [_wanted_from_json(row[0]) for row in earlier])
+    attempt.earlier = earlier if queued else []
+    return queued
+
+
+def _ahead(attempt: Attempt) -> list[Waiter]:
+    """The earlier waiters that each compete with ``attempt`` (at most one conflict scan's worth)."""
+    earlier = [Waiter(holder=h, run_id=r, enqueued_at=at, wanted=tuple(_wanted_from_json(doc)))
+               for doc, h, r, at in attempt.earlier[:CONFLICT_SCAN_LIMIT]]
+    return waiting_ahead(attempt.wanted, earlier)
+
+
+def _waiter_payload(w: Waiter, now: datetime) -> dict[str, object]:
+    return {"holder": w.holder, "run_id": w.run_id, "enqueued_at": w.enqueued_at.isoformat(),
+            "waiting_seconds": max(int((now - w.enqueued_at).total_seconds()), 0),
+            "wanted": [{"glob": x.text, "mode": x.mode.value} for x in w.wanted[:SHOWN_WANTED]],
+            "wanted_total": len(w.wanted)}
+
+
+def cancel_ticket(db: Database, principal: Principal, ticket: str, holder: str) -> bool:
+    """Give up the queue place ``ticket`` names (its waiter stopped waiting); False when there is no such
+    place of this credential and holder (lapsed, granted, refused, or never theirs)."""
+    found = _TICKET.fullmatch(ticket)
+    if found is None:
+        return False
+    with db.transaction() as conn:
+        row = conn.execute(_WAITER_CANCEL, (int(found.group(1)), principal.credential, holder)).fetchone()
+        if row is not None:
+            events.record(conn, principal, "reservation_wait_cancelled", state_id=row[0], state_name=row[1] or "",
+                          holder=holder, ticket=ticket)
+    return row is not None
 
 
 def _held_by_terraform_lock(row: states.StateRow) -> list[Held]:
@@ -173,7 +222,7 @@ def _try_grant(
         if earlier is None:
             conn.execute(_WAITER_PURGE, (row.id, now - window))
             earlier = conn.execute(_EARLIER_WAITERS, (row.id, mine, now - window)).fetchall()
-        queued = bool(earlier) and blocks(attempt.wanted, [_wanted_from_json(doc) for (doc,) in earlier])
+        queued = _is_queued(attempt, earlier)
     if conflicts or queued:
         if waiting:
             _enqueue(conn, principal, attempt, row.id, now)
@@ -223,7 +272,7 @@ def _first_look(
     if not conflicts:
         mine = attempt.waiter_id if attempt.waiter_id is not None else 2**62
         earlier = conn.execute(_EARLIER_WAITERS, (row.id, mine, now - window)).fetchall()
-        queued = bool(earlier) and blocks(attempt.wanted, [_wanted_from_json(doc) for (doc,) in earlier])
+        queued = _is_queued(attempt, earlier)
     if not conflicts and not queued:
         return row.id
     return row.id, conflicts, queued
@@ -241,7 +290,7 @@ def _enqueue(conn: psycopg.Connection, principal: Principal, attempt: Attempt, s
     if attempt.waiter_id is None:
         (attempt.waiter_id,) = conn.execute(_WAITER_INSERT, (
             state_id, attempt.holder, _wanted_json(attempt.wanted), now, now, principal.credential,
-            attempt.wait_until)).fetchone() or (0,)
+            attempt.wait_until, attempt.run_id)).fetchone() or (0,)
     else:
         conn.execute(_WAITER_TOUCH, (now, attempt.waiter_id))
 
@@ -317,6 +366,8 @@ def _refuse(db: Database, principal: Principal, attempt: Attempt, conflicts: lis
     shown, more = shown_conflicts(conflicts)
     at_least = " (at least)" if len(conflicts) >= CONFLICT_SCAN_LIMIT else ""
     payload = [_conflict_payload(c, now) for c in shown]
+    ahead = [] if conflicts else _ahead(attempt)
+    waiting = [_waiter_payload(w, now) for w in ahead[:SHOWN_WAITERS]]
     with db.transaction() as conn:
         if attempt.waiter_id is not None:
             conn.execute(_WAITER_DELETE, (attempt.waiter_id,))
@@ -325,15 +376,16 @@ def _refuse(db: Database, principal: Principal, attempt: Attempt, conflicts: lis
         events.record(conn, principal, "reservation_conflict", state_id=row.id if row else None,
                       state_name=attempt.state_name,
                       holder=attempt.holder, wanted=[[w.text, w.mode.value] for w in wanted_shown],
-                      wanted_more=wanted_more, conflicts=payload, conflicts_more=more)
+                      wanted_more=wanted_more, conflicts=payload, conflicts_more=more,
+                      **({"waiting": waiting, "waiting_total": len(ahead)} if ahead else {}))
     if conflicts:
         message = "\n".join(describe(c, now) for c in shown)
         if more:
             message += f"\nand {more}{at_least} more conflicts"
     else:
-        message = ("reservation conflict: earlier waiting requests for the same addresses go first; "
-                   "retry with a longer wait")
-    raise ReservationConflictError(message, payload, total=len(shown) + more)
+        message = describe_waiting(ahead, now)
+    raise ReservationConflictError(message, payload, total=len(shown) + more,
+                                   **({"waiting": waiting, "waiting_total": len(ahead)} if not conflicts else {}))
 
 
 def insert_reservations(

@@ -157,21 +157,18 @@ class _Checked:
 
 def commit_run(
     db: Database, principal: Principal, run_id: str, *, holder: str, state_body: bytes,
-    slice_addresses: Sequence[str], prune_outputs: bool = True, removed_outputs: Sequence[str] = (),
-    clock: runs.Clock = runs.utcnow,
+    slice_addresses: Sequence[str], prune_outputs: rules.Prune = True, clock: runs.Clock = runs.utcnow,
 ) -> CommitResult:
-    """Commit the post-apply state of a run's slice (``removed_outputs``: root outputs to drop although the
-    workspace did not hold every output, because the change deleted their blocks). Raises WriteOutsideReservationError,
+    """Commit the post-apply state of a run's slice. Raises WriteOutsideReservationError,
     StalePlanError, LeaseExpiredError, RunClosedError, NotRunHolderError; refusals write nothing."""
     slice_addresses = rules.check_addresses(slice_addresses, "slice_addresses")
     parsed = states.parse_body(state_body)
     if isinstance(parsed, EncryptedState):
         raise BadRequestError("an encrypted state cannot be committed row by row")
     now = clock()
-    prune = _Prune(prune_outputs, frozenset(removed_outputs))
     with db.transaction() as conn:
         before = _read_before(conn, principal, run_id, parsed, slice_addresses)
-        checked = _check(before, before.reserved, parsed, slice_addresses, prune)
+        checked = _check(before, before.reserved, parsed, slice_addresses, prune_outputs)
         locked = read_locked(conn, principal, run_id, before)
         runs.check_live(conn, principal, run_id, holder, now, status=locked.status, actor=locked.actor,
                         state_id=before.state_id, state_name=locked.state_name, credential=locked.credential,
@@ -184,7 +181,7 @@ def commit_run(
             raise BadRequestError(f"apply run {run_id} has no base serial: open runs that commit with the serial "
                                   "their plan was made against (0 for a state with no versions yet)")
         if locked.reserved != checked.reserved:  # the run's reservations changed meanwhile: check against these
-            checked = _check(before, locked.reserved, parsed, slice_addresses, prune)
+            checked = _check(before, locked.reserved, parsed, slice_addresses, prune_outputs)
         if checked.outside:
             outside = checked.outside
             shown = ", ".join(outside[:20]) + (f" and {len(outside) - 20} more" if len(outside) > 20 else "")
@@ -194,7 +191,7 @@ def commit_run(
                 addresses=outside[:200],
             )
         _check_stale(before, locked, checked, base_serial)
-        return _write(conn, principal, run_id, now, parsed, before, locked, checked, prune)
+        return _write(conn, principal, run_id, now, parsed, before, locked, checked, prune_outputs)
 
 
 def _read_before(
@@ -251,25 +248,16 @@ def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, bef
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Prune:
-    """Which root outputs missing from the result the commit drops: all (``every``), or those ``removed``."""
-
-    every: bool
-    removed: frozenset[str]
-
-
 def _check(
     before: _Before, reserved: tuple[tuple[str, str], ...], parsed: ParsedState, slice_addresses: list[str],
-    prune: _Prune,
+    prune_outputs: rules.Prune,
 ) -> _Checked:
     """The delta against the base rows, the addresses and outputs it changes outside the write globs, and
     which of the changes read before the lock touch a reserved address."""
     write_globs = rules.parse_globs(g for g, mode in reserved if mode == "write")
     delta = rules.commit_delta(before.base, parsed.instances, slice_addresses,
                                skip=rules.unreserved_read(write_globs))
-    changed_outputs = rules.changed_outputs(before.base_outputs, parsed.outputs, prune=prune.every,
-                                            removed=prune.removed)
+    changed_outputs = rules.changed_outputs(before.base_outputs, parsed.outputs, prune=prune_outputs)
     outside = rules.outside(delta.addresses, write_globs) + [
         f"output.{n}" for n in rules.outputs_outside(changed_outputs, write_globs)]
     stale = rules.stale(before.changed, rules.parse_globs(g for g, _ in reserved))
@@ -290,15 +278,14 @@ def _check_stale(before: _Before, locked: Locked, checked: _Checked, base_serial
 
 def _write(
     conn: psycopg.Connection, principal: Principal, run_id: str, now: datetime, parsed: ParsedState,
-    before: _Before, locked: Locked, checked: _Checked, prune: _Prune,
+    before: _Before, locked: Locked, checked: _Checked, prune_outputs: rules.Prune,
 ) -> CommitResult:
     """The writes and COMMIT, in one pipeline: one round trip."""
     delta, state_id, state_name = checked.delta, before.state_id, locked.state_name
-    outputs = rules.merge_outputs(locked.head_outputs, before.base_outputs, parsed.outputs, prune=prune.every,
-                                  removed=prune.removed)
+    outputs = rules.merge_outputs(locked.head_outputs, before.base_outputs, parsed.outputs, prune=prune_outputs)
     previous, following = {o.name: o for o in locked.head_outputs}, {o.name: o for o in outputs}
     outputs_changed = tuple(sorted(n for n in previous.keys() | following.keys()
-                                   if previous.get(n) != following.get(n)))
+                                   if not rules.same_output(previous.get(n), following.get(n))))
     counters = {"created": delta.created, "updated": delta.updated, "deleted": len(delta.deletes)}
     if delta.is_empty and not outputs_changed:
         with conn.pipeline():

@@ -1,5 +1,5 @@
 """Counts for ``/metrics``, read at scrape time: live reservations, lapsed leases, live and
-finished apply runs, Terraform locks and queued waiters.
+finished apply runs (pull-request holds apart), Terraform locks and queued waiters.
 
 These are the store's only reads across tenants. They return bare numbers and ages — no tenant,
 state, address or holder — so the metrics endpoint can never leak one tenant's data to another.
@@ -18,10 +18,13 @@ FROM resource_reservations
 """
 # apply_runs is read whole: runs are few compared with resource rows, and a scrape every 15 s or
 # so is cheap next to the writes that create them.
+# A pull-request hold is a run that lives until its pull request is merged or closed (app.store.pr_holds):
+# it is counted apart, so that a days-old hold never looks like a stuck apply.
 _RUNS = f"""
 SELECT status, count(*), min(created_at) FILTER (WHERE status IN {LIVE_STATUSES_SQL})
-FROM apply_runs GROUP BY status
+FROM apply_runs WHERE NOT info ? 'pr_hold' GROUP BY status
 """
+_HOLDS = "SELECT count(*), min(created_at) FROM pull_request_holds"
 _LOCKS = "SELECT count(*), min(locked_at) FROM states WHERE lock_id IS NOT NULL"
 _WAITERS = "SELECT count(*) FROM reservation_waiters WHERE seen_at > %(fresh)s"
 _STATES = "SELECT count(*) FROM states"
@@ -37,6 +40,8 @@ class Gauges:
     state_locks: int
     oldest_state_lock_seconds: float
     waiters: int
+    pr_holds: int = 0
+    oldest_pr_hold_seconds: float = 0.0
 
 
 def _age(since: datetime | None, now: datetime) -> float:
@@ -51,10 +56,12 @@ def read_gauges(db: Database, *, now: datetime, waiter_fresh: datetime) -> Gauge
         locks, oldest_lock = conn.execute(_LOCKS).fetchone() or (0, None)
         (waiters,) = conn.execute(_WAITERS, {"fresh": waiter_fresh}).fetchone() or (0,)
         (state_count,) = conn.execute(_STATES).fetchone() or (0,)
+        holds, oldest_hold = conn.execute(_HOLDS).fetchone() or (0, None)
     oldest_runs = [started for _, _, started in runs if started is not None]
     return Gauges(
         states=int(state_count), live_reservations=int(live), lapsed_reservations=int(lapsed),
         runs_by_status=tuple(sorted((status, int(count)) for status, count, _ in runs)),
         oldest_live_run_seconds=_age(min(oldest_runs) if oldest_runs else None, now),
         state_locks=int(locks), oldest_state_lock_seconds=_age(oldest_lock, now), waiters=int(waiters),
+        pr_holds=int(holds), oldest_pr_hold_seconds=_age(oldest_hold, now),
     )

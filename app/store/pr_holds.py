@@ -22,7 +22,7 @@ from psycopg.rows import class_row
 
 from app.domain.principal import Principal
 from app.domain.reservations import HOLD_LEASE, Mode, RunStatus, Wanted, parse_wanted
-from app.errors import RunClosedError, RunNotFoundError
+from app.errors import BadRequestError, RunClosedError, RunNotFoundError
 from app.store import runs
 from app.store.db import LIVE_STATUSES_SQL, Database
 
@@ -49,6 +49,10 @@ WHERE h.repo = %s ORDER BY h.number, h.project
 _ON_STATE = f"""
 SELECT {_FIELDS} FROM pull_request_holds h JOIN apply_runs r ON r.id = h.run_id
 WHERE h.repo = %s AND h.state_name = %s ORDER BY h.number, h.project
+"""
+_OF_TENANT = f"""
+SELECT {_FIELDS} FROM pull_request_holds h JOIN apply_runs r ON r.id = h.run_id
+WHERE h.tenant_id = %s AND h.scope = %s ORDER BY h.created_at, h.repo, h.number, h.project LIMIT %s
 """
 _DROP = "DELETE FROM pull_request_holds WHERE repo = %s AND number = %s AND project = %s AND run_id = %s"
 
@@ -88,12 +92,16 @@ def holder_of(repo: str, number: int) -> str:
 
 def take(db: Database, principal: Principal, *, repo: str, number: int, project: str, state_name: str,
          write_globs: Sequence[str], head_sha: str, applied_serial: int | None, applied_run_id: str | None,
-         clock: runs.Clock = runs.utcnow) -> PrHold:
+         max_globs: int, clock: runs.Clock = runs.utcnow) -> PrHold:
     """Hold ``write_globs`` on the state for the pull request (all-or-nothing, no waiting). Raises
-    ReservationConflictError naming whoever holds an intersecting glob; nothing is held then. The
-    pull request must not hold this project already (release it first)."""
+    ReservationConflictError naming whoever holds an intersecting glob, or BadRequestError when the hold
+    would have more than ``max_globs`` globs (the per-run cap every apply run has); nothing is held then.
+    The pull request must not hold this project already (release it first)."""
     holder = holder_of(repo, number)
     wanted: tuple[Wanted, ...] = parse_wanted((g, Mode.WRITE.value) for g in sorted(set(write_globs)))
+    if len(wanted) > max_globs:
+        raise BadRequestError(f"a hold of {len(wanted)} write globs is more than a run may hold ({max_globs}, "
+                              "KL_MAX_GLOBS_PER_RUN): apply module or resource prefixes instead of many instances")
     info = {"pr_hold": {"repo": repo, "number": number, "project": project, "head_sha": head_sha,
                         "applied_serial": applied_serial, "applied_run_id": applied_run_id}}
     run = runs.open_run(db, principal, state_name, actor=holder, wanted=wanted, lease=HOLD_LEASE, info=info,
@@ -144,3 +152,9 @@ def on_state(db: Database, repo: str, state_name: str) -> list[PrHold]:
     """The repository's pull-request holds on one state."""
     with db.transaction() as conn, conn.cursor(row_factory=class_row(PrHold)) as cur:
         return cur.execute(_ON_STATE, (repo, state_name)).fetchall()
+
+
+def of_tenant(db: Database, principal: Principal, *, limit: int = 500) -> list[PrHold]:
+    """The holds in the principal's tenant and scope, oldest first (the dashboard's list)."""
+    with db.transaction() as conn, conn.cursor(row_factory=class_row(PrHold)) as cur:
+        return cur.execute(_OF_TENANT, (principal.tenant_id, principal.scope, limit)).fetchall()

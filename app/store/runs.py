@@ -43,13 +43,14 @@ from app.store.acquire import (
     Ticket,
     WaitPolicy,
     acquire,
+    cancel_ticket,
     insert_reservations,
 )
 from app.store.db import Database
 
 __all__ = ["CONFLICT_SCAN_LIMIT", "POLL_SECONDS", "WAITER_STALE", "Clock", "Run", "ReservationView", "Ticket",
-           "WaitPolicy", "abort", "acquire_more", "close_run", "get_run", "list_reservations", "list_runs",
-           "open_run", "release", "renew", "utcnow"]
+           "WaitPolicy", "abort", "acquire_more", "cancel_ticket", "close_run", "get_run", "list_reservations",
+           "list_runs", "open_run", "release", "renew", "utcnow"]
 
 _INSERT_RUN = """
 INSERT INTO apply_runs (id, tenant_id, state_id, status, actor, base_serial, lease_seconds, created_at,
@@ -250,7 +251,8 @@ def acquire_more(
     holds at most ``max_globs`` globs in all. Waits like ``open_run``."""
     policy = policy or WaitPolicy(wait=wait)
     run = get_run(db, principal, run_id)
-    attempt = Attempt(state_name=run.state, holder=holder, wanted=wanted, lease=timedelta(seconds=run.lease_seconds))
+    attempt = Attempt(state_name=run.state, holder=holder, wanted=wanted, lease=timedelta(seconds=run.lease_seconds),
+                      run_id=run_id)
 
     def check_cap(conn: psycopg.Connection) -> None:
         if max_globs is None:

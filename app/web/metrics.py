@@ -174,8 +174,12 @@ class _StoreGauges:
             runs.add_metric([status.value], known.get(status.value, 0))
         yield runs
         yield GaugeMetricFamily("kilolock_oldest_live_run_age_seconds",
-                                "Age of the oldest reserved or running apply run (0 when none).",
-                                value=snap.oldest_live_run_seconds)
+                                "Age of the oldest reserved or running apply run, pull-request holds apart (0 when "
+                                "none).", value=snap.oldest_live_run_seconds)
+        yield GaugeMetricFamily("kilolock_pull_request_holds", "Pull-request holds (applied before merge).",
+                                value=snap.pr_holds)
+        yield GaugeMetricFamily("kilolock_oldest_pull_request_hold_age_seconds",
+                                "Age of the oldest pull-request hold (0 when none).", value=snap.oldest_pr_hold_seconds)
         yield GaugeMetricFamily("kilolock_state_locks_held", "States locked by Terraform's whole-state lock.",
                                 value=snap.state_locks)
         yield GaugeMetricFamily("kilolock_oldest_state_lock_age_seconds",

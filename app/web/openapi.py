@@ -106,6 +106,10 @@ OPERATIONS: tuple[Operation, ...] = (
     _run("/reservations", "Acquire more reservations for a live run",
          {**_HOLDER, "reservations": _WANTED, "wait_seconds": {"type": "number", "minimum": 0}},
          ("holder", "reservations")),
+    Operation("post", "/v1/engine/tickets/{ticket}/cancel", "Give up a queue place (the waiting client stopped): "
+              "cancelled is false when it is gone already or not this credential's and holder's",
+              (Param("ticket", _STR, True, "path"),),
+              {"holder": {**_STR, "description": "the actor or holder the waiting request named"}}, ("holder",)),
     _run("/renew", "Extend the run's lease", _HOLDER),
     _run("/release", "Release some (globs) or all of the run's reservations", {**_HOLDER, "globs": _GLOBS}),
     _run("/running", "Mark the run as applying", _HOLDER),
@@ -115,8 +119,9 @@ OPERATIONS: tuple[Operation, ...] = (
     _run("/abort", "Abort a run (operators; releases its reservations)", {"reason": _STR}, ()),
     _run("/commit", "Row-level commit of the run's post-apply slice", {
         **_HOLDER, "state": {"type": "object", "description": "the post-apply v4 state of the slice"},
-        "slice_addresses": {"type": "array", "items": _STR}, "prune_outputs": {"type": "boolean"},
-        "removed_outputs": {"type": "array", "items": _STR}},
+        "slice_addresses": {"type": "array", "items": _STR}, "prune_outputs": {
+            "oneOf": [{"type": "boolean"}, {"type": "array", "items": _STR}],
+            "description": "true: outputs missing from the state were removed; a list: only these may be"}},
         ("holder", "state")),
     _control("post", "/tenants", "Create a tenant", body={"slug": _STR, "name": _STR}, required=("slug",),
              success=201),
@@ -133,7 +138,7 @@ _ERROR = {
     "type": "object",
     "required": ["ok", "code", "error", "status"],
     "properties": {"ok": {"const": False}, "code": _STR, "error": _STR, "status": {"type": "integer"}},
-    "description": "The JSON error envelope; some codes add fields (conflicts, lock_info, retry_after).",
+    "description": "The JSON error envelope; some codes add fields (conflicts, waiting, lock_info, retry_after).",
 }
 _ERRORS = {
     "400": "malformed request: the message names the field",

@@ -14,6 +14,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
+from analyzer.jsontext import JsonInputError, load_json
 from app.domain.reservations import RunStatus, Wanted, lease_for, parse_wanted
 from app.errors import BadRequestError
 from app.store import commit as commit_store
@@ -22,22 +23,36 @@ from app.web import inputs, metrics
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("runs", __name__, url_prefix="/v1/engine")
-# Root outputs one commit may drop because the change deleted their blocks (a request stays bounded).
-_MAX_REMOVED_OUTPUTS = 1000
+# A commit's post-apply state holds Terraform's numbers, which may be integers beyond 64 bits.
+_STATE_KEY = frozenset({"state"})
 
 
-def _body() -> dict[str, Any]:
+def _body(*, exact_under: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The JSON object a request carries ({} for none); integers under ``exact_under`` may exceed 64 bits."""
     raw = request.get_data(cache=True)
     if not raw.strip():
         return {}
     try:
-        doc = request.get_json(force=True, silent=False)
-    except Exception as exc:  # werkzeug raises BadRequest subclasses for malformed JSON
-        detail = getattr(exc, "description", "") or ""
+        doc = load_json(raw, exact_under=exact_under) if exact_under else request.get_json(force=True, silent=False)
+    except Exception as exc:  # werkzeug raises BadRequest subclasses for malformed JSON; load_json JsonInputError
+        detail = getattr(exc, "description", "") or (str(exc) if isinstance(exc, JsonInputError) else "")
         raise BadRequestError("request body must be a JSON object" + (f" ({detail})" if detail else "")) from exc
     if not isinstance(doc, dict):
         raise BadRequestError("request body must be a JSON object")
     return doc
+
+
+_MAX_PRUNED = 10_000
+
+
+def _prune(value: object) -> bool | frozenset[str]:
+    """``prune_outputs``: true, false, or the output names a partial workspace declares."""
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, list) or len(value) > _MAX_PRUNED or not all(
+            isinstance(n, str) and 0 < len(n) <= 256 for n in value):
+        raise BadRequestError(f"prune_outputs must be true, false or a list of at most {_MAX_PRUNED} output names")
+    return frozenset(value)
 
 
 def _text(doc: dict[str, Any], key: str, *, required: bool = True) -> str:
@@ -167,6 +182,17 @@ def acquire_more(run_id: str) -> tuple[Response, int]:
     return _run_response(run)
 
 
+@bp.post("/tickets/<ticket>/cancel")
+def cancel_ticket(ticket: str) -> tuple[Response, int]:
+    """Give up a queue place: the waiting kl stopped waiting (Ctrl-C, SIGTERM, or it gave up). Idempotent:
+    ``cancelled`` is false when the place is gone already or is not this credential's and holder's."""
+    doc = _body()
+    if len(ticket) > 40:
+        raise BadRequestError("ticket must be the string a 202 answer gave")
+    cancelled = runs.cancel_ticket(services().db, principal(), ticket, _text(doc, "holder"))
+    return jsonify({"ok": True, "ticket": ticket, "cancelled": cancelled}), 200
+
+
 @bp.post("/runs/<run_id>/renew")
 @metrics.engine_call("renew")
 def renew(run_id: str) -> tuple[Response, int]:
@@ -219,26 +245,19 @@ def abort(run_id: str) -> tuple[Response, int]:
 @metrics.engine_call("commit")
 def commit(run_id: str) -> tuple[Response, int]:
     """Row-level commit of the run's post-apply slice: ``{"holder", "state", "slice_addresses",
-    "prune_outputs", "removed_outputs"}`` (prune: the workspace held every output, so missing ones were
-    removed; removed_outputs: outputs whose blocks the change deleted, dropped when the result lacks them)."""
-    doc = _body()
+    "prune_outputs"}`` (prune: true when the workspace held every output, so missing ones were removed; a
+    list of the output names a partial workspace declares, whose missing ones were removed)."""
+    doc = _body(exact_under=_STATE_KEY)
     state = doc.get("state")
     if not isinstance(state, dict):
         raise BadRequestError("state must be the post-apply Terraform state (a JSON object)")
     slice_addresses = doc.get("slice_addresses", [])
     if not isinstance(slice_addresses, list) or not all(isinstance(a, str) for a in slice_addresses):
         raise BadRequestError("slice_addresses must be a list of instance addresses")
-    prune = doc.get("prune_outputs", True)
-    if not isinstance(prune, bool):
-        raise BadRequestError("prune_outputs must be true or false")
-    removed = doc.get("removed_outputs", [])
-    if not isinstance(removed, list) or len(removed) > _MAX_REMOVED_OUTPUTS or not all(
-            isinstance(n, str) and 0 < len(n) <= 256 for n in removed):
-        raise BadRequestError(f"removed_outputs must be a list of at most {_MAX_REMOVED_OUTPUTS} output names")
+    prune = _prune(doc.get("prune_outputs", True))
     result = commit_store.commit_run(
         services().db, principal(), run_id, holder=_text(doc, "holder"),
         state_body=json.dumps(state).encode(), slice_addresses=slice_addresses, prune_outputs=prune,
-        removed_outputs=removed,
     )
     payload = {"serial": result.serial, "created": result.created, "updated": result.updated,
                "deleted": result.deleted, "addresses": list(result.addresses),

@@ -41,7 +41,7 @@ from app.domain.attributes import AttributeChange, attribute_diff, sensitive_pat
 from app.domain.principal import Principal, default_principal
 from app.domain.reservations import format_duration
 from app.errors import BadRequestError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
-from app.store import Database, dashboard, runs
+from app.store import Database, dashboard, pr_holds, runs
 from app.store import drift as drift_store
 from app.store.secrets import SESSION_SECRET, shared_secret
 from app.web import errors, metrics, timeline
@@ -384,6 +384,7 @@ def pulls() -> str:
     by_repo: dict[str, list[dashboard.PullRequest]] = {}
     for pr in found:
         by_repo.setdefault(pr.repo, []).append(pr)
+    held = pr_holds.of_tenant(services().db, principal())
     return render_template("ui/pulls.html", repos=sorted(by_repo.items()), github=github_web_url(
         settings.github_api_url), bot_enabled=settings.github_enabled,
-        webhook_ready=bool(settings.github_webhook_secret), nav="pulls")
+        webhook_ready=bool(settings.github_webhook_secret), holds=held, nav="pulls")

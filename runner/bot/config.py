@@ -18,6 +18,8 @@ The format::
     apply_on_comment: false     # let `kilolock apply` comments apply before merge (default false)
     apply_requirements: [approved, mergeable]   # gate of comment applies (also: undiverged; may be [])
     drift: {every: 6h, issue: true}   # scheduled drift check of the default branch (default: none)
+    env: [AWS_PROFILE, AWS_REGION, "TF_VAR_*"]  # the worker's variables Terraform may see (default: none)
+    hold_expiry: 7d             # pull-request holds older than this are released (default: never)
     projects:
       - dir: infra/prod         # the Terraform root module, relative to the repository root
         name: prod              # default: the directory (the state's name for the root directory)
@@ -25,9 +27,11 @@ The format::
         files: ["infra/prod/**", "modules/**", "!**/*.md"]   # default: the directory and its local modules
         apply_on_merge: true    # default: the top-level value
         apply_on_comment: true  # default: the top-level value
+        env: [GOOGLE_APPLICATION_CREDENTIALS]   # added to the top-level list for this project
 
 Comment applies read ``apply_on_comment`` and ``apply_requirements`` from the default branch's file only
-(``runner.bot.holds``), so a pull request cannot relax its own gate.
+(``runner.bot.holds``), so a pull request cannot relax its own gate. Likewise ``env``, ``hold_expiry`` and
+each project's state and server: the bot takes them from the default branch's file (``runner.bot.flow``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import yaml
 
 from analyzer.hcl import HclError, ParseCache, find_http_backend
 from app.domain.durations import parse_duration
+from runner import childenv
 from runner.config import ClientConfigError, read_tf_files, split_backend_address
 
 CONFIG_NAMES = (".kilolock.yml", ".kilolock.yaml")
@@ -54,8 +59,10 @@ MAX_MERGE_WAIT = 6 * 3600
 MIN_DRIFT_EVERY = 15 * 60
 MAX_DRIFT_EVERY = 31 * 86400
 _TOP_KEYS = frozenset({"version", "apply_on_merge", "apply_on_push", "merge_wait", "projects", "apply_on_comment",
-                       "apply_requirements", "drift"})
-_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment", "drift"})
+                       "apply_requirements", "drift", "env", "hold_expiry"})
+_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment", "drift", "env"})
+MIN_HOLD_EXPIRY = 3600
+MAX_HOLD_EXPIRY = 366 * 86400
 _DRIFT_KEYS = frozenset({"every", "issue"})
 REQUIREMENTS = ("approved", "mergeable", "undiverged")
 DEFAULT_REQUIREMENTS = ("approved", "mergeable")
@@ -105,6 +112,7 @@ class Project:
     apply_on_merge: bool
     apply_on_comment: bool = False
     drift: DriftSchedule | None = None
+    env: tuple[str, ...] = ()  # the worker's variables this project's Terraform sees (runner.childenv)
 
     @property
     def shown_dir(self) -> str:
@@ -119,6 +127,7 @@ class BotConfig:
     merge_wait: int = DEFAULT_MERGE_WAIT
     source: str = "discovered"
     apply_requirements: tuple[str, ...] = DEFAULT_REQUIREMENTS
+    hold_expiry: int | None = None  # seconds after which a pull-request hold is released
 
     def project(self, name: str) -> Project | None:
         return next((p for p in self.projects if p.name == name), None)
@@ -175,11 +184,13 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     apply_on_comment = _boolean(doc, "apply_on_comment", False, "", problems)
     requirements = _requirements(doc.get("apply_requirements", list(DEFAULT_REQUIREMENTS)), problems)
     drift = drift_schedule(doc.get("drift"), "drift", problems)
+    env = _env_names(doc.get("env"), "env", problems)
+    hold_expiry = _hold_expiry(doc.get("hold_expiry"), problems)
     items = doc.get("projects")
     projects: list[Project] = []
     if items is None:
         projects = [replace(_project_from(d, None, None, None, apply_on_merge, root, problems, "", apply_on_comment),
-                            drift=drift) for d in discover(root)]
+                            drift=drift, env=env) for d in discover(root)]
     elif not isinstance(items, list) or not items:
         problems.append("projects must be a non-empty list of {dir: …} mappings (or left out to discover them)")
     else:
@@ -199,8 +210,9 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
             own_apply = _boolean(item, "apply_on_merge", apply_on_merge, where + ": ", problems)
             own_comment = _boolean(item, "apply_on_comment", apply_on_comment, where + ": ", problems)
             own_drift = drift_schedule(item["drift"], f"{where}: drift", problems) if "drift" in item else drift
+            own_env = env + tuple(n for n in _env_names(item.get("env"), f"{where}: env", problems) if n not in env)
             projects.append(replace(_project_from(directory, name, state, files, own_apply, root, problems, where,
-                                                  own_comment), drift=own_drift))
+                                                  own_comment), drift=own_drift, env=own_env))
     seen: dict[str, int] = {}
     for project in projects:
         seen[project.name] = seen.get(project.name, 0) + 1
@@ -209,7 +221,34 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     if problems:
         raise BotConfigError(problems, source=raw.source)
     return BotConfig(projects=tuple(projects), apply_on_merge=apply_on_merge, apply_on_push=apply_on_push,
-                     merge_wait=merge_wait, source=raw.source, apply_requirements=requirements)
+                     merge_wait=merge_wait, source=raw.source, apply_requirements=requirements,
+                     hold_expiry=hold_expiry)
+
+
+def _env_names(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        problems.append(f"{where} must be a list of variable names (AWS_PROFILE, \"TF_VAR_*\"), got {value!r}")
+        return ()
+    found: list[str] = []
+    for name in value:
+        problem = childenv.passthrough_problem(name)
+        if problem:
+            problems.append(f"{where}: {problem}")
+        elif name not in found:
+            found.append(name)
+    return tuple(found)
+
+
+def _hold_expiry(value: Any, problems: list[str]) -> int | None:
+    if value is None:
+        return None
+    seconds = _whole_seconds(value)
+    if seconds is None or not MIN_HOLD_EXPIRY <= seconds <= MAX_HOLD_EXPIRY:
+        problems.append(f"hold_expiry must be a duration from 1h to 366d (7d, 48h), got {value!r}")
+        return None
+    return seconds
 
 
 def discover(root: Path) -> list[str]:

@@ -142,7 +142,7 @@ def _run(ctx: Context, repo: str, name: str, window: int, sha: str,
             try:
                 config = load(root)
             except BotConfigError as exc:
-                return JobStatus.FAILED, replace(outcome, error=str(exc))
+                return JobStatus.FAILED, replace(outcome, error=ctx.bench.redact(str(exc)))
             project = config.project(name)
             if project is None or project.drift is None:
                 return JobStatus.SKIPPED, replace(
@@ -152,10 +152,10 @@ def _run(ctx: Context, repo: str, name: str, window: int, sha: str,
             request = DriftRequest(state=project.state, config_dir=root / project.dir,
                                    actor=f"github:{repo}@{sha[:12]}/{name}:drift", data_dir=ctx.bench.data_dir,
                                    lease_seconds=flow.LEASE_SECONDS)
-            result = check_drift(flow.engine_client(ctx.bench, root, project), flow.terraform_context(ctx.bench),
-                                 request)
+            result = check_drift(flow.engine_client(ctx.bench, root, project),
+                                 flow.terraform_context(ctx.bench, project), request)
     except (KlExit, EngineError, ClientConfigError, git.GitError) as exc:
-        return JobStatus.FAILED, replace(outcome, error=safe_error(str(exc)))
+        return JobStatus.FAILED, replace(outcome, error=ctx.bench.redact(safe_error(str(exc))))
     return JobStatus.SUCCEEDED, replace(outcome, serial=result.serial, checked=result.checked,
                                         run_id=result.run_id, drifted=result.drifted)
 

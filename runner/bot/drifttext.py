@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from analyzer.drift import DriftedInstance
+from runner.bot.markdown import block, cell, code
 from runner.bot.outcomes import DriftOutcome
 from runner.bot.render import CheckOutput
 
@@ -27,28 +28,24 @@ def _when(window: int) -> str:
     return datetime.fromtimestamp(window, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("`", "'")
-
-
 def _table(drifted: Sequence[DriftedInstance]) -> str:
     lines = ["| instance | what changed outside Terraform |", "|---|---|"]
     for item in drifted[:MAX_ROWS]:
         what = ("gone: the object was deleted" if item.gone
-                else ", ".join(f"`{_cell(a)}`" for a in item.attributes) or "(attributes)")
-        lines.append(f"| `{_cell(item.address)}` | {what} |")
+                else ", ".join(cell(a) for a in item.attributes) or "(attributes)")
+        lines.append(f"| {cell(item.address)} | {what} |")
     if len(drifted) > MAX_ROWS:
         lines.append(f"| … | {len(drifted) - MAX_ROWS} more drifted instance(s) not shown |")
     return "\n".join(lines)
 
 
 def _where(d: DriftOutcome) -> str:
-    return f"project `{_cell(d.project)}` (state `{_cell(d.state)}`) on `{_cell(d.branch)}` at {d.sha[:12]}"
+    return f"project {code(d.project)} (state {code(d.state)}) on {code(d.branch)} at {d.sha[:12]}"
 
 
 def _next_steps(d: DriftOutcome) -> str:
     return ("To accept what the objects are now, commit it to the trunk with `kl refresh` (add `--target ADDRESS` "
-            f"for one instance) in `{_cell(d.shown_dir)}`; to put them back as configured, run `kl apply`. Values "
+            f"for one instance) in {code(d.shown_dir)}; to put them back as configured, run `kl apply`. Values "
             "are never shown here: run `kl drift` where you may see them.")
 
 
@@ -59,7 +56,7 @@ def check_output(d: DriftOutcome) -> CheckOutput:
     if d.error:
         return CheckOutput("failure", f"drift check of {d.project} failed",
                            f"The scheduled drift check of {_where(d)} (window {window}) could not run:\n\n"
-                           f"```\n{d.error[-3000:]}\n```\n\nIt runs again in the next window.")
+                           f"{block(d.error)}\n\nIt runs again in the next window.")
     if not d.drifted:
         return CheckOutput("success", f"no drift in {d.project} ({d.checked} instance(s) checked)",
                            f"The objects of {_where(d)} match the trunk at serial {d.serial} "

@@ -18,17 +18,18 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from analyzer.globs import GlobError, conflicts, parse_glob
 from app.config import Settings
+from app.domain.redaction import Redactor
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
-from runner import git
+from runner import childenv, git
 from runner.apply import ApplyOptions
 from runner.bot.config import BotConfig, BotConfigError, Project, load, projects_for, read_raw
 from runner.bot.outcomes import ApplyResult, LiveConflict, ProjectFootprint, ProjectPreview
-from runner.config import ClientConfigError, data_dir, process_env, resolve
+from runner.config import ClientConfig, ClientConfigError, data_dir, process_env, split_backend_address
 from runner.engine_client import EngineClient, EngineError
 from runner.errors import Conflict, InvalidInput, KlExit, NothingToDo, StalePlan
 from runner.filescoped import (
@@ -51,20 +52,37 @@ LEASE_SECONDS = DEFAULT_LEASE.total_seconds()
 
 @dataclass(frozen=True, slots=True)
 class Bench:
-    """What one job works with: the settings, the environment Terraform gets, and KL_DATA_DIR."""
+    """What one job works with: the settings, the worker's environment (Terraform gets an allowlist of it,
+    :func:`terraform_context`), KL_DATA_DIR, and the redaction of the worker's secrets."""
 
     settings: Settings
     env: Mapping[str, str]
     data_dir: Path
+    redactor: Redactor = field(default_factory=Redactor)
 
     @classmethod
     def for_settings(cls, settings: Settings) -> Bench:
         env = process_env()
-        return cls(settings, env, settings.data_dir or data_dir(env))
+        return cls(settings, env, settings.data_dir or data_dir(env), worker_redactor(settings, env))
+
+    def redact(self, text: str) -> str:
+        return self.redactor.redact(text)
 
     @property
     def cache_dir(self) -> Path:
         return self.settings.repo_cache_dir or self.data_dir / "repos"
+
+
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PRIVATE", "CREDENTIAL", "ACCESS_KEY", "API_KEY",
+                 "AUTH")
+
+
+def worker_redactor(settings: Settings, env: Mapping[str, str]) -> Redactor:
+    """The worker's known secrets: the secret settings (``Settings.secret_values``), and the values of
+    the environment's ``KL_*`` and credential-named variables."""
+    values = list(settings.secret_values())
+    values += [v for k, v in env.items() if k.startswith("KL_") or any(w in k.upper() for w in _SECRET_WORDS)]
+    return Redactor.of(values)
 
 
 @contextmanager
@@ -85,20 +103,50 @@ def checkout(bench: Bench, repo: str, sha: str, token: str | None, *, want: Sequ
 
 
 def engine_client(bench: Bench, root: Path, project: Project) -> EngineClient:
-    """The server the project's backend block names (else KL_PUBLIC_URL), as the bot (KL_BOT_TOKEN)."""
+    """The server of a trusted project (its default-branch backend block, else KL_PUBLIC_URL), as the bot
+    (KL_BOT_TOKEN). Nothing under ``root`` is read: a pull request's files never choose where the token goes."""
     address = project.address or bench.settings.public_url
-    config = resolve(config_dir=root / project.dir, address=address, state=project.state,
-                     token=bench.settings.bot_token, env=bench.env)
-    return EngineClient(config)
+    if not address:
+        raise ClientConfigError(f"project {project.name!r} names no Kilolock server: give its directory a backend "
+                                "\"http\" block on the default branch, or set KL_PUBLIC_URL on the worker")
+    base, _ = split_backend_address(address)
+    return EngineClient(ClientConfig(base_url=base, state=project.state, username=None, token=bench.settings.bot_token,
+                                     token_source="KL_BOT_TOKEN"))
 
 
-def terraform_context(bench: Bench) -> TerraformContext:
+def terraform_context(bench: Bench, project: Project) -> TerraformContext:
+    """How the bot runs Terraform for ``project`` (trusted): the worker's allowlisted environment plus the
+    provider variables its default-branch ``env:`` names, never the worker's own secrets."""
     try:
         binary = resolve_binary(bench.env)
     except TerraformNotFoundError as exc:
         raise InvalidInput(str(exc)) from exc
-    return TerraformContext(binary=binary, env=bench.env, plugin_cache=bench.data_dir / "plugin-cache",
-                            echo=lambda line: log.info("%s", line), stream=False)
+    return TerraformContext(binary=binary, env=childenv.for_worker(bench.env, project.env),
+                            plugin_cache=bench.data_dir / "plugin-cache",
+                            echo=lambda line: log.info("%s", bench.redact(line)), stream=False)
+
+
+def default_config(bench: Bench, repo: str, root: Path, branch: str,
+                   token: str | None) -> tuple[str, BotConfig | None, tuple[str, ...]]:
+    """The default branch's tip (as the mirror behind ``root`` knows it) and its validated ``.kilolock.yml``
+    (None and the problems when invalid): the only source of trusted settings for a pull request."""
+    tip = git.resolve_commit(root, f"refs/heads/{branch}")
+    with checkout(bench, repo, tip, token) as main_root:
+        config, problems = read_config(main_root)
+        return tip, config, problems
+
+
+def anchored(project: Project, trusted: BotConfig | None) -> Project:
+    """A pull request's project with what its files may not choose — the state, the server and the
+    environment — taken from the default branch's project of the same name and directory. Raises
+    ClientConfigError when the default branch has no such project."""
+    known = trusted.project(project.name) if trusted is not None else None
+    if known is None or known.dir != project.dir:
+        why = "the default branch's .kilolock.yml is invalid" if trusted is None else \
+            f"the default branch has no project {project.name!r} in {project.shown_dir!r}"
+        raise ClientConfigError(f"{why}: a pull request's state, server and environment come from the default "
+                                "branch, so this project is planned once it is merged there")
+    return replace(project, state=known.state, address=known.address, env=known.env)
 
 
 def read_config(root: Path) -> tuple[BotConfig | None, tuple[str, ...]]:
@@ -125,23 +173,28 @@ def changed_for(config: BotConfig, root: Path, base: str, head: str) -> dict[str
 # --- the footprint (no Terraform) ------------------------------------------------------------------
 
 
-def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str) -> tuple[ProjectFootprint, ...]:
+def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str, *,
+              trusted: BotConfig | None) -> tuple[ProjectFootprint, ...]:
     """Per triggered project: the files, the predicted reservations, diagnostics and the live reservations
-    they would conflict with now. A project whose change cannot be scoped carries the reason in ``error``."""
+    they would conflict with now. A project whose change cannot be scoped carries the reason in ``error``.
+    ``trusted`` is the default branch's configuration (:func:`anchored`)."""
     found: list[ProjectFootprint] = []
     for name, paths in changed_for(config, root, base, head).items():
         project = config.project(name)
         assert project is not None
         shown = ProjectFootprint(name=project.name, dir=project.dir, state=project.state, changed=tuple(paths))
         try:
+            project = anchored(project, trusted)
+        except ClientConfigError as exc:
+            found.append(_with(shown, error=bench.redact(str(exc))))
+            continue
+        shown = _with(shown, state=project.state)
+        try:
             selection = changed_selection(root / project.dir, base, against=head)
         except NothingToDo:
             continue  # every changed path is unrelated to the configuration (state files, .terraform/)
-        except KlExit as exc:
-            found.append(_with(shown, error=str(exc)))
-            continue
-        except git.GitError as exc:
-            found.append(_with(shown, error=str(exc)))
+        except (KlExit, git.GitError) as exc:
+            found.append(_with(shown, error=bench.redact(str(exc))))
             continue
         try:
             client = engine_client(bench, root, project)
@@ -150,7 +203,7 @@ def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str)
                                       load_cache(bench.data_dir))
             live = client.list_reservations(project.state)
         except (KlExit, EngineError, ClientConfigError) as exc:
-            found.append(_with(shown, files=_shown_files(selection), error=str(exc)))
+            found.append(_with(shown, files=_shown_files(selection), error=bench.redact(str(exc))))
             continue
         found.append(ProjectFootprint(
             name=project.name, dir=project.dir, state=project.state, changed=tuple(paths),
@@ -195,26 +248,25 @@ def _with(shown: ProjectFootprint, **changes: object) -> ProjectFootprint:
 # --- the plan preview --------------------------------------------------------------------------------
 
 
-def preview(bench: Bench, root: Path, config: BotConfig, base: str, head: str) -> tuple[ProjectPreview, ...]:
-    """Per triggered project: a file-scoped plan (``kl plan --changed-from``) and its per-address actions."""
+def preview(bench: Bench, root: Path, config: BotConfig, base: str, head: str, *,
+            trusted: BotConfig | None) -> tuple[ProjectPreview, ...]:
+    """Per triggered project: a file-scoped plan (``kl plan --changed-from``) and its per-address actions;
+    state, server and environment from ``trusted``, the default branch's configuration."""
     found: list[ProjectPreview] = []
-    ctx: TerraformContext | None = None
     for name in changed_for(config, root, base, head):
         project = config.project(name)
         assert project is not None
         try:
+            project = anchored(project, trusted)
             selection = changed_selection(root / project.dir, base, against=head)
-            ctx = ctx or terraform_context(bench)
+            ctx = terraform_context(bench, project)
             spec = plan_files(engine_client(bench, root, project), ctx, state=project.state,
                               config_dir=root / project.dir, selection=selection, var_args=(),
                               data_dir=bench.data_dir)
         except NothingToDo:
             continue
-        except KlExit as exc:
-            found.append(ProjectPreview(project.name, project.state, error=str(exc)))
-            continue
-        except (git.GitError, EngineError, ClientConfigError) as exc:
-            found.append(ProjectPreview(project.name, project.state, error=str(exc)))
+        except (KlExit, git.GitError, EngineError, ClientConfigError) as exc:
+            found.append(ProjectPreview(project.name, project.state, error=bench.redact(str(exc))))
             continue
         found.append(ProjectPreview(project.name, project.state, base_serial=spec.base_serial,
                                     actions=tuple(sorted(spec.actions.items())),
@@ -267,7 +319,7 @@ def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: st
             waiting = time.monotonic()
             remaining = before_apply(scoped)
             waited = time.monotonic() - waiting
-        ctx = terraform_context(bench)
+        ctx = terraform_context(bench, project)
         options = ApplyOptions(actor=actor, wait_seconds=max(remaining, 0.0), dry_run=False, data_dir=bench.data_dir,
                                supplied_vars={}, lease_seconds=LEASE_SECONDS)
         # The plan's workspace is kept through the apply: when nothing landed on the trunk between the plan
@@ -281,13 +333,13 @@ def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: st
     except NothingToDo:
         return ApplyResult(project.name, project.state, sha, "no_changes")
     except KlExit as exc:
-        return _failed(project, sha, str(exc), _hint(exc), client, actor)
+        return _failed(project, sha, bench.redact(str(exc)), _hint(exc), client, actor)
     except (git.GitError, ClientConfigError) as exc:
-        return _failed(project, sha, str(exc), "fix the repository or the configuration, then re-run the "
-                       "kilolock/apply check", client, actor)
+        return _failed(project, sha, bench.redact(str(exc)), "fix the repository or the configuration, then re-run "
+                       "the kilolock/apply check", client, actor)
     except EngineError as exc:
-        return _failed(project, sha, str(exc), "the Kilolock server refused or could not be reached; re-run the "
-                       "kilolock/apply check once it is available", client, actor)
+        return _failed(project, sha, bench.redact(str(exc)), "the Kilolock server refused or could not be reached; "
+                       "re-run the kilolock/apply check once it is available", client, actor)
     if not outcome.run_id or outcome.serial is None:
         return ApplyResult(project.name, project.state, sha, "no_changes", run_id=outcome.run_id or None,
                            waited_seconds=round(waited, 1))

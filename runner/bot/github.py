@@ -19,7 +19,6 @@ Used by jobs on workers only: never in a web request. Error messages never inclu
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from github.GithubObject import NotSet
 from github.Repository import Repository
 
 from app.config import Settings
+from app.domain.redaction import Redactor, redact
 
 log = logging.getLogger("kilolock.github")
 T = TypeVar("T")
@@ -55,7 +55,6 @@ CHECK_STATUSES = ("queued", "in_progress", "completed")
 CONCLUSIONS = ("success", "failure", "neutral", "cancelled", "skipped", "timed_out", "action_required", "stale")
 _STATUS_STATE = {"success": "success", "neutral": "success", "skipped": "success", "failure": "failure",
                  "timed_out": "failure", "action_required": "failure", "cancelled": "error", "stale": "error"}
-_TOKEN_PATTERN = re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")
 
 
 class GitHubError(Exception):
@@ -190,7 +189,7 @@ class GitHub:
         common: dict[str, Any] = {"base_url": settings.github_api_url, "timeout": REQUEST_TIMEOUT,
                                   "user_agent": USER_AGENT, "retry": None, **pauses}
         # The retry policy exists before the client does: installation lookups use it too.
-        policy = _Retrying(sleep, max_wait, secrets=(settings.github_token,))
+        policy = _Retrying(sleep, max_wait, secrets=settings.secret_values())
         if settings.github_app_id and settings.github_private_key:
             installation = _installation_for(settings, owner, name, policy, common)
             policy.secrets_from = installation
@@ -269,7 +268,7 @@ class GitHub:
         """Edit the bot's own comment on PR ``number`` that contains ``marker`` (a hidden HTML
         comment), or create it; returns the comment id. Comments by anyone else are never edited,
         even when they contain the marker. A retry after a lost answer finds the comment it made."""
-        text = _with_marker(marker, body)
+        text = _with_marker(marker, self._policy.redact(body))
 
         def once() -> int:
             issue = self._repository.get_issue(number)
@@ -285,7 +284,7 @@ class GitHub:
     def reply(self, number: int, body: str) -> None:
         """Post a new comment on PR ``number`` (an answer to a comment command). A retry after a
         lost answer first looks for the reply among the bot's recent comments."""
-        text = truncate(body, COMMENT_LIMIT)
+        text = truncate(self._policy.redact(body), COMMENT_LIMIT)
         since = datetime.now(UTC) - timedelta(minutes=1)
         tried = False
 
@@ -305,8 +304,8 @@ class GitHub:
         open. The issue is found by ``number`` (as stored from an earlier call) when that one is the bot's and
         carries the marker, else among the bot's issues by marker, so a retry after a lost answer never
         opens a second one. Returns the issue's number (None: there was none to close)."""
-        text = _with_marker(marker, body)
-        short = _short(title, TITLE_LIMIT)
+        text = _with_marker(marker, self._policy.redact(body))
+        short = _short(self._policy.redact(title), TITLE_LIMIT)
 
         def mine(issue: Any) -> bool:
             return issue.user is not None and issue.user.login == self.login and marker in (issue.body or "")
@@ -346,6 +345,9 @@ class GitHub:
             raise ValueError(f"status must be one of {', '.join(CHECK_STATUSES)}, not {status!r}")
         if status == "completed" and conclusion not in CONCLUSIONS:
             raise ValueError(f"a completed check needs a conclusion ({', '.join(CONCLUSIONS)}), not {conclusion!r}")
+        # Every text that reaches GitHub passes the one redaction rule here, whatever rendered it.
+        title, summary = self._policy.redact(title), self._policy.redact(summary)
+        text = self._policy.redact(text) if text else text
         if self.mode == "token":
             self._set_status(sha, name, status, conclusion, title or _first_line(summary))
             return
@@ -407,36 +409,33 @@ class _Retrying:
                 if limited:
                     delay = _rate_limit_wait(headers)
                     if waited + delay > self._max_wait:
-                        raise GitHubError(self._scrub(
+                        raise GitHubError(self.redact(
                             f"GitHub could not {what}: rate limited (HTTP {status}) for {delay:.0f} more seconds, "
                             f"beyond the {self._max_wait:.0f} s this operation may wait; the job will be retried"),
                             status) from exc
                 elif status >= 500:
                     delay = min(2.0 ** (attempt - 1), 30.0)
                 else:
-                    raise GitHubError(self._scrub(f"GitHub could not {what}: HTTP {status}: {message}"),
+                    raise GitHubError(self.redact(f"GitHub could not {what}: HTTP {status}: {message}"),
                                       status) from exc
                 reason = f"HTTP {status}"
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if attempt == MAX_ATTEMPTS:
-                    raise GitHubError(self._scrub(f"GitHub could not {what}: unreachable "
+                    raise GitHubError(self.redact(f"GitHub could not {what}: unreachable "
                                                   f"({exc.__class__.__name__})")) from exc
                 delay, reason, status = min(2.0 ** (attempt - 1), 30.0), exc.__class__.__name__, None
             if attempt == MAX_ATTEMPTS:
-                raise GitHubError(self._scrub(f"GitHub could not {what}: {reason} after {attempt} attempts"), status)
+                raise GitHubError(self.redact(f"GitHub could not {what}: {reason} after {attempt} attempts"), status)
             log.warning("GitHub %s: %s; retrying in %.1f s (attempt %d of %d)", what, reason, delay, attempt + 1,
                         MAX_ATTEMPTS)
             self._sleep(delay)
             waited += delay
         raise AssertionError("unreachable: the loop returns or raises")
 
-    def _scrub(self, text: str) -> str:
-        secrets = list(self._secrets)
-        if self.secrets_from is not None and self.secrets_from.last_token:
-            secrets.append(self.secrets_from.last_token)
-        for secret in secrets:
-            text = text.replace(secret, "***")
-        return _TOKEN_PATTERN.sub("***", text)
+    def redact(self, text: str) -> str:
+        """``text`` through the one redaction rule, with the configured secrets and the installation token."""
+        token = self.secrets_from.last_token if self.secrets_from is not None else None
+        return redact(text, Redactor.of((*self._secrets, token)).secrets)
 
 
 def _installation_for(settings: Settings, owner: str, name: str, policy: _Retrying,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,16 +30,16 @@ from app.config import AuthMode, Settings
 from app.domain.commands import ApplyArgs
 from app.domain.jobs import ClosedArgs, JobKind, MergeArgs, ReconcileArgs, job_id
 from app.domain.principal import Principal, default_principal
-from app.errors import ReservationConflictError
+from app.errors import BadRequestError, ReservationConflictError
 from app.store import Database, tenancy
 from app.store import bot as bot_store
 from app.store import pr_holds as holds_store
 from app.store.bot import JobStatus
 from app.store.pr_holds import PrHold
 from runner import git
-from runner.bot import flow, holdtext, render
+from runner.bot import flow, holdtext, markdown, render
 from runner.bot import requirements as apply_requirements
-from runner.bot.config import BotConfig, BotConfigError, Project, load
+from runner.bot.config import BotConfig, Project
 from runner.bot.github import GitHub, PullInfo
 from runner.bot.outcomes import ApplyResult
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
@@ -72,7 +73,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
     """Run ``kilolock apply`` for a writer; the job stores the returned result (the reply always, and
     ``pr_apply`` when something was attempted)."""
     if args.problem:
-        return CommentResult(reply=f"@{login} {args.problem}", command="apply")
+        return CommentResult(reply=f"{markdown.mention(login)} {markdown.prose(args.problem)}", command="apply")
     pr = gh.pull_request(number)
     if pr.state != "open":
         return CommentResult(reply=f"@{login} #{number} is {pr.state}: there is nothing to apply before merge.",
@@ -108,12 +109,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
 def _default_config(ctx: Context, repo: str, head_root: Path, branch: str,
                     token: str) -> tuple[str, BotConfig | None, tuple[str, ...]]:
     """The default branch's tip and its validated ``.kilolock.yml`` (None and the problems when invalid)."""
-    tip = git.resolve_commit(head_root, f"refs/heads/{branch}")
-    with flow.checkout(ctx.bench, repo, tip, token) as main_root:
-        try:
-            return tip, load(main_root), ()
-        except BotConfigError as exc:
-            return tip, None, exc.problems
+    return flow.default_config(ctx.bench, repo, head_root, branch, token)
 
 
 def _unmet(gh: GitHub, config: BotConfig, pr: PullInfo, head_root: Path,
@@ -151,8 +147,9 @@ def _targets(config: BotConfig, touched: dict[str, tuple[str, ...]], wanted: str
              branch: str) -> tuple[list[str], str | None]:
     if wanted is not None:
         if config.project(wanted) is None:
-            known = ", ".join(f"`{p.name}`" for p in config.projects) or "none"
-            return [], f"@{login} there is no project `{wanted}` in .kilolock.yml on {branch} (projects: {known})."
+            known = ", ".join(markdown.code(p.name) for p in config.projects) or "none"
+            return [], (f"{markdown.mention(login)} there is no project {markdown.code(wanted)} in .kilolock.yml on "
+                        f"{markdown.prose(branch)} (projects: {known}).")
         names = [wanted]
     else:
         names = list(touched)
@@ -206,8 +203,8 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
         try:
             holds_store.take(ctx.db, principal, repo=repo, number=number, project=project.name,
                              state_name=project.state, write_globs=sorted(globs), head_sha=head,
-                             applied_serial=serial, applied_run_id=run_id)
-        except ReservationConflictError as exc:
+                             applied_serial=serial, applied_run_id=run_id, max_globs=ctx.settings.max_globs_per_run)
+        except (ReservationConflictError, BadRequestError) as exc:
             # Someone reserved these addresses in the moment between our commit and the hold: what we
             # applied is on the trunk, and their run started from it, so nothing is lost but the hold.
             log.warning("could not hold %s for %s#%s: %s", project.state, repo, number, exc)
@@ -351,10 +348,38 @@ def maybe_reconcile(ctx: Context, repo: str) -> None:
                       timeout=ctx.settings.job_timeout)
 
 
-def reconcile(ctx: Context, gh: GitHub, repo: str) -> list[int]:
+def reconcile(ctx: Context, gh: GitHub, repo: str, *, now: datetime | None = None) -> list[int]:
     """Ask GitHub about every pull request that holds; for each one merged or closed, enqueue the merge or
-    close job its missed delivery would have. Returns those numbers."""
-    return _reconcile_numbers(ctx, gh, repo, {h.number for h in holds_store.of_repo(ctx.db, repo)})
+    close job its missed delivery would have. Then release the holds older than ``hold_expiry`` of the
+    default branch's ``.kilolock.yml`` (when set). Returns the numbers of both kinds."""
+    ended = _reconcile_numbers(ctx, gh, repo, {h.number for h in holds_store.of_repo(ctx.db, repo)})
+    return ended + [n for n in expire(ctx, gh, repo, now=now or datetime.now(UTC)) if n not in ended]
+
+
+def expire(ctx: Context, gh: GitHub, repo: str, *, now: datetime) -> list[int]:
+    """Release every hold older than the default branch's ``hold_expiry`` and re-render the comments of
+    the pull requests that lost them; returns their numbers (none when no expiry is configured)."""
+    from runner.bot.context import refresh  # context imports the flows; holds are imported by them
+
+    held = holds_store.of_repo(ctx.db, repo)
+    if not held:
+        return []
+    token = gh.clone_token()
+    tip = flow.branch_head(ctx.bench, repo, gh.default_branch(), token)
+    with flow.checkout(ctx.bench, repo, tip, token) as root:
+        config, _ = flow.read_config(root)
+    if config is None or config.hold_expiry is None:
+        return []
+    cutoff = now - timedelta(seconds=config.hold_expiry)
+    expired = sorted({h.number for h in held if h.created_at <= cutoff})
+    for number in expired:
+        released = [h for h in holds_store.of_pull_request(ctx.db, repo, number) if h.created_at <= cutoff]
+        for hold in released:
+            holds_store.release(ctx.db, hold, f"held longer than hold_expiry ({config.hold_expiry} s)")
+        log.info("released %d expired hold(s) of %s#%s", len(released), repo, number)
+        for other in [number, *sorted(set(_neighbours(ctx.db, repo, number, released)) - {number})]:
+            refresh(ctx, gh, repo, other)
+    return expired
 
 
 def _reconcile_numbers(ctx: Context, gh: GitHub, repo: str, numbers: set[int]) -> list[int]:

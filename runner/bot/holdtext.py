@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from app.store.pr_holds import PrHold
+from runner.bot.markdown import cell, mention, prose
+from runner.bot.markdown import code as _code
 from runner.bot.outcomes import ApplyResult
 from runner.bot.render import counts
 from runner.bot.requirements import Unmet
@@ -20,11 +22,6 @@ FAILED_HINT = ("fix the change in this pull request and comment `kilolock apply`
 BLOCKED_HINT = ("wait until the holding pull request is merged or closed (or releases its holds with `kilolock "
                 "unlock`), then comment `kilolock apply` again")
 UNTIL = "until it is merged or closed, or a `kilolock unlock` comment releases them"
-
-
-def _code(text: str) -> str:
-    fence = "``" if "`" in text else "`"
-    return f"{fence}{text}{fence}"
 
 
 def _serial(hold: PrHold) -> str:
@@ -38,33 +35,37 @@ def _short(sha: str) -> str:
 
 
 def config_invalid(login: str, branch: str, problems: Sequence[str]) -> str:
-    listed = "\n".join(f"- {p}" for p in problems)
-    return (f"@{login} nothing was applied: `.kilolock.yml` on {branch} is invalid, and comment applies read "
-            f"their settings from there:\n\n{listed}")
+    listed = "\n".join(f"- {prose(p)}" for p in problems)
+    return (f"{mention(login)} nothing was applied: `.kilolock.yml` on {prose(branch)} is invalid, and comment "
+            f"applies read their settings from there:\n\n{listed}")
 
 
 def disabled(login: str, names: Sequence[str], branch: str) -> str:
     shown = ", ".join(_code(n) for n in names)
-    return (f"@{login} comment applies are disabled for {shown}, so nothing was applied. To enable them, set "
-            f"`apply_on_comment: true` in `.kilolock.yml` on {branch} (at the top level, or per project); the "
-            "setting is read from the default branch only, so this pull request cannot change it. Without it, "
+    return (f"{mention(login)} comment applies are disabled for {shown}, so nothing was applied. To enable them, "
+            f"set `apply_on_comment: true` in `.kilolock.yml` on {prose(branch)} (at the top level, or per project); "
+            "the setting is read from the default branch only, so this pull request cannot change it. Without it, "
             "the change is applied when the pull request is merged.")
 
 
 def requirements_refused(login: str, unmet: Sequence[Unmet], branch: str) -> str:
-    lines = [f"@{login} nothing was applied: {'this requirement is' if len(unmet) == 1 else 'these requirements are'}"
-             " not met (`apply_requirements` in `.kilolock.yml` on " + branch + "):", ""]
+    lines = [f"{mention(login)} nothing was applied: "
+             f"{'this requirement is' if len(unmet) == 1 else 'these requirements are'}"
+             " not met (`apply_requirements` in `.kilolock.yml` on " + prose(branch) + "):", ""]
     lines += [f"- **{u.name}**: {u.reason}" for u in unmet]
     lines += ["", "Comment `kilolock apply` again once they hold."]
     return "\n".join(lines)
 
 
 def blocked_by(blocking: Sequence[tuple[PrHold, Sequence[str]]]) -> str:
-    parts = [f"pull request #{h.number} ({h.holder}) holds write {', '.join(_code(g) for g in globs)} on state "
-             f"{_code(h.state_name)}, applied before merge {_serial(h)}"
+    """The refusal of an apply that another pull request's holds block, as plain text: it becomes the apply's
+    error, which every renderer escapes once."""
+    parts = [f"pull request #{h.number} ({h.holder}) holds write {', '.join(globs)} on state {h.state_name}, "
+             "applied before merge " + (f"at serial {h.applied_serial} (run {h.applied_run_id or ''})"
+                                        if h.applied_serial is not None else "(no changes were needed)")
              for h, globs in blocking]
     return ("held by another pull request: " + "; ".join(parts) + ". Its holds end when it is merged or closed "
-            "(or with `kilolock unlock` on it); comment `kilolock apply` again then.")
+            "(or with kilolock unlock on it); comment kilolock apply again then.")
 
 
 def _result_line(result: ApplyResult) -> str:
@@ -75,13 +76,13 @@ def _result_line(result: ApplyResult) -> str:
     if result.status == "no_changes":
         return f"- {name}: no changes; the trunk is unchanged"
     run = f" (run {_code(result.run_id)})" if result.run_id else ""
-    error = " ".join((result.error or "unknown error").split())[:1500]
+    error = prose((result.error or "unknown error")[-1500:])
     return f"- {name}: **failed**{run}; nothing was committed: {error}\n  What to do: {result.hint or FAILED_HINT}"
 
 
 def apply_reply(login: str, head_sha: str, results: Sequence[ApplyResult], held: Sequence[PrHold]) -> str:
     failed = any(r.failed for r in results)
-    lines = [f"@{login} {'apply before merge of' if not failed else 'apply before merge failed for'} "
+    lines = [f"{mention(login)} {'apply before merge of' if not failed else 'apply before merge failed for'} "
              f"{_short(head_sha)}:", ""]
     lines += [_result_line(r) for r in results]
     if held:
@@ -93,8 +94,8 @@ def apply_reply(login: str, head_sha: str, results: Sequence[ApplyResult], held:
 
 def unlocked(login: str, number: int, released: Sequence[PrHold]) -> str:
     if not released:
-        return f"@{login} #{number} holds nothing: there was nothing to unlock."
-    lines = [f"@{login} released the holds of #{number}:", ""]
+        return f"{mention(login)} #{number} holds nothing: there was nothing to unlock."
+    lines = [f"{mention(login)} released the holds of #{number}:", ""]
     lines += [f"- {_code(h.project)} (state {_code(h.state_name)}): write {', '.join(_code(g) for g in h.write_globs)}"
               for h in released]
     lines += ["", "What was applied before merge stays on the trunk; other pull requests may now apply over it. "
@@ -103,7 +104,7 @@ def unlocked(login: str, number: int, released: Sequence[PrHold]) -> str:
 
 
 def stale_check(held: Sequence[PrHold], head_sha: str) -> tuple[str, str]:
-    applied = ", ".join(f"{h.project} {_serial(h)} ({h.head_sha[:7]})" for h in held)
+    applied = ", ".join(f"{_code(h.project)} {_serial(h)} ({h.head_sha[:7]})" for h in held)
     return ("not applied: new commits since kilolock apply",
             f"The last comment apply was {applied}; {head_sha[:7]} has not been applied. Comment `kilolock apply` "
             "to apply it. The pull request keeps its holds meanwhile.")
@@ -120,9 +121,9 @@ def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
                   f"This pull request applied from a comment and holds these write globs {UNTIL}:", "",
                   "| project | state | write globs | applied |", "| --- | --- | --- | --- |"]
         for h in own:
-            globs = ", ".join(_code(g) for g in h.write_globs)
-            applied = f"{_short(h.head_sha)} {_serial(h)}"
-            lines.append(f"| {_code(h.project)} | {_code(h.state_name)} | {globs} | {applied} |")
+            globs = ", ".join(cell(g) for g in h.write_globs)
+            applied = f"{_short(h.head_sha)} {_serial(h)}".replace("|", "\\|")
+            lines.append(f"| {cell(h.project)} | {cell(h.state_name)} | {globs} | {applied} |")
         lines.append("")
         moved = sorted({h.head_sha for h in own if head_sha and h.head_sha != head_sha})
         if moved:

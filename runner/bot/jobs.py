@@ -45,10 +45,11 @@ from app.domain.jobs import (
     ReconcileArgs,
     ReviewArgs,
 )
+from app.domain.redaction import redact_logs
 from app.store import Database
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus
-from runner.bot import drift, holds, merges, pulls, render
+from runner.bot import drift, flow, holds, merges, pulls, render
 from runner.bot.context import (
     APPLY_CHECK,
     FOOTPRINT_CHECK,
@@ -163,6 +164,8 @@ def work(settings: Settings, *, burst: bool = False, name: str | None = None, wi
     not killed with it). ``with_scheduler`` also runs RQ's scheduler, which re-enqueues retried jobs.
     """
     configure(settings)
+    # Logs never carry the worker's secrets, nor token shapes or Terraform's values from a job's output.
+    redact_logs(flow.Bench.for_settings(settings).redactor)
     redis = queue.connect(settings.redis_url or "redis://")
     serializer = "rq.serializers.JSONSerializer"
     rq_queue = Queue(queue.QUEUE_NAME, connection=redis, serializer=serializer)

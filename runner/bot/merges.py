@@ -97,8 +97,8 @@ def push(ctx: Context, args: PushArgs) -> Outcome:
         if config is None:
             outcome = FootprintOutcome(after, before, config_errors=errors, config_source=flow.config_source(root))
             return JobStatus.FAILED, FanOutResult(footprint=outcome, before=before)
-        outcome = FootprintOutcome(after, before, flow.footprint(ctx.bench, root, config, before, after),
-                                   config_source=config.source)
+        found = flow.footprint(ctx.bench, root, config, before, after, trusted=config)  # the default branch
+        outcome = FootprintOutcome(after, before, found, config_source=config.source)
         touched = {p.name: p.changed for p in outcome.projects}
     children, skipped = _fan_out(ctx, config, repo, 0, after, before, touched, config.apply_on_push,
                                  "apply_on_push is off in .kilolock.yml (pushes are analyzed only)")

@@ -61,12 +61,14 @@ def footprint(ctx: Context, args: PullRequestArgs) -> Outcome:
 
 
 def _footprint_outcome(ctx: Context, gh: GitHub, repo: str, pr: PullInfo) -> FootprintOutcome:
-    with flow.checkout(ctx.bench, repo, pr.head_sha, gh.clone_token(), want=(pr.base_sha,)) as root:
+    token = gh.clone_token()
+    with flow.checkout(ctx.bench, repo, pr.head_sha, token, want=(pr.base_sha,)) as root:
         config, errors = flow.read_config(root)
         base = git.merge_base(root, pr.base_sha, pr.head_sha)
         if config is None:
             return FootprintOutcome(pr.head_sha, base, config_errors=errors, config_source=flow.config_source(root))
-        projects = flow.footprint(ctx.bench, root, config, base, pr.head_sha)
+        _, trusted, _ = flow.default_config(ctx.bench, repo, root, gh.default_branch(), token)
+        projects = flow.footprint(ctx.bench, root, config, base, pr.head_sha, trusted=trusted)
         return FootprintOutcome(pr.head_sha, base, projects, config_source=config.source)
 
 
@@ -95,12 +97,14 @@ def preview(ctx: Context, args: PreviewArgs) -> Outcome:
     gh, pr, late = _head(ctx, args, PLAN_CHECK, "Planning the changed files")
     if late:
         return JobStatus.SKIPPED, PreviewResult(skipped=late)
-    with flow.checkout(ctx.bench, repo, head_sha, gh.clone_token(), want=(pr.base_sha,)) as root:
+    token = gh.clone_token()
+    with flow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,)) as root:
         config, errors = flow.read_config(root)
         projects: tuple[ProjectPreview, ...] = ()
         if config is not None:
             base = git.merge_base(root, pr.base_sha, head_sha)
-            projects = flow.preview(ctx.bench, root, config, base, head_sha)
+            _, trusted, _ = flow.default_config(ctx.bench, repo, root, gh.default_branch(), token)
+            projects = flow.preview(ctx.bench, root, config, base, head_sha, trusted=trusted)
     outcome = PreviewOutcome(head_sha, projects, errors)
     return (JobStatus.FAILED if outcome.failed else JobStatus.SUCCEEDED), PreviewResult(preview=outcome)
 

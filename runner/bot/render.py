@@ -16,6 +16,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from runner.bot.markdown import block as _block
+from runner.bot.markdown import cell as _cell
+from runner.bot.markdown import code as _code
+from runner.bot.markdown import prose as _inline
 from runner.bot.outcomes import (
     ApplyResult,
     FootprintOutcome,
@@ -30,7 +34,6 @@ GITHUB_LIMIT = 65_535  # characters in one comment body or check-run summary/tex
 # Headroom under the limit for the truncation note and GitHub's own counting of multi-byte characters.
 BODY_BUDGET = GITHUB_LIMIT - 5_535
 FOLD_AFTER = 10
-ERROR_TAIL = 3_000
 ACTION_ORDER = ("create", "update", "replace", "delete", "move", "read", "no-op")
 ROW_ORDER = ("delete", "replace", "create", "update", "move", "read", "no-op")
 
@@ -114,8 +117,8 @@ def _project_section(project: ProjectFootprint, overlaps: Sequence[Overlap], pre
     else:
         if project.files:
             lines += [f"**Planned files:** {', '.join(_code(f) for f in project.files)}", ""]
-        rows = [f"| write | {_code(g)} |" for g in project.write_globs]
-        rows += [f"| read | {_code(g)} |" for g in project.read_globs]
+        rows = [f"| write | {_cell(g)} |" for g in project.write_globs]
+        rows += [f"| read | {_cell(g)} |" for g in project.read_globs]
         if rows:
             lines += ["**Reservations an apply would take**", ""]
             lines += _table(["| mode | address glob |", "| --- | --- |"], rows, shown)
@@ -155,7 +158,7 @@ def _preview_lines(preview: ProjectPreview | None, view: CommentView, shown: int
     else:
         lines = [f"**Plan preview**{serial}: {counts(preview.actions)}", ""]
         lines += _table(["| action | address |", "| --- | --- |"],
-                        [f"| {a} | {_code(addr)} |" for addr, a in _by_action(preview.actions)], shown)
+                        [f"| {a} | {_cell(addr)} |" for addr, a in _by_action(preview.actions)], shown)
     if preview.output_changes:
         lines += [f"Outputs: {', '.join(f'{_code(n)} ({a})' for n, a in preview.output_changes)}", ""]
     if preview.warnings:
@@ -173,7 +176,7 @@ def _apply_lines(result: ApplyResult, shown: int) -> list[str]:
         lines = [f"**Applied** {sha}{waited}: committed at serial {result.serial} (run {_code(result.run_id or '')}): "
                  f"{counts(result.actions)}", ""]
         lines += _table(["| action | address |", "| --- | --- |"],
-                        [f"| {a} | {_code(addr)} |" for addr, a in _by_action(result.actions)], shown)
+                        [f"| {a} | {_cell(addr)} |" for addr, a in _by_action(result.actions)], shown)
         return lines
     if result.status == "no_changes":
         return [f"**Applied** {sha}: no changes; the trunk is unchanged.", ""]
@@ -217,7 +220,7 @@ def footprint_check(outcome: FootprintOutcome, overlaps: Mapping[str, Sequence[O
         title += "; overlaps " + ", ".join(f"#{n}" for n in shared)
     summary = []
     for p in outcome.projects:
-        state = "cannot be scoped: " + _first_line(p.error) if p.error else \
+        state = "cannot be scoped: " + _inline(_first_line(p.error)) if p.error else \
             f"{len(p.write_globs)} write, {len(p.read_globs)} read"
         summary.append(f"- {_code(p.name)} (state {_code(p.state)}): {state}")
     text = "\n".join(_block(p.error or "") for p in failed) or None
@@ -234,13 +237,14 @@ def plan_check(outcome: PreviewOutcome) -> CheckOutput:
     failed = [p for p in outcome.projects if p.error]
     every: list[tuple[str, str]] = [pair for p in outcome.projects if not p.error for pair in p.actions]
     title = f"plan failed for {len(failed)} project(s)" if failed else f"plan: {counts(every)}"
-    summary = "\n".join(f"- {_code(p.name)}: " + ("failed: " + _first_line(p.error) if p.error else counts(p.actions))
+    summary = "\n".join(f"- {_code(p.name)}: " + ("failed: " + _inline(_first_line(p.error)) if p.error else
+                                                  counts(p.actions))
                         for p in outcome.projects)
     text_lines: list[str] = []
     for p in outcome.projects:
-        text_lines += [f"### {p.name}", ""]
-        text_lines += [_block(p.error)] if p.error else [f"{a} {addr}" for addr, a in _by_action(p.actions)] or \
-            ["no changes"]
+        text_lines += [f"### {_inline(p.name)}", ""]
+        text_lines += [_block(p.error)] if p.error else \
+            [f"- {_inline(a)} {_code(addr)}" for addr, a in _by_action(p.actions)] or ["no changes"]
         text_lines.append("")
     return CheckOutput("failure" if failed else "success", title, _limit(summary), _limit("\n".join(text_lines)))
 
@@ -317,28 +321,6 @@ def _folded(label: str, items: list[str], shown: int, *, inline: bool = False) -
     if inline and len(items) <= FOLD_AFTER:
         return [f"**{label}:** {', '.join(items)}", ""]
     return [f"**{label}:**", ""] + _bullets(items, shown)
-
-
-def _code(text: str) -> str:
-    """Inline code that survives backticks inside (GitHub's rule: a longer fence, padded)."""
-    text = text.replace("\n", " ")
-    fence = "`"
-    while fence in text:
-        fence += "`"
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _inline(text: str) -> str:
-    return " ".join(text.split()).replace("<", "&lt;")
-
-
-def _block(text: str) -> str:
-    tail = text if len(text) <= ERROR_TAIL else "…" + text[-ERROR_TAIL:]
-    fence = "```"
-    while fence in tail:
-        fence += "`"
-    return f"{fence}\n{tail.rstrip()}\n{fence}"
 
 
 def _first_line(text: str | None) -> str:

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from app import atomic
 from app.domain.reservations import DEFAULT_LEASE
 from runner.cli.support import (
     EXIT_OK,
@@ -112,8 +113,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     with json_mode(args):
         spec, _, selection, _ = _plan_spec(args, process_env())
-        out = Path(args.out or ("kl-plan.igplan" if selection is not None else "kl-plan.json"))
-        out.write_text(spec.to_json())
+        try:
+            out = _plan_out(args, selection is not None)
+            # Parallel plans from one checkout may write the same default file: each write replaces it whole.
+            atomic.write_text(out, spec.to_json(), mode=0o644)
+        except OSError as exc:
+            raise UsageError(f"cannot write the plan file: {exc.strerror or exc} ({exc.filename}); "
+                             "choose another place with --out FILE") from exc
         print(summary(spec))
         if spec.write_set or spec.output_changes:
             print(f"\nwrote {out}: apply it with kl apply {out}")
@@ -122,6 +128,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print_json(plan_document(spec, out), args.json_out)
     return EXIT_OK
+
+
+def _plan_out(args: argparse.Namespace, file_scoped: bool) -> Path:
+    """Where kl plan writes its plan file: --out; else kl-plan.json for a full plan; else, for a file-scoped
+    plan, kl-plan.igplan in the configuration's .kilolock directory, which git and change detection ignore
+    (shown relative to the current directory when it is below it)."""
+    if args.out:
+        return Path(args.out)
+    if not file_scoped:
+        return Path("kl-plan.json")
+    from runner.workspace import artifact_dir
+
+    out = artifact_dir(Path(args.chdir).resolve()) / "kl-plan.igplan"
+    try:
+        return out.relative_to(Path.cwd().resolve())
+    except ValueError:
+        return out
 
 
 def _rerun_command(args: argparse.Namespace) -> str:
@@ -299,7 +322,8 @@ def register(sub: Commands) -> None:
 
     plan = sub.add_parser("plan", help="plan against the trunk and write kl-plan.json (reservations to take)")
     client_options(plan)
-    plan.add_argument("--out", help="where to write the plan file (default kl-plan.json, or kl-plan.igplan with -f)")
+    plan.add_argument("--out", help="where to write the plan file (default kl-plan.json, or with -f "
+                                    ".kilolock/kl-plan.igplan in the configuration directory)")
     file_options(plan)
     plan.add_argument("-var", "--var", action="append", metavar="NAME=VALUE", help="an input variable")
     plan.add_argument("-var-file", "--var-file", action="append", metavar="FILE", help="a variables file")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -74,10 +76,23 @@ def _prepare(parser: argparse.ArgumentParser) -> None:
         leaf.set_defaults(kl_parser=leaf)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that everything kl holds (a queue place, a Terraform child) is let go."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _prepare(parser)
     args = parser.parse_args(argv)
+    # A command that handles SIGTERM itself (kl serve, kl worker) installs its own handler over this one.
+    installed = threading.current_thread() is threading.main_thread() \
+        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if installed:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         code = _run(args)
         sys.stdout.flush()
@@ -86,12 +101,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # kl states | head: the reader left; say nothing more, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
         code: int = args.func(args)
         return code
+    except Terminated:
+        return 143
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

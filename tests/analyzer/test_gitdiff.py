@@ -246,3 +246,31 @@ def test_nothing_changed_is_an_empty_scope():
 def test_a_config_dir_outside_the_repository_is_rejected(config_dir):
     with pytest.raises(ValueError, match="inside"):
         scope(config_dir=config_dir)
+
+
+# --- Kilolock's own artifacts ----------------------------------------------------------------------------
+
+
+def test_a_plan_file_the_caller_recognised_is_unrelated_wherever_it_lies_in_the_configuration():
+    entries = (DiffEntry("added", "infra/kl-plan.igplan"), DiffEntry("modified", "infra/out/p.json"),
+               DiffEntry("added", "infra/notes.json"), DiffEntry("modified", "infra/main.tf"))
+    result = scope_changes(entries, config_dir="infra", texts_at_ref={},
+                           artifacts=frozenset({"infra/kl-plan.igplan", "infra/out/p.json"}))
+    assert result.files == ("main.tf",) and result.unrelated == ("infra/kl-plan.igplan", "infra/out/p.json")
+    assert effects(result) == [("infra/notes.json", FULL)]  # not recognised: it still fails closed
+
+
+@pytest.mark.parametrize("name", ["main.tf", "x.tf.json", "terraform.tfvars", "a.auto.tfvars.json", "prod.tfvars",
+                                  ".terraform.lock.hcl"])
+def test_a_name_terraform_loads_is_configuration_even_when_called_an_artifact(name):
+    result = scope_changes((DiffEntry("added", name),), config_dir="", texts_at_ref={}, artifacts=frozenset({name}))
+    assert name not in result.unrelated
+
+
+def test_an_artifact_inside_a_module_or_read_by_file_counts_like_any_file():
+    entries = (DiffEntry("added", "modules/web/p.json"), DiffEntry("added", "read.json"))
+    result = scope_changes(entries, config_dir="", texts_at_ref={}, module_sources={"web": "modules/web"},
+                           file_readers={"read.json": ("main.tf",)},
+                           artifacts=frozenset({"modules/web/p.json", "read.json"}))
+    assert result.unrelated == () and result.files == ("main.tf",)
+    assert effects(result) == [("modules/web/p.json", "module:web"), ("read.json", "files:main.tf")]

@@ -161,12 +161,21 @@ def test_without_orjson_parse_state_runs_on_json_alone(monkeypatch: pytest.Monke
     assert parse_state(raw) == with_orjson
 
 
-def test_the_float_check_converts_exactly_like_json() -> None:
+def test_the_float_check_keeps_fractions_as_json_does_and_makes_whole_numbers_exact_integers() -> None:
     check = state._FloatCheck()
-    for text in ["0.1", "1e-7", "-0.0", "1e999", "123456789.123456789", "2.5E+3"]:
+    for text in ["0.1", "1e-7", "1e999", "123456789.123456789", "-2.5e-3"]:
         converted = check(text)
+        assert type(converted) is float
         assert converted == float(text) or (math.isinf(converted) and math.isinf(float(text)))
         assert math.copysign(1, converted) == math.copysign(1, float(text))
+    # The canonical form of analyzer.values: whole numbers are integers, -0 is 0, and a float beyond 2**53 is
+    # the integer its decimal names (what Postgres keeps), not the binary float's expansion.
+    check = state._FloatCheck()
+    for text, expected in [("-0.0", 0), ("2.5E+3", 2500), ("1.0", 1), ("1e300", 10**300),
+                           ("12345678901234567.5", 12345678901234568)]:
+        converted = check(text)
+        assert isinstance(converted, int) and type(converted) is not float and converted == expected, text
+    assert check.orjson_safe
 
 
 def _normalize_reference(instance: dict[str, Any]) -> dict[str, Any]:

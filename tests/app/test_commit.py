@@ -197,35 +197,6 @@ def test_malformed_commits_are_400(client):
                        json={"holder": "alice", "state": result_state(), "slice_addresses": "all"}).status_code == 400
 
 
-def test_removed_outputs_are_dropped_only_under_their_reservation_and_malformed_lists_are_400(client, clean_db):
-    client.post(STATE, data=trunk())
-    doc = result_state()
-    doc["outputs"] = {}
-    body = {"state": doc, "prune_outputs": False, "slice_addresses": ["terraform_data.item[1]"]}
-    unreserved = open_run(client, "bob", ("terraform_data.item[0]", "write")).get_json()["run"]["id"]
-    before = snapshot(clean_db)
-    for bad in ("greeting", [1], ["x" * 300], ["o"] * 1001):
-        answer = client.post(f"/v1/engine/runs/{unreserved}/commit",
-                             json={**body, "holder": "bob", "removed_outputs": bad,
-                                   "slice_addresses": ["terraform_data.item[0]"]})
-        assert answer.status_code == 400 and "removed_outputs" in answer.get_json()["error"], bad
-    refused = client.post(f"/v1/engine/runs/{unreserved}/commit",
-                          json={**body, "holder": "bob", "removed_outputs": ["greeting"],
-                                "slice_addresses": ["terraform_data.item[0]"]})
-    assert refused.status_code == 409 and "output.greeting" in refused.get_json()["error"]
-    assert snapshot(clean_db) == before
-    alice = open_run(client, "alice", ("terraform_data.item[1]", "write"),
-                     ("output.greeting", "write")).get_json()["run"]["id"]
-    kept = client.post(f"/v1/engine/runs/{alice}/commit", json={**body, "holder": "alice"})
-    assert kept.get_json()["commit"]["serial"] is None  # not pruning, nothing removed: nothing changed
-    alice = open_run(client, "alice", ("terraform_data.item[1]", "write"),
-                     ("output.greeting", "write")).get_json()["run"]["id"]
-    dropped = client.post(f"/v1/engine/runs/{alice}/commit",
-                          json={**body, "holder": "alice", "removed_outputs": ["greeting"]})
-    assert dropped.get_json()["commit"]["outputs_changed"] == ["greeting"]
-    assert json.loads(client.get(STATE).data)["outputs"] == {}
-
-
 def test_a_re_read_data_source_is_kept_from_the_trunk_not_refused(client):
     body = json.loads(trunk())
     body["resources"].append({"mode": "data", "type": "terraform_remote_state", "name": "other",

@@ -194,7 +194,7 @@ def test_disjoint_pull_requests_apply_in_parallel_and_an_overlapping_one_is_refu
     comment(w, 3, "kilolock apply")
     w.run_jobs()
     reply = replies(w, 3)[-1]
-    assert "held by another pull request: pull request #1 (octo-org/infra#1) holds write `terraform_data.a`" in reply
+    assert "held by another pull request: pull request #1 (octo-org/infra#1) holds write terraform_data.a" in reply
     assert w.trunk()["terraform_data.a"] == "a2"
     assert "**Held by #1** (`infra`)" in marked(w, 3)
     assert "### Applied before merge" in marked(w, 1)

@@ -83,7 +83,7 @@ def test_every_problem_is_listed_at_once_with_what_to_change(repo: Path):
 
     assert caught.value.problems == (
         "unknown key 'aply_on_merge' (known: apply_on_comment, apply_on_merge, apply_on_push, apply_requirements, "
-        "drift, merge_wait, projects, version)",
+        "drift, env, hold_expiry, merge_wait, projects, version)",
         "version must be 1, got 2",
         "merge_wait must be a duration between 0 and 6h such as 600, 90s, 10m or 1h, got 'forever'",
         "projects[0]: dir 'nowhere' does not exist in this commit",
@@ -177,3 +177,51 @@ def test_unknown_requirements_and_non_boolean_apply_on_comment_are_listed(repo: 
         "apply_requirements: unknown requirement(s) 'green' (known: approved, mergeable, undiverged)",
         "projects[0]: apply_on_comment must be true or false, got 1",
     )
+
+
+def test_env_names_the_provider_variables_and_never_kilolocks_own(repo: Path):
+    (repo / ".kilolock.yml").write_text(
+        "env: [AWS_PROFILE, 'TF_VAR_*']\nhold_expiry: 7d\nprojects:\n"
+        "  - dir: infra/prod\n    env: [GOOGLE_APPLICATION_CREDENTIALS, AWS_PROFILE]\n"
+        "  - dir: scratch\n    state: scratch\n")
+
+    config = load(repo)
+
+    prod, scratch = config.projects
+    assert prod.env == ("AWS_PROFILE", "TF_VAR_*", "GOOGLE_APPLICATION_CREDENTIALS")
+    assert scratch.env == ("AWS_PROFILE", "TF_VAR_*") and config.hold_expiry == 7 * 86400
+
+    (repo / ".kilolock.yml").write_text(
+        "env: [KL_BOT_TOKEN, 'KL*', '*', TF_HTTP_PASSWORD, 'bad name']\nhold_expiry: 5m\n"
+        "projects:\n  - dir: scratch\n    state: s\n    env: AWS_PROFILE\n")
+    with pytest.raises(BotConfigError) as caught:
+        load(repo)
+    problems = caught.value.problems
+    assert sum("names Kilolock's own settings" in p for p in problems) == 3
+    assert any("'*' would pass the whole environment" in p for p in problems)
+    assert any("'bad name' is not a variable name" in p for p in problems)
+    assert any(p.startswith("hold_expiry must be a duration from 1h to 366d") for p in problems)
+    assert any(p.startswith("projects[0]: env must be a list") for p in problems)
+
+
+def test_a_pull_requests_project_takes_state_server_and_env_from_the_default_branch():
+    from dataclasses import replace
+
+    from runner.bot import flow
+    from runner.bot.config import BotConfig, Project
+    from runner.config import ClientConfigError
+
+    trusted = BotConfig(projects=(Project("infra", "infra", "infra", "http://trusted:8080", ("infra/**",), True,
+                                          env=("AWS_PROFILE",)),))
+    head = Project("infra", "infra", "other-state", "http://127.0.0.1:9", ("infra/**",), True,
+                   env=("AWS_PROFILE", "SECRET_*"))
+
+    anchored = flow.anchored(head, trusted)
+
+    assert (anchored.state, anchored.address, anchored.env) == ("infra", "http://trusted:8080", ("AWS_PROFILE",))
+    assert anchored.files == head.files  # what triggers it is the change's own business
+    for unknown in (replace(head, name="new"), replace(head, dir="elsewhere")):
+        with pytest.raises(ClientConfigError, match="come from the default branch"):
+            flow.anchored(unknown, trusted)
+    with pytest.raises(ClientConfigError, match="default branch's .kilolock.yml is invalid"):
+        flow.anchored(head, None)

@@ -337,7 +337,7 @@ def test_client_errors_are_not_retried_and_never_show_a_token(api, token_setting
     with pytest.raises(GitHubError) as caught:
         gh.pull_request(2)
     assert caught.value.status == 401
-    assert PAT not in str(caught.value) and "ghs_" not in str(caught.value) and "***" in str(caught.value)
+    assert PAT not in str(caught.value) and "ghs_" not in str(caught.value) and "[redacted]" in str(caught.value)
     assert sleeps == [] and len(api.calls) == 1
 
 

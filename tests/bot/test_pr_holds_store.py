@@ -9,16 +9,16 @@ import pytest
 
 from app.domain.principal import default_principal
 from app.domain.reservations import Mode, parse_wanted
-from app.errors import ReservationConflictError
+from app.errors import BadRequestError, ReservationConflictError
 from app.store import pr_holds, runs
 
 REPO = "octo-org/infra"
 
 
-def take(db, number: int, globs: list[str]) -> pr_holds.PrHold:  # type: ignore[no-untyped-def]
+def take(db, number: int, globs: list[str], *, max_globs: int = 100) -> pr_holds.PrHold:  # type: ignore[no-untyped-def]
     return pr_holds.take(db, default_principal("kilolock-bot"), repo=REPO, number=number, project="infra",
                          state_name="infra", write_globs=globs, head_sha="a" * 40, applied_serial=2,
-                         applied_run_id="ar_applied")
+                         applied_run_id="ar_applied", max_globs=max_globs)
 
 
 def test_a_hold_is_a_write_reservation_named_after_the_pull_request_that_does_not_lapse(bot_db):
@@ -66,3 +66,30 @@ def test_a_hold_aborted_by_an_operator_is_no_longer_live_and_releases_quietly(bo
     assert not stale.live
     pr_holds.release(bot_db, stale, "#1 was closed")
     assert pr_holds.of_repo(bot_db, REPO) == []
+
+
+def test_a_hold_has_the_per_run_glob_cap_and_a_refused_one_holds_nothing(bot_db):
+    with pytest.raises(BadRequestError) as caught:
+        take(bot_db, 1, [f"terraform_data.web[{i}]" for i in range(4)], max_globs=3)
+
+    assert "4 write globs" in caught.value.message and "KL_MAX_GLOBS_PER_RUN" in caught.value.message
+    assert runs.list_reservations(bot_db, default_principal()) == []
+    assert pr_holds.of_pull_request(bot_db, REPO, 1) == []
+    assert take(bot_db, 1, [f"terraform_data.web[{i}]" for i in range(3)], max_globs=3).live
+
+
+def test_holds_are_counted_apart_from_live_runs_so_an_old_hold_is_no_stuck_apply(bot_db):
+    from app.store import gauges
+
+    later = datetime.now(UTC) + timedelta(days=3)
+    hold = take(bot_db, 7, ["terraform_data.db"])
+    before = gauges.read_gauges(bot_db, now=later, waiter_fresh=later)
+    assert before.pr_holds == 1 and before.oldest_pr_hold_seconds > 2 * 86400
+    assert before.oldest_live_run_seconds == 0.0 and dict(before.runs_by_status).get("reserved", 0) == 0
+
+    run = runs.open_run(bot_db, default_principal("bob"), "infra", actor="bob", lease=timedelta(minutes=5),
+                        wanted=parse_wanted([("terraform_data.queue", Mode.WRITE.value)]))
+    during = gauges.read_gauges(bot_db, now=later, waiter_fresh=later)
+    assert during.oldest_live_run_seconds > 2 * 86400 and dict(during.runs_by_status)["reserved"] == 1
+    assert [h.run_id for h in pr_holds.of_tenant(bot_db, default_principal())] == [hold.run_id]
+    assert run.id != hold.run_id

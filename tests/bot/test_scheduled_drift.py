@@ -39,7 +39,10 @@ def provider(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 
 def _world(make: Any, provider: Installed, tmp_path: Path, yml: str, **kwargs: Any) -> tuple[World, Cloud]:
     cloud_root = tmp_path / "cloud"
-    world = make(files=CLOUD_FILES, kilolock_yml=yml, extra_env=provider.env(cloud_root), **kwargs)
+    # The provider finds its cloud through FAKECLOUD_ROOT: a provider variable the worker passes to Terraform
+    # only because the default branch's .kilolock.yml names it.
+    world = make(files=CLOUD_FILES, kilolock_yml="env: [FAKECLOUD_ROOT]\n" + yml, extra_env=provider.env(cloud_root),
+                 **kwargs)
     # The bot knows a repository once a delivery for it arrived.
     store.record_delivery(_db(world), "delivery-1", "installation", "created", REPO)
     return world, Cloud(cloud_root)

@@ -45,14 +45,14 @@ def make_repo(live_server, workdir_factory) -> Workdir:  # type: ignore[no-untyp
     return r
 
 
-def spec(repo: Workdir, name: str = "kl-plan.igplan") -> dict:  # type: ignore[type-arg]
+def spec(repo: Workdir, name: str = ".kilolock/kl-plan.igplan") -> dict:  # type: ignore[type-arg]
     return json.loads((repo.dir / name).read_text())
 
 
 def plan_apply(repo: Workdir, *plan_args: str, actor: str = "alice") -> dict:  # type: ignore[type-arg]
     planned = repo.kl("plan", *plan_args)
     assert planned.returncode == 0, planned.stdout + planned.stderr
-    applied = repo.kl("apply", "kl-plan.igplan", "--actor", actor)
+    applied = repo.kl("apply", ".kilolock/kl-plan.igplan", "--actor", actor)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "committed at serial" in applied.stdout or "nothing changed" in applied.stdout
     return spec(repo)
@@ -186,7 +186,7 @@ def test_an_igplan_refuses_files_edited_after_planning(repo):
     repo.edit("db.tf", "db-v1", "db-v5")
     assert repo.kl("plan", "-f", "db.tf").returncode == 0
     repo.edit("db.tf", "db-v5", "db-v6")
-    refused = repo.kl("apply", "kl-plan.igplan")
+    refused = repo.kl("apply", ".kilolock/kl-plan.igplan")
     assert refused.returncode == 2 and "db.tf changed since kl plan -f" in refused.stderr
 
 
@@ -259,14 +259,14 @@ def test_tfvars_values_are_used_and_pinned(repo):
     repo.edit("fleet.tf", "input = count.index", 'input = "x${count.index}"')
     assert repo.kl("plan", "-f", "fleet.tf").returncode == 0
     repo.write("terraform.tfvars", "replicas = 1\n")
-    refused = repo.kl("apply", "kl-plan.igplan")
+    refused = repo.kl("apply", ".kilolock/kl-plan.igplan")
     assert refused.returncode == 2 and "terraform.tfvars changed" in refused.stderr, refused.stderr
     repo.write("terraform.tfvars", "replicas = 3\n")
     repo.write("late.auto.tfvars", "replicas = 1\n")
-    refused = repo.kl("apply", "kl-plan.igplan")
+    refused = repo.kl("apply", ".kilolock/kl-plan.igplan")
     assert refused.returncode == 2 and "late.auto.tfvars appeared" in refused.stderr, refused.stderr
     (repo.dir / "late.auto.tfvars").unlink()
-    assert repo.kl("apply", "kl-plan.igplan").returncode == 0
+    assert repo.kl("apply", ".kilolock/kl-plan.igplan").returncode == 0
     untrap(repo)
     repo.converged()
 
@@ -348,7 +348,7 @@ def test_a_data_source_of_the_selection_is_written_re_read_and_committed(repo, t
     assert repo.kl("plan", "-f", "remote.tf").returncode == 0
     # What the data source reads changes between the plan and the apply: the apply commits what it read.
     other.write_text(other.read_text().replace('"one"', '"two"').replace('"serial": 1', '"serial": 2'))
-    applied = repo.kl("apply", "kl-plan.igplan", "--actor", "alice")
+    applied = repo.kl("apply", ".kilolock/kl-plan.igplan", "--actor", "alice")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     rows = {r["name"]: r["instances"][0]["attributes"] for r in requests.get(repo.url, timeout=10).json()["resources"]
             if r["name"] in ("o", "uses2")}

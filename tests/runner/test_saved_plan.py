@@ -117,7 +117,7 @@ def test_a_commit_to_the_planned_addresses_still_refuses_the_plan_as_stale(repo,
 def test_the_plan_file_path_keeps_re_planning(repo):
     repo.edit("db.tf", "db-v1", "db-v7")
     assert repo.kl("plan", "-f", "db.tf").returncode == 0
-    done = repo.kl("apply", "kl-plan.igplan", "--actor", "alice")
+    done = repo.kl("apply", ".kilolock/kl-plan.igplan", "--actor", "alice")
     assert done.returncode == 0 and "committed at serial" in done.stdout, done.stdout + done.stderr
     assert REUSED not in done.stdout and MOVED not in done.stdout
     untrap(repo)

@@ -158,7 +158,7 @@ def test_a_commit_that_does_not_prune_drops_exactly_the_removed_outputs_the_resu
     head = [out("deleted"), out("theirs"), out("kept"), out("back")]
     base = [out("deleted"), out("theirs"), out("kept"), out("back")]
     result = [out("kept"), out("back")]
-    removed = ["deleted", "back", "never_there"]
-    assert changed_outputs(base, result, prune=False, removed=removed) == ["deleted"]
-    merged = merge_outputs(head, base, result, prune=False, removed=removed)
+    removed = frozenset({"deleted", "back", "never_there"})
+    assert changed_outputs(base, result, prune=removed) == ["deleted"]
+    merged = merge_outputs(head, base, result, prune=removed)
     assert [o.name for o in merged] == ["back", "kept", "theirs"]

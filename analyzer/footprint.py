@@ -135,12 +135,15 @@ def compute_footprint(
     trunk_edges: Iterable[tuple[str, str]] = (),
     cache: ParseCache | None = None,
     seeds: Sequence[str] = (),
+    deleted: Sequence[str] = (),
 ) -> Footprint:
     """The footprint of applying only the ``selected`` files of a root module.
 
     ``files`` maps configuration-relative paths to the texts of the root module's ``.tf`` / ``.tf.json`` files;
     ``trunk_edges`` are ``(instance address, resource address it depends on)`` pairs from the trunk's state;
-    ``seeds`` are objects (``var.NAME``) whose values changed outside the files, planned as if selected.
+    ``seeds`` are objects (``var.NAME``) whose values changed outside the files, planned as if selected;
+    ``deleted`` the globs of blocks the change deleted (``scoping.deletions``): written, so a ``moved`` or
+    ``removed`` block naming them joins the workspace wherever it is.
     Never raises for a problem in the configuration: those become diagnostics. Raises ValueError when a
     selected path is not among ``files`` or is not a configuration file, AddressError for a bad trunk edge.
     """
@@ -150,8 +153,8 @@ def compute_footprint(
             raise ValueError(f"selected file {path!r} is not among the configuration's files")
         if not path.endswith((".tf", ".tf.json")):
             raise ValueError(f"selected file {path!r} is not a .tf or .tf.json file")
-    return _Footprinter(files, chosen, cache if cache is not None else ParseCache(), tuple(seeds)).run(
-        tuple(trunk_edges))
+    return _Footprinter(files, chosen, cache if cache is not None else ParseCache(), tuple(seeds),
+                        tuple(deleted)).run(tuple(trunk_edges))
 
 
 @dataclass(slots=True)
@@ -181,6 +184,7 @@ class _Footprinter(Checks):
     selected: tuple[str, ...]
     cache: ParseCache
     seeds: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
     diagnostics: dict[tuple[str, int, str, str], Diagnostic] = field(default_factory=dict)
     index: dict[str, list[_Def]] = field(default_factory=dict)
     locals_defs: list[_Def] = field(default_factory=list)
@@ -199,7 +203,7 @@ class _Footprinter(Checks):
     def run(self, trunk_edges: tuple[tuple[str, str], ...]) -> Footprint:
         selected_blocks = self._build_index()
         write_roots = [_Member(b) for b in selected_blocks if _is_write_root(b)]
-        writes = {g for b in selected_blocks for g in self._owned_globs(b)}
+        writes = {g for b in selected_blocks for g in self._owned_globs(b)} | set(self.deleted)
         self.outputs.update(b.labels[0] for b in selected_blocks if b.type == "output" and b.labels)
         for definition in (*self.terraform_defs, *self.migrations):
             if definition.is_json:
@@ -380,12 +384,10 @@ class _Footprinter(Checks):
 
     def _owned_globs(self, block: Block) -> list[str]:
         """The write globs a block of a selected file (or one pulled onto the write side) owns."""
-        if block.type == "data" and len(block.labels) == 2:
-            # Terraform re-reads a data source on every run: a read, on every path (the commit keeps the
-            # trunk's copy of data sources no write glob covers), never a write.
-            self.reads.update(resource_globs(block.address))
-            return []
-        if block.type == "resource" and len(block.labels) == 2:
+        if block.type in ("resource", "data") and len(block.labels) == 2:
+            # A data source of the selection, or one reading what it writes or defines, may read something new,
+            # which a full apply stores: it is written (re-read and committed). Data sources the workspace only
+            # reads are read members (the commit keeps the trunk's copy of data sources no write glob covers).
             return list(resource_globs(block.address, exact=True))
         if block.type == "module":
             return list(resource_globs(block.address))

@@ -17,20 +17,21 @@ from dataclasses import dataclass, field
 
 from analyzer.addresses import AddressError, declared_address, parse_instance_address, resource_address
 from analyzer.footprint import Footprint
-from analyzer.footprint_rules import FILE_FUNCTIONS, is_local_source
+from analyzer.footprint_rules import FILE_FUNCTIONS, is_local_source, json_document_declarations
 from analyzer.gitdiff import ChangeScope, WidenKind
 from analyzer.globs import Glob, GlobError, intersects, matches, parse_glob
 from analyzer.hcl import ParseCache, analyze_file, tfvars_values
 from analyzer.prescan import scan
 
 __all__ = [
+    "Deletions",
     "LOCALS_FILE",
     "ScopeRefused",
     "Selection",
     "changed_variables",
     "cut_blocks",
     "declaring_files",
-    "deleted_globs",
+    "deletions",
     "dependents_to_add",
     "file_readers",
     "described_in",
@@ -61,17 +62,45 @@ class Selection:
     variables: tuple[str, ...] = ()
 
 
-def deleted_globs(deleted: Mapping[str, str]) -> tuple[str, ...]:
-    """What the deleted files declared (their destruction is part of the write footprint). Data sources are
-    left out: Terraform drops them from the state without a planned change, a read on every path; ephemeral
-    resources and actions never have state rows."""
-    globs: set[str] = set()
-    for text in deleted.values():
-        for header in scan(text).headers:
-            address = _header_address(header.type, header.labels)
-            if address is not None and header.type in ("resource", "module"):
-                globs.add(address + ".*")
-    return tuple(sorted(globs))
+@dataclass(frozen=True, slots=True)
+class Deletions:
+    """What a change removed from the configuration: ``globs`` (``T.N.*``, ``data.T.N.*``, ``module.N.*``) for
+    the resources, data sources and module calls the earlier texts declared and no file declares now (their
+    rows are destroyed or dropped: part of the write footprint), and ``outputs``, the root outputs likewise
+    gone (the commit removes them from the trunk)."""
+
+    globs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+
+def deletions(deleted: Mapping[str, str], files: Mapping[str, str]) -> Deletions:
+    """What the ``deleted`` texts (deleted files, and the earlier texts of changed ones) declared that none of
+    ``files`` (the configuration now) declares: a block moved to another file is not deleted. Ephemeral
+    resources and actions never have state rows. A ``.tf.json`` text that does not parse counts as declaring
+    nothing now (the footprint fails closed on it), and as nothing deleted."""
+    before_addresses, before_outputs = _declared(deleted)
+    now_addresses, now_outputs = _declared(files)
+    globs = sorted(a + ".*" for a in before_addresses - now_addresses)
+    return Deletions(tuple(globs), tuple(sorted(before_outputs - now_outputs)))
+
+
+def _declared(texts: Mapping[str, str]) -> tuple[set[str], set[str]]:
+    """Root-level resource, data source and module-call addresses, and root output names, the texts declare."""
+    addresses: set[str] = set()
+    outputs: set[str] = set()
+    for name, text in texts.items():
+        if name.split("@", 1)[0].endswith(".tf.json"):
+            pairs = json_document_declarations(text) or []
+        else:
+            pairs = [(h.type, h.labels) for h in scan(text).headers]
+        for type_, labels in pairs:
+            if type_ == "output" and labels:
+                outputs.add(labels[0])
+            elif type_ in ("resource", "data", "module"):
+                address = _header_address(type_, labels)
+                if address is not None:
+                    addresses.add(address)
+    return addresses, outputs
 
 
 # How many labels a declaration with an address of its own carries.
@@ -102,14 +131,16 @@ def output_globs(names: Iterable[str]) -> tuple[str, ...]:
 def described_in(fp: Footprint, extra: Iterable[str] = ()) -> tuple[str, ...]:
     """Configuration-level addresses whose trunk rows the slice carries: the workspace's resource and
     module blocks (``module.NAME.*``), plus every written address — a ``moved`` source or a deleted
-    declaration must be in the slice for Terraform to move or destroy it."""
+    declaration must be in the slice for Terraform to move or destroy it. Read globs add nothing: a row they
+    name without a block in the workspace (a resource the trunk's dependencies name and the configuration no
+    longer reaches) would be planned for destruction; it is reserved for reading, never carried."""
     names: set[str] = set()
     for block in fp.blocks:
         if block.type in ("resource", "data", "ephemeral"):
             names.add(block.name)
         elif block.type == "module":
             names.add(block.name + ".*")
-    for glob in (*fp.write_globs, *fp.read_globs, *extra):
+    for glob in (*fp.write_globs, *extra):
         if glob.startswith("output."):
             continue
         try:

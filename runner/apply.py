@@ -26,7 +26,7 @@ from typing import Any
 from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, parse_state
-from app.domain.commit import commit_delta, parse_globs, unreserved_read
+from app.domain.commit import commit_delta, is_data_source, parse_globs, unreserved_read
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES, RunStatus
 from runner import workspace
 from runner.counts import counts_line
@@ -37,6 +37,7 @@ from runner.plan import (
     changed_outputs,
     described_part,
     fetch_snapshot,
+    incidental_writes,
     plan_in_workspace,
     terraform,
     var_flags,
@@ -283,15 +284,20 @@ def _replan(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, prepare
         _fail(client, run_id, options.actor, str(exc))
         raise
     analysis = analyze_plan(plan)
-    replanned_writes = analysis.write_set - set(spec.orphans)
-    if replanned_writes != set(spec.write_set):
-        extra = sorted(replanned_writes - set(spec.write_set))
-        missing = sorted(set(spec.write_set) - replanned_writes)
+    rewritten = incidental_writes(plan, prepared.slice_raw, spec.write_globs)
+    writes = (analysis.write_set | rewritten) - set(spec.orphans)
+    # Data sources are compared by neither side: what one reads may change between the plan and now, and the
+    # commit takes whatever the apply read for those under the write globs.
+    replanned_writes = {a for a in writes if not is_data_source(a)}
+    planned = {a for a in spec.write_set if not is_data_source(a)}
+    if replanned_writes != planned:
+        extra = sorted(replanned_writes - planned)
+        missing = sorted(planned - replanned_writes)
         message = (f"the re-plan over the trunk slice differs from kl-plan.json (new: {extra[:10]}, gone: "
                    f"{missing[:10]}); nothing was applied: re-run kl plan")
         _fail(client, run_id, options.actor, message)
         raise StalePlan(message)
-    return Planned(tuple(sorted(replanned_writes)), tuple(sorted(changed_outputs(analysis))))
+    return Planned(tuple(sorted(writes)), tuple(sorted(changed_outputs(analysis))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,7 +402,9 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
         if isinstance(before, ParsedState) else {}
     delta = commit_delta(base, parsed.instances, slice_addresses,
                          skip=unreserved_read(parse_globs(spec.write_globs)))
-    surprise = sorted(set(delta.addresses) - set(spec.write_set))
+    # Data sources no write glob covers are skipped (the trunk keeps its copy); those it covers are re-read and
+    # committed, whatever they read.
+    surprise = sorted(a for a in set(delta.addresses) - set(spec.write_set) if not is_data_source(a))
     if surprise or heartbeat.lost:
         reason = (f"Terraform changed addresses its plan did not show (the plan passed the dry commit): "
                   f"{', '.join(surprise[:20])}" if surprise

@@ -29,7 +29,7 @@ from analyzer.scoping import (
     Selection,
     cut_blocks,
     declaring_files,
-    deleted_globs,
+    deletions,
     dependents_to_add,
     described_in,
     file_readers,
@@ -52,13 +52,14 @@ from runner.plan import (
     described_part,
     fetch_rows,
     given_var_flags,
+    incidental_writes,
     plan_in_workspace,
     spec_from_plan,
 )
 from runner.spec import PlanSpec, is_plan_file
 
-__all__ = ["Selection", "apply_files", "changed_selection", "module_sources", "plan_files", "plan_files_saved",
-           "read_configuration"]
+__all__ = ["Selection", "apply_files", "changed_selection", "file_selection", "module_sources", "plan_files",
+           "plan_files_saved", "read_configuration"]
 
 
 def read_configuration(config_dir: Path) -> dict[str, str]:
@@ -92,11 +93,12 @@ def _with_file(fp: Footprint, address: str) -> str:
 
 
 def footprint(files: Mapping[str, str], selection: Selection, cache: ParseCache,
-              edges: Iterable[tuple[str, str]] = ()) -> Footprint:
+              edges: Iterable[tuple[str, str]] = (), deleted: Sequence[str] = ()) -> Footprint:
     missing = [f for f in selection.files if f not in files]
     if missing:
         raise InvalidInput(f"-f {missing[0]}: no such .tf file in the configuration directory")
-    fp = compute_footprint(files, selection.files, trunk_edges=edges, cache=cache, seeds=selection.variables)
+    fp = compute_footprint(files, selection.files, trunk_edges=edges, cache=cache, seeds=selection.variables,
+                           deleted=deleted)
     if fp.fails_closed:
         raise InvalidInput("the file-scoped footprint cannot be proven safe, so nothing was planned:\n"
                         + _diagnostics_text(fp))
@@ -229,7 +231,8 @@ class ScopedFootprint:
     """The footprint of a selection after widening to the trunk's dependents: what ``kl apply`` would
     reserve (``write_globs``: the footprint's writes and what deleted files declared; ``read_globs``: its
     reads and validation globs), without running Terraform. ``selection`` is the widened selection and
-    ``widened`` says why each file joined it."""
+    ``widened`` says why each file joined it. ``deleted_globs`` and ``removed_outputs`` are what the change
+    deleted (``scoping.deletions``): destroyed, and removed from the trunk."""
 
     footprint: Footprint
     selection: Selection
@@ -237,17 +240,19 @@ class ScopedFootprint:
     read_globs: tuple[str, ...]
     deleted_globs: tuple[str, ...]
     widened: tuple[str, ...]
+    removed_outputs: tuple[str, ...] = ()
 
 
 def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str], selection: Selection,
                      cache: ParseCache) -> ScopedFootprint:
     """The file-scoped footprint of ``selection`` against the trunk's recorded dependencies, widened to the
     files of resources that depend on what it writes. Raises InvalidInput when it fails closed."""
-    gone = deleted_globs(selection.deleted)
+    deleted = deletions(selection.deleted, files)
+    gone = deleted.globs
     declarations: dict[str, str] | None = None
     widened: list[str] = []
     while True:
-        fp = footprint(files, selection, cache)
+        fp = footprint(files, selection, cache, deleted=gone)
         wanted = sorted(set(fp.write_globs) | set(gone))
         try:
             edges = client.edges(state, wanted) if wanted else []
@@ -261,13 +266,14 @@ def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str],
             declarations = declaring_files(files)
         more = dependents_to_add(edges, wanted, declarations, selection.files)
         if not more:
-            fp = footprint(files, selection, cache, edges)
+            fp = footprint(files, selection, cache, edges, deleted=gone)
             break
         widened += [f"widened to {file}: {why}" for file, why in sorted(more.items())]
         selection = Selection(tuple(sorted(set(selection.files) | set(more))), selection.deleted, selection.variables)
-    writes = set(fp.write_globs) | set(gone) | set(output_globs(fp.outputs))
+    writes = set(fp.write_globs) | set(gone) | set(output_globs(fp.outputs)) | set(output_globs(deleted.outputs))
     return ScopedFootprint(fp, selection, tuple(sorted(writes)),
-                           tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))), gone, tuple(widened))
+                           tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))), gone, tuple(widened),
+                           deleted.outputs)
 
 
 def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, selection: Selection,
@@ -309,14 +315,19 @@ def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str,
     except PlanFormatError as exc:
         raise Failed(f"cannot read Terraform's plan: {exc}") from exc
     globs = [parse_glob(g) for g in write_globs if not g.startswith("output.")]
-    outside = sorted(a for a in analysis.write_set if not any(matches(g, a) for g in globs))
+    rewritten = incidental_writes(plan, slice_raw, write_globs)
+    # A data source read at apply time depends on a pending change: its new values are this plan's to commit.
+    deferred = {c.address for c in analysis.changes if c.mode == "data" and c.actions == ("read",)}
+    outside = sorted(a for a in analysis.write_set | rewritten | deferred if not any(matches(g, a) for g in globs))
     if outside:
         raise InvalidInput("the workspace plans changes outside the file-scoped footprint ("
                            + ", ".join(_with_file(fp, a) for a in outside[:10]) + "): run kl plan without -f "
                            "(a full plan), or add the file that declares it to -f")
+    present = {o.name for o in snapshot.parsed.outputs} if snapshot.parsed else set()
+    removed = tuple(n for n in scoped.removed_outputs if n in present)
     warnings = widened + [f"{d.file}:{d.line}: {d.construct}: {d.message}" for d in fp.diagnostics]
     warnings += drift_warnings(drift_in_plan(plan)) if refresh else []
-    write_set = tuple(sorted(analysis.write_set))
+    write_set = tuple(sorted(analysis.write_set | rewritten))
     spec = spec_from_plan(
         client, ctx, state=state, config_dir=config_dir, snapshot=snapshot, plan=plan, analysis=analysis,
         var_args=var_args, config_hash="", write_set=write_set,
@@ -324,17 +335,18 @@ def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str,
         read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))), described=described,
         warnings=tuple(warnings),
         # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a
-        # file-scoped commit removes only the outputs it declares (one that became null), so the others
-        # are not changes of this plan.
-        output_changes={name: action for name, action in changed_outputs(analysis).items()
-                        if action != "delete" or name in fp.outputs}, refresh=refresh,
+        # file-scoped commit removes only the outputs it declares (one that became null) and those whose blocks
+        # the change deleted, so the others are not changes of this plan.
+        output_changes={**{name: action for name, action in changed_outputs(analysis).items()
+                           if action != "delete" or name in fp.outputs}, **{name: "delete" for name in removed}},
+        refresh=refresh,
     )
     spec = replace(
         spec, mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, layout),
         seed_variables=selection.variables,
         deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},
         deleted_globs=gone, validation_globs=tuple(fp.validation_globs), slice_globs=slice_globs,
-        diagnostics=tuple(asdict(d) for d in fp.diagnostics),
+        diagnostics=tuple(asdict(d) for d in fp.diagnostics), removed_outputs=removed,
     )
     return SavedPlan(Prepared(ws, slice_raw, slice_addresses), spec, ctx.binary)
 
@@ -363,7 +375,7 @@ def files_builder(client: EngineClient, spec: PlanSpec, config_dir: Path, data_d
         files = read_configuration(config_dir)
         cache = load_cache(data_dir)
         selection = Selection(spec.selected_files, deleted, spec.seed_variables)
-        fp = planned or footprint(files, selection, cache)
+        fp = planned or footprint(files, selection, cache, deleted=spec.deleted_globs)
         layout = module_layout(config_dir, fp, cache, work_tree_root(config_dir))
         slice_raw, slice_addresses, _ = fetch_slice(client, spec.state, spec.slice_globs,
                                                     frozenset(spec.described_resources))
@@ -384,6 +396,22 @@ def apply_files(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, opt
                options.supplied_vars)
     builder = files_builder(client, spec, config_dir, options.data_dir, deleted, planned)
     return apply_spec(client, ctx, spec, config_dir, options, builder=builder, checked=True, saved=saved)
+
+
+def file_selection(config_dir: Path, files: Sequence[str]) -> Selection:
+    """-f FILE…: the selected files, with the text each had at HEAD when the configuration is in a git work tree
+    (what a selected file declared there and no file declares now is destroyed, its outputs removed, as a full
+    apply would). Without git, or for a file new since HEAD, there is no earlier text to compare."""
+    from runner.git import GitError, text_at
+
+    root = work_tree_root(config_dir)
+    earlier: dict[str, str] = {}
+    for name in files if root is not None else ():
+        try:
+            earlier[f"{name}@HEAD"] = text_at(root, "HEAD", (config_dir.resolve() / name).relative_to(root).as_posix())
+        except (GitError, ValueError):
+            continue  # new since HEAD, outside the work tree, or no commit yet: nothing declared before
+    return Selection(tuple(files), earlier)
 
 
 def changed_selection(config_dir: Path, ref: str, *, against: str | None = None) -> Selection:

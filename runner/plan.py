@@ -16,8 +16,9 @@ from typing import Any
 
 from analyzer.configuration import described_resources, is_described, orphans
 from analyzer.drift import drift_in_plan, drift_warnings
-from analyzer.globs import Glob, canonical
+from analyzer.globs import Glob, canonical, matches, parse_glob
 from analyzer.plan import PlanAnalysis, PlanFormatError, analyze_plan
+from analyzer.rewrites import rewritten_rows
 from analyzer.state import ParsedState, parse_state
 from analyzer.state_assembly import assemble_state
 from runner import workspace
@@ -241,16 +242,28 @@ def make_plan(
             f"{len(left_alone)} trunk instance(s) have no resource block in this configuration and are left "
             f"alone (another change may own them): {', '.join(sorted(left_alone)[:10])}"
         )
-    write_set = tuple(sorted(analysis.write_set - left_alone))
+    rewritten = incidental_writes(plan, snapshot.raw, analysis.write_globs) - left_alone
+    write_set = tuple(sorted((analysis.write_set | rewritten) - left_alone))
     output_changes = changed_outputs(analysis)
     return spec_from_plan(
         client, ctx, state=state, config_dir=config_dir, snapshot=snapshot, plan=plan, analysis=analysis,
         var_args=var_args, config_hash=workspace.config_hash(config_dir), write_set=write_set,
         read_set=tuple(sorted(analysis.read_set - left_alone)),
-        write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes))),
+        write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes)
+                                 | {canonical(Glob.exact(a)) for a in rewritten})),
         read_globs=tuple(analysis.read_globs), described=tuple(sorted(described)), warnings=tuple(warnings),
         output_changes=output_changes, refresh=refresh, left_alone=tuple(sorted(left_alone)), targets=tuple(targets),
     )
+
+
+def incidental_writes(plan: Mapping[str, Any], slice_raw: bytes | None, write_globs: Sequence[str]
+                      ) -> frozenset[str]:
+    """The rows an apply of ``plan`` rewrites without a planned change (``analyzer.rewrites``: dependencies a
+    ``moved`` block renames, data sources the commit takes), against the workspace's starting state."""
+    parsed = parse_state(slice_raw) if slice_raw else None
+    rows = {r.address: r for r in parsed.instances if not r.deposed} if isinstance(parsed, ParsedState) else {}
+    globs = [parse_glob(g) for g in write_globs if not g.startswith("output.")]
+    return rewritten_rows(plan, rows, lambda address: any(matches(g, address) for g in globs))
 
 
 def changed_outputs(analysis: PlanAnalysis, ignored: frozenset[tuple[str, ...]] = frozenset({("no-op",)})

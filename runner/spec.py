@@ -79,6 +79,7 @@ class PlanSpec:
     diagnostics: tuple[dict[str, Any], ...] = ()
     refresh: bool = False                                 # kl plan --refresh: the slice was refreshed
     seed_variables: tuple[str, ...] = ()                   # var.NAME whose values changed (--changed-from)
+    removed_outputs: tuple[str, ...] = ()                  # root outputs whose blocks the change deleted
 
     @property
     def reservations(self) -> list[tuple[str, str]]:
@@ -105,7 +106,7 @@ class PlanSpec:
             doc["variables"] = tuple(PinnedVar(**v) for v in doc.get("variables", ()))
             for key in ("write_set", "read_set", "write_globs", "read_globs", "described_resources", "orphans",
                         "warnings", "targets", "selected_files", "deleted_globs", "validation_globs", "slice_globs",
-                        "diagnostics", "seed_variables"):
+                        "diagnostics", "seed_variables", "removed_outputs"):
                 doc[key] = tuple(doc.get(key, ()))
             return cls(**doc)
         except TypeError as exc:

@@ -322,6 +322,14 @@ def terraform_env(home: Path) -> dict[str, str]:
     }
 
 
+@pytest.fixture(scope="session")
+def fakecloud(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The fakecloud test provider, built once per session into a filesystem mirror (``bench.fakecloud``)."""
+    from bench.fakecloud.install import install
+
+    return install(tmp_path_factory.mktemp("fakecloud-provider"))
+
+
 @pytest.fixture
 def terraform_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
     """Make Terraform runners, each in its own directory under tmp_path."""

@@ -62,7 +62,7 @@ def _var_args(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
     """The file selection of -f / --changed-from, or None for a full plan."""
-    from runner.filescoped import Selection, changed_selection
+    from runner.filescoped import Selection, changed_selection, file_selection
 
     if not args.file and not args.changed_from:
         return None
@@ -72,7 +72,7 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
         if hint:
             raise UsageError(hint)
     if not args.changed_from:
-        return Selection(tuple(files))
+        return file_selection(config_dir, files)
     from runner.git import GitError
 
     try:

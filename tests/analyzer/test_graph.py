@@ -9,7 +9,7 @@ import pytest
 
 from analyzer.footprint import compute_footprint
 from analyzer.graph import ReferenceMatcher, spellings
-from analyzer.scoping import changed_variables, cut_blocks, deleted_globs
+from analyzer.scoping import Deletions, changed_variables, cut_blocks, deletions
 
 VARS = 'variable "env" {\n  default = "prod"\n}\n'
 LOCALS = 'locals {\n  sizes = { a = 1 }\n  name = "${var.env}-x"\n}\n'
@@ -62,13 +62,27 @@ def test_a_json_file_that_may_refer_to_the_selection_fails_closed():
     assert fp.fails_closed and any(d.file == "peers.tf.json" and d.construct == "tf_json" for d in fp.diagnostics)
 
 
-def test_data_sources_are_read_never_written():
-    files = {"d.tf": 'data "terraform_remote_state" "o" {\n  backend = "local"\n}\n'
-                     'resource "terraform_data" "u" {\n  input = data.terraform_remote_state.o.outputs\n}\n'}
-    fp = compute_footprint(files, ["d.tf"])
+def test_data_sources_of_the_selection_or_reading_it_are_written_and_the_others_read():
+    remote = 'data "terraform_remote_state" "o" {\n  backend = "local"\n}\n'
+    uses = 'resource "terraform_data" "u" {\n  input = data.terraform_remote_state.o.outputs\n}\n'
+    reader = 'data "terraform_remote_state" "r" {\n  backend = "local"\n  config = { p = terraform_data.u.id }\n}\n'
+    fp = compute_footprint({"d.tf": remote + uses, "r.tf": reader}, ["d.tf"])
+    assert {"data.terraform_remote_state.o", "data.terraform_remote_state.o.*", "data.terraform_remote_state.r",
+            "data.terraform_remote_state.r.*"} <= set(fp.write_globs)
+    fp = compute_footprint({"d.tf": remote, "u.tf": uses}, ["u.tf"])
     assert not any(g.startswith("data.") for g in fp.write_globs)
     assert "data.terraform_remote_state.o.*" in fp.read_globs
-    assert deleted_globs({"d.tf": files["d.tf"]}) == ("terraform_data.u.*",)
+
+
+def test_deletions_are_what_the_earlier_texts_declared_and_no_file_declares_now():
+    before = ('resource "terraform_data" "gone" {\n}\n\nresource "terraform_data" "moved_away" {\n}\n\n'
+              'data "terraform_remote_state" "old" {\n  backend = "local"\n}\n\nmodule "m" {\n  source = "./m"\n}\n\n'
+              'output "gone" {\n  value = 1\n}\n\noutput "kept" {\n  value = 2\n}\n')
+    now = {"a.tf": 'output "kept" {\n  value = 2\n}\n', "b.tf": 'resource "terraform_data" "moved_away" {\n}\n',
+           "c.tf.json": json.dumps({"module": {"m": {"source": "./m"}}})}
+    assert deletions({"a.tf@HEAD": before}, now) == Deletions(
+        ("data.terraform_remote_state.old.*", "terraform_data.gone.*"), ("gone",))
+    assert deletions({}, now) == Deletions()
 
 
 @pytest.mark.parametrize("label", ['resource "terraform_data" "1web"', 'module "super#module"', 'module ""',

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from analyzer.addresses import parse_instance_address
 from analyzer.globs import matches, parse_glob
 from analyzer.plan import AddressChange, PlanAnalysis, PlanFormatError, analyze_plan
+from analyzer.rewrites import rewritten_rows
 from analyzer.state import ParsedState, parse_state
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "plans"
@@ -947,3 +948,36 @@ def test_analyze_plan_leaves_its_input_unchanged() -> None:
     before = copy.deepcopy(plan)
     analyze_plan(plan, state_edges=[("aws_instance.b", "aws_instance.x")])
     assert plan == before
+
+
+def test_rows_an_apply_rewrites_without_a_planned_change_are_found():
+    def res(mode: str, name: str, attributes: dict, deps: list[str] | None = None) -> dict:  # type: ignore[type-arg]
+        inst = {"schema_version": 0, "attributes": attributes, **({"dependencies": deps} if deps else {})}
+        return {"mode": mode, "type": "terraform_data" if mode == "managed" else "fakecloud_bucket", "name": name,
+                "provider": 'provider["x"]', "instances": [inst]}
+
+    trunk = parse_state(json.dumps({"version": 4, "terraform_version": "1.11.0", "serial": 3, "lineage": "l",
+                                    "outputs": {}, "resources": [
+        res("managed", "d", {"input": "a"}, ["module.m.terraform_data.x"]),
+        res("managed", "e", {"input": "b"}, ["terraform_data.c"]),
+        res("data", "same", {"size": 1}), res("data", "stale", {"size": 1}), res("data", "other", {"size": 1}),
+    ]}).encode())
+    assert isinstance(trunk, ParsedState)
+    rows = {r.address: r for r in trunk.instances}
+
+    def prior(address: str, mode: str, values: dict, deps: list[str] = ()) -> dict:  # type: ignore[type-arg, assignment]
+        return {"address": address, "mode": mode, "values": values, "depends_on": list(deps)}
+
+    plan = {"prior_state": {"values": {"root_module": {"resources": [
+        prior("terraform_data.d", "managed", {"input": "a"}, ["module.m2.terraform_data.x"]),
+        prior("terraform_data.e", "managed", {"input": "b"}, ["terraform_data.c"]),
+        prior("data.fakecloud_bucket.same", "data", {"size": 1}),
+        prior("data.fakecloud_bucket.stale", "data", {"size": 2}),
+        prior("data.fakecloud_bucket.other", "data", {"size": 2}),
+    ], "child_modules": [{"resources": [prior("data.fakecloud_bucket.new", "data", {"size": 1})]}]}}},
+        "resource_changes": [{"address": "data.fakecloud_bucket.later", "mode": "data",
+                              "change": {"actions": ["read"]}}]}
+    written = {"data.fakecloud_bucket.same", "data.fakecloud_bucket.stale", "data.fakecloud_bucket.new",
+               "data.fakecloud_bucket.later"}
+    assert rewritten_rows(plan, rows, written.__contains__) == {
+        "terraform_data.d", "data.fakecloud_bucket.stale", "data.fakecloud_bucket.new", "data.fakecloud_bucket.later"}

@@ -8,7 +8,7 @@ from analyzer.addresses import declared_address
 from analyzer.footprint import Footprint
 from analyzer.gcpause import gc_paused
 from analyzer.hcl import ParseCache, analyze_file
-from analyzer.scoping import declaring_files, deleted_globs, described_in
+from analyzer.scoping import declaring_files, deletions, described_in
 
 
 def test_declared_address_names_every_kind_of_block_header() -> None:
@@ -30,15 +30,16 @@ def test_a_parsed_block_gets_the_address_its_header_declares() -> None:
     assert [b.address for b in blocks] == ["provider.aws.east", "ephemeral.random_password.p"]
 
 
-def test_declaring_files_knows_every_block_with_an_address_and_deleted_globs_only_stateful_ones() -> None:
+def test_declaring_files_knows_every_block_with_an_address_and_deletions_only_stateful_ones() -> None:
     text = ('resource "t" "a" {}\ndata "t" "b" {}\nephemeral "t" "c" {}\naction "t" "d" {}\n'
             'module "m" {\n  source = "./m"\n}\n')
     assert declaring_files({"main.tf": text}) == {
         "t.a": "main.tf", "data.t.b": "main.tf", "ephemeral.t.c": "main.tf", "action.t.d": "main.tf",
         "module.m": "main.tf",
     }
-    # Data sources leave the state without a planned change; ephemeral resources and actions have no rows.
-    assert deleted_globs({"gone.tf": text}) == ("module.m.*", "t.a.*")
+    # Data sources leave the state without a planned change (the commit drops their rows); ephemeral resources
+    # and actions have no rows.
+    assert deletions({"gone.tf": text}, {}).globs == ("data.t.b.*", "module.m.*", "t.a.*")
 
 
 def test_described_in_reads_module_and_resource_names_from_parsed_globs() -> None:

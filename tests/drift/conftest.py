@@ -1,5 +1,5 @@
-"""Fixtures for the tests that need real remote objects: the fakecloud provider, built once per session
-into a filesystem mirror, and a checkout applied through a live server."""
+"""Fixtures for the tests that need real remote objects: a checkout applied through a live server, with the
+fakecloud provider (the session fixture ``fakecloud`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.fakecloud.install import Installed, install
+from bench.fakecloud.install import Installed
 from tests.fakecloud.world import CloudRepo, make_repo
-
-
-@pytest.fixture(scope="session")
-def fakecloud(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    return install(tmp_path_factory.mktemp("fakecloud-provider"))
 
 
 @pytest.fixture

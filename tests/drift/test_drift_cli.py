@@ -182,15 +182,17 @@ def test_plan_refresh_sees_drift_in_what_it_changes_and_the_apply_puts_it_back(c
     plain = cloud_repo.kl("plan", "-f", "buckets.tf")
     assert plain.returncode == 0, plain.stdout + plain.stderr
     # Without refresh no managed instance changes; the data source reading the bucket is read at plan time
-    # (as by vanilla `terraform plan -refresh=false`), so the output built from it shows the new size.
+    # (as by vanilla `terraform plan -refresh=false`), so the output built from it shows the new size, and the
+    # data source itself (it reads what the selection writes) is re-read and committed.
     plain_spec = json.loads((cloud_repo.dir / ".kilolock" / "kl-plan.igplan").read_text())
-    assert plain_spec["write_set"] == [] and plain_spec["output_changes"] == {"logs_size": "update"}
+    assert plain_spec["write_set"] == ["data.fakecloud_bucket.logs"]
+    assert plain_spec["output_changes"] == {"logs_size": "update"}
     refreshed = cloud_repo.kl("plan", "-f", "buckets.tf", "--refresh")
     assert refreshed.returncode == 0, refreshed.stdout + refreshed.stderr
     assert "fakecloud_bucket.logs changed outside Terraform: size" in refreshed.stdout
     assert str(DRIFTED_SIZE) not in refreshed.stdout
     spec = json.loads((cloud_repo.dir / ".kilolock" / "kl-plan.igplan").read_text())
-    assert spec["refresh"] is True and spec["write_set"] == ["fakecloud_bucket.logs"]
+    assert spec["refresh"] is True and spec["write_set"] == ["data.fakecloud_bucket.logs", "fakecloud_bucket.logs"]
     applied = cloud_repo.kl("apply", ".kilolock/kl-plan.igplan", "--actor", "ivan")
     # The object is put back as configured, which is what the trunk already said: no new serial.
     assert applied.returncode == 0 and "nothing changed on the trunk" in applied.stdout, applied.stdout + applied.stderr

@@ -335,7 +335,7 @@ def test_a_module_outside_the_repository_is_refused(repo):
     assert refused.returncode == 3 and "outside" in refused.stderr and "Traceback" not in refused.stderr
 
 
-def test_a_re_read_data_source_is_read_reserved_and_the_apply_commits(repo, tmp_path):
+def test_a_data_source_of_the_selection_is_written_re_read_and_committed(repo, tmp_path):
     other = tmp_path / "other.tfstate"
     other.write_text(json.dumps({"version": 4, "terraform_version": "1.11.0", "serial": 1, "lineage": "x",
                                  "outputs": {"v": {"value": "one", "type": "string"}}, "resources": []}))
@@ -343,13 +343,16 @@ def test_a_re_read_data_source_is_read_reserved_and_the_apply_commits(repo, tmp_
                f'  config = {{ path = "{other}" }}\n}}\n\n'
                'resource "terraform_data" "uses" {\n  input = data.terraform_remote_state.o.outputs.v\n}\n')
     planned = plan_apply(repo, "-f", "remote.tf")
-    assert "data.terraform_remote_state.o.*" in planned["read_globs"]
-    assert not any(g.startswith("data.") for g in planned["write_globs"])
+    assert {"data.terraform_remote_state.o", "data.terraform_remote_state.o.*"} <= set(planned["write_globs"])
     repo.edit("remote.tf", "uses", "uses2")
     assert repo.kl("plan", "-f", "remote.tf").returncode == 0
+    # What the data source reads changes between the plan and the apply: the apply commits what it read.
     other.write_text(other.read_text().replace('"one"', '"two"').replace('"serial": 1', '"serial": 2'))
     applied = repo.kl("apply", ".kilolock/kl-plan.igplan", "--actor", "alice")
     assert applied.returncode == 0, applied.stdout + applied.stderr
+    rows = {r["name"]: r["instances"][0]["attributes"] for r in requests.get(repo.url, timeout=10).json()["resources"]
+            if r["name"] in ("o", "uses2")}
+    assert rows["o"]["outputs"]["value"] == {"v": "two"} and rows["uses2"]["input"]["value"] == "two", rows
 
 
 def test_changed_from_selects_the_literal_file_readers_of_a_changed_file(repo):

@@ -152,3 +152,13 @@ def test_merge_takes_only_what_the_apply_changed_and_keeps_concurrent_commits() 
     kept = merge_outputs(head, base, result, prune=False)
     assert [o.name for o in kept] == ["added", "dropped", "mine", "theirs"]
     assert merge_outputs(head, base, base) == tuple(sorted(head, key=lambda o: o.name))
+
+
+def test_a_commit_that_does_not_prune_drops_exactly_the_removed_outputs_the_result_lacks() -> None:
+    head = [out("deleted"), out("theirs"), out("kept"), out("back")]
+    base = [out("deleted"), out("theirs"), out("kept"), out("back")]
+    result = [out("kept"), out("back")]
+    removed = frozenset({"deleted", "back", "never_there"})
+    assert changed_outputs(base, result, prune=removed) == ["deleted"]
+    merged = merge_outputs(head, base, result, prune=removed)
+    assert [o.name for o in merged] == ["back", "kept", "theirs"]

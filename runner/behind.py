@@ -44,8 +44,8 @@ class Behind:
                 + ": pull or rebase the checkout onto the trunk and plan again")
 
     def document(self) -> dict[str, Any]:
-        return {"warning": self.warning, "run_id": self.run_id, "serial": self.serial, "actor": self.actor, "git_commit": self.commit,
-                "addresses": list(self.addresses)}
+        return {"warning": self.warning, "run_id": self.run_id, "serial": self.serial, "actor": self.actor,
+                "git_commit": self.commit, "addresses": list(self.addresses)}
 
 
 def config_commit(config_dir: Path) -> str | None:

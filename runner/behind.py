@@ -70,23 +70,24 @@ def behind_runs(client: EngineClient, state: str, config_dir: Path, actions: Map
         return ()
     found: list[Behind] = []
     for run in client.list_runs(state, status="committed", limit=RECENT_RUNS):
-        commit = (run.get("info") or {}).get("git_commit")
+        info = run.get("info") or {}
+        commit = info.get("git_commit")
         serial = run.get("committed_serial")
         if not isinstance(commit, str) or not _COMMIT.fullmatch(commit) or not isinstance(serial, int):
             continue
-        hit = _covered(changed, run.get("counters") or {})
+        hit = _covered(changed, info)
         if hit and not _contains(root, commit, head):
             found.append(Behind(str(run.get("id")), serial, str(run.get("actor")), commit, hit))
     return tuple(sorted(found, key=lambda b: b.serial))
 
 
-def _covered(addresses: Sequence[str], counters: Mapping[str, Any]) -> tuple[str, ...]:
+def _covered(addresses: Sequence[str], info: Mapping[str, Any]) -> tuple[str, ...]:
     """The addresses a run's write globs cover. A glob kl cannot read, or globs the server left out of its
     answer, cover every address: warn rather than miss."""
-    globs = counters.get("write_globs")
+    globs = info.get("write_globs")
     if not isinstance(globs, list):
         return ()
-    parsed: list[Glob | None] = [None] if counters.get("write_globs_more") else []
+    parsed: list[Glob | None] = [None] if info.get("write_globs_more") else []
     for text in globs:
         try:
             parsed.append(parse_glob(text) if isinstance(text, str) else None)

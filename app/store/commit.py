@@ -99,6 +99,7 @@ UPDATE apply_runs SET status = 'committed', committed_serial = %s, finished_at =
 WHERE id = %s
 """
 _RELEASE = "DELETE FROM resource_reservations WHERE run_id = %s"
+_KEEP_GLOBS = "UPDATE apply_runs SET info = info || %s::jsonb WHERE id = %s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +381,8 @@ def _write(
             principal.tenant_id, state_id, serial, locked.lineage or parsed.lineage,
             parsed.terraform_version or locked.terraform_version or "", locked.actor,
             *resources.output_columns(outputs), serial, state_id))
-        conn.execute(_FINISH, (serial, now, json.dumps({**counters, **_written_globs(locked.reserved)}), run_id))
+        conn.execute(_FINISH, (serial, now, json.dumps(counters), run_id))
+        conn.execute(_KEEP_GLOBS, (json.dumps(_written_globs(locked.reserved)), run_id))
         conn.execute(_RELEASE, (run_id,))
         events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
                       serial=serial, holder=locked.actor, **counters, addresses=list(delta.addresses)[:200])

@@ -45,7 +45,7 @@ def test_a_checkout_behind_the_trunk_is_told_which_run_its_plan_would_undo(live_
                         timeout=30).json()["runs"]
     assert len(runs) == 1
     run = run_of(alice, runs[0]["id"])
-    assert run["info"]["git_commit"] == c2 and run["counters"]["write_globs"] == ["terraform_data.x"]
+    assert run["info"]["git_commit"] == c2 and run["info"]["write_globs"] == ["terraform_data.x"]
     serial = run["committed_serial"]
 
     # bob's clone is still at C1: its full plan turns x back to x-v1, which alice's run wrote; y it changes

@@ -28,7 +28,7 @@ from runner.cli.support import (
 )
 from runner.cli.waiting import WaitProgress
 from runner.counts import terraform_counts
-from runner.engine_client import EngineClient
+from runner.engine_client import EngineClient, EngineError
 from runner.errors import UsageError
 
 
@@ -137,7 +137,12 @@ def _behind(spec: Any, client: EngineClient, args: argparse.Namespace) -> tuple[
     """The committed runs a full plan would undo (its checkout lacks their commits), each warned of on stderr."""
     from runner.behind import behind_runs
 
-    undone = behind_runs(client, spec.state, Path(args.chdir).resolve(), spec.actions)
+    try:
+        undone = behind_runs(client, spec.state, Path(args.chdir).resolve(), spec.actions)
+    except EngineError as exc:  # e.g. a token that may plan but not list runs: the plan itself stands
+        print(f"warning: could not compare the plan with the state's recent runs: {exc}", file=sys.stderr,
+              flush=True)
+        return ()
     for run in undone:
         print(f"warning: {run.warning}", file=sys.stderr, flush=True)
     return undone

@@ -245,7 +245,7 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
         opened = client.open_run(
             spec.state, actor=options.actor, reservations=spec.reservations, wait_seconds=options.wait_seconds,
             lease_seconds=options.lease_seconds, base_serial=spec.base_serial,
-            info={"config_hash": spec.config_hash, "dry_run": options.dry_run},
+            info=run_info(spec.config_hash, options.dry_run, config_dir),
         )
     except EngineError as exc:
         if exc.code in REFUSALS:
@@ -436,3 +436,12 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
     echo(f"apply complete: {counts_line(spec.actions)}")
     echo(ctx_line)
     return ApplyOutcome(run_id, serial, tuple(c["addresses"]), rows_of(c))
+
+
+def run_info(config_hash: str, dry_run: bool, config_dir: Path) -> dict[str, Any]:
+    """What a run records about its plan: the configuration's hash, whether it is a dry run, and the git
+    commit checked out where the configuration lives (none outside git)."""
+    from runner.behind import config_commit
+
+    commit = config_commit(config_dir)
+    return {"config_hash": config_hash, "dry_run": dry_run, **({"git_commit": commit} if commit else {})}

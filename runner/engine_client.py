@@ -193,8 +193,9 @@ class EngineClient:
                                body=body)
         return body
 
-    def list_runs(self, state: str | None = None, *, status: str | None = None) -> list[dict[str, Any]]:
-        params = {k: v for k, v in {"state": state, "status": status}.items() if v}
+    def list_runs(self, state: str | None = None, *, status: str | None = None,
+                  limit: int | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {k: v for k, v in {"state": state, "status": status, "limit": limit}.items() if v}
         result: list[dict[str, Any]] = self._get("/runs", params).json()["runs"]
         return result
 

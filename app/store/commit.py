@@ -24,6 +24,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
@@ -98,6 +99,7 @@ UPDATE apply_runs SET status = 'committed', committed_serial = %s, finished_at =
 WHERE id = %s
 """
 _RELEASE = "DELETE FROM resource_reservations WHERE run_id = %s"
+_KEEP_GLOBS = "UPDATE apply_runs SET info = info || %s::jsonb WHERE id = %s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,9 +382,20 @@ def _write(
             parsed.terraform_version or locked.terraform_version or "", locked.actor,
             *resources.output_columns(outputs), serial, state_id))
         conn.execute(_FINISH, (serial, now, json.dumps(counters), run_id))
+        conn.execute(_KEEP_GLOBS, (json.dumps(_written_globs(locked.reserved)), run_id))
         conn.execute(_RELEASE, (run_id,))
         events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
                       serial=serial, holder=locked.actor, **counters, addresses=list(delta.addresses)[:200])
         conn.commit()  # in the pipeline: the writes and COMMIT are one round trip
     return CommitResult(run_id, serial, delta.created, delta.updated, len(delta.deletes), delta.addresses,
                         outputs_changed)
+
+
+_KEPT_GLOBS = 200
+
+
+def _written_globs(reserved: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """The write globs a committed run held, kept on the run (the first 200, and how many more) so a plan
+    from a checkout that lacks the run's commit can say which of its changes it would undo."""
+    write = sorted(g for g, mode in reserved if mode == "write")
+    return {"write_globs": write[:_KEPT_GLOBS], "write_globs_more": max(len(write) - _KEPT_GLOBS, 0)}

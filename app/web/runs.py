@@ -9,6 +9,7 @@ ticket at once and asks again with it (docs/reservations.md, "Waiting").
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +26,7 @@ from app.web.context import principal, services, state_name
 bp = Blueprint("runs", __name__, url_prefix="/v1/engine")
 # A commit's post-apply state holds Terraform's numbers, which may be integers beyond 64 bits.
 _STATE_KEY = frozenset({"state"})
+_GIT_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 def _body(*, exact_under: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -136,6 +138,9 @@ def open_run(name: str) -> tuple[Response, int]:
     info = doc.get("info", {})
     if not isinstance(info, dict):
         raise BadRequestError("info must be a JSON object")
+    commit = info.get("git_commit")
+    if commit is not None and not (isinstance(commit, str) and _GIT_COMMIT.fullmatch(commit)):
+        raise BadRequestError("info.git_commit must be a git commit id (40 or 64 lowercase hex digits)")
     run = runs.open_run(
         services().db, principal(), state_name(name), actor=_text(doc, "actor"), wanted=_wanted(doc),
         lease=lease_for(_number(doc, "lease_seconds")), policy=_wait(doc), base_serial=base_serial, info=info,

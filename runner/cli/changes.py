@@ -28,7 +28,7 @@ from runner.cli.support import (
 )
 from runner.cli.waiting import WaitProgress
 from runner.counts import terraform_counts
-from runner.engine_client import EngineClient
+from runner.engine_client import EngineClient, EngineError
 from runner.errors import UsageError
 
 
@@ -114,7 +114,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from runner.plan import summary
 
     with json_mode(args):
-        spec, _, selection, _ = _plan_spec(args, process_env())
+        spec, client, selection, _ = _plan_spec(args, process_env())
         try:
             out = _plan_out(args, selection is not None)
             # Parallel plans from one checkout may write the same default file: each write replaces it whole.
@@ -123,13 +123,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot write the plan file: {exc.strerror or exc} ({exc.filename}); "
                              "choose another place with --out FILE") from exc
         print(summary(spec))
+        undone = _behind(spec, client, args) if selection is None else ()
         if spec.write_set or spec.output_changes:
             print(f"\nwrote {out}: apply it with kl apply {out}")
         else:
             print(f"\nwrote {out}; the plan has no changes, so kl apply would do nothing")
     if args.json:
-        print_json(plan_document(spec, out), args.json_out)
+        print_json({**plan_document(spec, out), "behind": [b.document() for b in undone]}, args.json_out)
     return EXIT_OK
+
+
+def _behind(spec: Any, client: EngineClient, args: argparse.Namespace) -> tuple[Any, ...]:
+    """The committed runs a full plan would undo (its checkout lacks their commits), each warned of on stderr."""
+    from runner.behind import behind_runs
+
+    try:
+        undone = behind_runs(client, spec.state, Path(args.chdir).resolve(), spec.actions)
+    except EngineError as exc:  # e.g. a token that may plan but not list runs: the plan itself stands
+        print(f"warning: could not compare the plan with the state's recent runs: {exc}", file=sys.stderr,
+              flush=True)
+        return ()
+    for run in undone:
+        print(f"warning: {run.warning}", file=sys.stderr, flush=True)
+    return undone
 
 
 def _plan_out(args: argparse.Namespace, file_scoped: bool) -> Path:

@@ -297,7 +297,11 @@ def _replan(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, prepare
                    f"{missing[:10]}); nothing was applied: re-run kl plan")
         _fail(client, run_id, options.actor, message)
         raise StalePlan(message)
-    return Planned(tuple(sorted(writes)), tuple(sorted(changed_outputs(analysis))))
+    # A file-scoped workspace lacks the other files' outputs, which Terraform plans as deletes: only the deletes
+    # the plan file itself names (outputs its files declare or deleted) are changes of this apply.
+    outputs = {name for name, action in changed_outputs(analysis).items()
+               if spec.mode == "full" or action != "delete" or name in spec.output_changes}
+    return Planned(tuple(sorted(writes)), tuple(sorted(outputs)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,14 +188,19 @@ def list_tokens(db: Database, slug: str) -> list[TokenInfo]:
             return cur.execute(_TOKENS, (tenant.id,)).fetchall()
 
 
+def _token_of(conn: psycopg.Connection, tenant_id: int, slug: str, token_id: str) -> TokenInfo:
+    with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
+        info = cur.execute(_TOKEN, (tenant_id, token_id)).fetchone()
+    if info is None:
+        raise NotFoundError(f"tenant {slug!r} has no token {token_id!r}: list them with kl tokens list {slug}")
+    return info
+
+
 def revoke_token(db: Database, slug: str, token_id: str, *, actor: str) -> TokenInfo:
     """Revoke a token; it stops working on the next request. Revoking twice is harmless."""
     with db.transaction() as conn:
         tenant = _tenant(conn, slug)
-        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
-            info = cur.execute(_TOKEN, (tenant.id, token_id)).fetchone()
-        if info is None:
-            raise NotFoundError(f"tenant {slug!r} has no token {token_id!r}: list them with kl tokens list {slug}")
+        info = _token_of(conn, tenant.id, slug, token_id)
         if conn.execute(_REVOKE, (tenant.id, token_id)).rowcount:
             events.record(conn, Principal(tenant_id=tenant.id, actor=actor, scope=f"{info.workspace_id}/"
                                           f"{info.environment_id}"),
@@ -212,10 +217,7 @@ def set_token_scopes(db: Database, slug: str, token_id: str, scopes: object, *, 
     scope_texts = checked_scopes(scopes)
     with db.transaction() as conn:
         tenant = _tenant(conn, slug)
-        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
-            info = cur.execute(_TOKEN, (tenant.id, token_id)).fetchone()
-        if info is None:
-            raise NotFoundError(f"tenant {slug!r} has no token {token_id!r}: list them with kl tokens list {slug}")
+        info = _token_of(conn, tenant.id, slug, token_id)
         conn.execute(_SET_SCOPES, (scope_texts, tenant.id, token_id))
         events.record(conn, Principal(tenant_id=tenant.id, actor=actor,
                                       scope=f"{info.workspace_id}/{info.environment_id}"),

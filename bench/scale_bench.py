@@ -36,6 +36,7 @@ from bench import common
 from bench.backend_bench import Harness
 from bench.body_memory_bench import Sampler, _status, start_server, stop_server
 from bench.commit_bench import STATE, commit_cycle
+from bench.filescoped_bench import PER_FILE, state_body
 from bench.common import BenchError, log, table
 from bench.states import counted_state
 
@@ -60,6 +61,10 @@ class SizeResult:
     rss_post: int = 0
     rss_first_get: int = 0
     load: str = ""
+    wide_bytes: int = 0      # the same count of instances as one resource each (bench.filescoped_bench)
+    wide_floor: float = 0.0
+    wide_first_post: float = 0.0
+    wide_change_post: float = 0.0
 
 
 def best_of(runs: int, fn: Callable[[], object]) -> float:
@@ -115,11 +120,31 @@ def measure(database_url: str, n: int) -> SizeResult:
             doc = json.loads(first)
             if first != again or doc["serial"] != serial or len(doc["resources"][0]["instances"]) != n:
                 raise BenchError("the GETs after the commits do not agree with the commits")
+            wide_posts(session, server.url, res)
             log(f"  {n}: first POST {res.first_post:.2f}s, one-change POST {res.change_post:.2f}s, "
                 f"first GET {res.first_get:.2f}s (raw {res.raw_get:.2f}s)")
         finally:
             stop_server(server)
     return res
+
+
+def wide_posts(session: requests.Session, base: str, res: SizeResult) -> None:
+    """The two POSTs again on a state of as many resources of one instance each, the shape of
+    ``bench.filescoped_bench`` (each resource's header is read per instance)."""
+    body = state_body(max(1, res.instances // PER_FILE), seed=7)
+    doc = json.loads(body)
+    doc["serial"] = 2
+    doc["resources"][len(doc["resources"]) // 2]["instances"][0]["attributes"]["input"]["value"] = "changed"
+    changed = (json.dumps(doc, indent=2) + "\n").encode()
+    del doc
+    res.wide_bytes = len(body)
+    res.wide_floor = best_of(3, lambda: (json.loads(body), hashlib.sha256(body).digest()))
+    url = f"{base}/v1/states/scale-wide"
+    res.wide_first_post, _ = timed_request(session, "POST", url, body=body)
+    res.wide_change_post, _ = timed_request(session, "POST", url, body=changed)
+    _, got = timed_request(session, "GET", url)
+    if got != changed:
+        raise BenchError("GET of the wide state did not return the POSTed bytes")
 
 
 def s(seconds: float) -> str:
@@ -137,6 +162,12 @@ def render(command: str, machine: list[tuple[str, str]], results: Sequence[SizeR
     row("floor: json.loads + sha256 of the body (best of 3)", lambda r: s(r.floor))
     row("whole-state POST, every row new", lambda r: f"{s(r.first_post)} ({r.first_post / r.floor:.1f}x floor)")
     row("whole-state POST, one instance changed", lambda r: f"{s(r.change_post)} ({r.change_post / r.floor:.1f}x floor)")
+    row("N resources of one instance each: body", lambda r: mb(r.wide_bytes))
+    row("  floor: json.loads + sha256", lambda r: s(r.wide_floor))
+    row("  whole-state POST, every row new",
+        lambda r: f"{s(r.wide_first_post)} ({r.wide_first_post / r.wide_floor:.1f}x floor)")
+    row("  whole-state POST, one instance changed",
+        lambda r: f"{s(r.wide_change_post)} ({r.wide_change_post / r.wide_floor:.1f}x floor)")
     row("one-instance commit at the store (median of 12)", lambda r: s(statistics.median(r.commits)))
     row("raw GET (stored bytes): the GET floor", lambda r: s(r.raw_get))
     row("first GET after 12 commits (assembled from rows)",

@@ -36,8 +36,8 @@ from bench import common
 from bench.backend_bench import Harness
 from bench.body_memory_bench import Sampler, _status, start_server, stop_server
 from bench.commit_bench import STATE, commit_cycle
-from bench.filescoped_bench import PER_FILE, state_body
 from bench.common import BenchError, log, table
+from bench.filescoped_bench import PER_FILE, state_body
 from bench.states import counted_state
 
 SECTION = "## States of 50,000 to 500,000 instances"
@@ -161,7 +161,8 @@ def render(command: str, machine: list[tuple[str, str]], results: Sequence[SizeR
 
     row("floor: json.loads + sha256 of the body (best of 3)", lambda r: s(r.floor))
     row("whole-state POST, every row new", lambda r: f"{s(r.first_post)} ({r.first_post / r.floor:.1f}x floor)")
-    row("whole-state POST, one instance changed", lambda r: f"{s(r.change_post)} ({r.change_post / r.floor:.1f}x floor)")
+    row("whole-state POST, one instance changed",
+        lambda r: f"{s(r.change_post)} ({r.change_post / r.floor:.1f}x floor)")
     row("N resources of one instance each: body", lambda r: mb(r.wide_bytes))
     row("  floor: json.loads + sha256", lambda r: s(r.wide_floor))
     row("  whole-state POST, every row new",
@@ -174,8 +175,10 @@ def render(command: str, machine: list[tuple[str, str]], results: Sequence[SizeR
         lambda r: f"{s(r.first_get)} ({r.first_get / r.raw_get:.1f}x raw GET)")
     row("GET after that (cached)", lambda r: f"{s(r.cached_get)} ({r.cached_get / r.raw_get:.1f}x raw GET)")
     row("server RSS idle (worker)", lambda r: mb(r.rss_idle))
-    row("server peak RSS during the first POST", lambda r: f"{mb(r.rss_post)} ({(r.rss_post - r.rss_idle) / r.body_bytes:.1f}x body growth)")
-    row("server peak RSS during the first GET", lambda r: f"{mb(r.rss_first_get)} ({(r.rss_first_get - r.rss_idle) / r.body_bytes:.1f}x body growth)")
+    row("server peak RSS during the first POST",
+        lambda r: f"{mb(r.rss_post)} ({(r.rss_post - r.rss_idle) / r.body_bytes:.1f}x body growth)")
+    row("server peak RSS during the first GET",
+        lambda r: f"{mb(r.rss_first_get)} ({(r.rss_first_get - r.rss_idle) / r.body_bytes:.1f}x body growth)")
     row("load average before the size", lambda r: r.load)
     return "\n".join([
         SECTION, "",

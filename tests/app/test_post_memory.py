@@ -1,9 +1,9 @@
 """A large whole-state POST keeps the server's memory bounded: the server's RSS grows by a small multiple of
 the body.
 
-The server is the real app in its own process (werkzeug, threaded, as ``kl serve`` runs it), so its RSS is
+The server is the real app in its own process (werkzeug, threaded), so its RSS is
 read from ``/proc`` without the test's own allocations mixed in. Its peak is ``VmHWM`` after resetting it
-(``/proc/PID/clear_refs``), with a 5 ms sampler of ``VmRSS`` beside it in case the reset is not allowed.
+(``/proc/PID/clear_refs``), with a 5 ms sampler of ``VmRSS`` beside it (``bench.body_memory_bench.Sampler``).
 
 What the server must hold, and why the bound is 5x the body: the body itself (1x, read once), the rows parsed
 from it instance by instance (each instance's canonical JSON, its content hash and its address strings, about
@@ -20,8 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +27,7 @@ import psycopg
 import pytest
 import requests
 
+from bench.body_memory_bench import Sampler, _status
 from bench.states import counted_state
 from tests.conftest import wait_for
 
@@ -45,43 +44,6 @@ server = make_server("127.0.0.1", 0, create_app(Settings(database_url=sys.argv[1
 print(server.server_port, flush=True)
 server.serve_forever()
 """
-def _status(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"/proc/{pid}/status has no {field}")
-
-
-class _Peak:
-    """The peak RSS of ``pid`` over a block: VmHWM after a reset, and a 5 ms VmRSS sampler."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _status(self.pid, "VmRSS"))
-            time.sleep(0.005)
-
-    def __enter__(self) -> _Peak:
-        try:
-            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
-            self._hwm = True
-        except OSError:
-            self._hwm = False
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        if self._hwm:
-            self.peak = max(self.peak, _status(self.pid, "VmHWM"))
-
-
 @pytest.fixture
 def server(clean_db: str, tmp_path: Path) -> Iterator[tuple[str, int]]:
     env = {**os.environ, "KL_AUTH_MODE": "open", "KL_DATA_DIR": str(tmp_path)}
@@ -109,7 +71,7 @@ def test_large_post_grows_the_server_by_a_few_bodies(server: tuple[str, int], cl
     assert requests.post(f"{url}/v1/states/warm", data=small, timeout=60).status_code == 200
     body = counted_state(1, INSTANCES)
     before = _status(pid, "VmRSS")
-    with _Peak(pid) as peak:
+    with Sampler(pid) as peak:
         response = requests.post(f"{url}/v1/states/big", data=body, timeout=300,
                                  headers={"Content-Type": "application/json"})
     assert response.status_code == 200, response.text

@@ -2,8 +2,9 @@
 
 Owns the glob grammar (``*``, an exact instance address, a module or resource prefix followed by
 ``.*``, a resource type followed by ``.*`` (``aws_iam_role.*``, ``module.M.aws_iam_role.*``: every
-instance of every resource of that type in that module), or a root output ``output.NAME``, a name prefix ``output.PREFIX*`` or ``output.*``), its canonical text, ``matches``, ``matches_output``, ``intersects``, ``covers`` and the
-read/write conflict matrix.
+instance of every resource of that type in that module), or a root output ``output.NAME``, a name
+prefix ``output.PREFIX*`` or ``output.*``), its canonical text, ``matches``, ``matches_output``,
+``intersects``, ``covers`` and the read/write conflict matrix.
 
 Root outputs. Outputs are not instances, so output globs live in their own space: ``output.NAME`` covers
 one root output, ``output.PREFIX*`` every root output whose name starts with PREFIX (``output.payments_*``:
@@ -108,10 +109,11 @@ class Glob:
 
     ``module`` is the module path (empty for the root and for ``*``), ``resource`` is
     ``(mode, type, name)`` for resource and exact globs, and ``key`` is the instance key of an exact
-    glob; ``output`` is the name of an ``output.NAME`` glob (the prefix of an ``output.PREFIX*`` one); ``resource_type`` is ``(mode, type)``
-    for a type glob (whose ``resource`` is None). Build globs with ``parse_glob`` or the
-    ``everything``/``exact``/``module_prefix``/``resource_prefix``/``type_prefix``/``root_output``/
-    ``all_outputs`` constructors; the constructor rejects shapes that have no text form.
+    glob; ``output`` is the name of an ``output.NAME`` glob (the prefix of an ``output.PREFIX*`` one);
+    ``resource_type`` is ``(mode, type)`` for a type glob (whose ``resource`` is None). Build globs with
+    ``parse_glob`` or the ``everything``/``exact``/``module_prefix``/``resource_prefix``/``type_prefix``/
+    ``root_output``/``output_prefix``/``all_outputs`` constructors; the constructor rejects shapes that
+    have no text form.
     """
 
     kind: GlobKind

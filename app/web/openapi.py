@@ -17,7 +17,8 @@ PATH = "/v1/openapi.json"
 
 _STR = {"type": "string"}
 _INT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
-_GLOBS = {"type": "array", "items": _STR, "description": "address globs: exact, prefix.*, TYPE.*, output.NAME, output.PREFIX* or *"}
+_GLOBS = {"type": "array", "items": _STR,
+          "description": "address globs: exact, prefix.*, TYPE.*, output.NAME, output.PREFIX* or *"}
 _WANTED = {
     "type": "array",
     "items": {"type": "object", "required": ["glob", "mode"], "properties": {

@@ -16,7 +16,8 @@ The format::
     apply_on_push: false        # apply pushes to the default branch that are not merged PRs (default false)
     merge_wait: 10m             # how long a merge apply waits for reservations (default 10m)
     apply_on_comment: false     # let `kilolock apply` comments apply before merge (default false)
-    apply_requirements: [approved, mergeable]   # gate of comment applies (also: undiverged; may be [])
+    apply_requirements: [approved, mergeable]   # gate of comment applies (also: undiverged, owners_approved; [])
+    owners: {"*": "@org/platform"}   # address glob → owners (runner.bot.owners), for every project
     drift: {every: 6h, issue: true}   # scheduled drift check of the default branch (default: none)
     env: [AWS_PROFILE, AWS_REGION, "TF_VAR_*"]  # the worker's variables Terraform may see (default: none)
     hold_expiry: 7d             # pull-request holds older than this are released (default: never)
@@ -28,8 +29,9 @@ The format::
         apply_on_merge: true    # default: the top-level value
         apply_on_comment: true  # default: the top-level value
         env: [GOOGLE_APPLICATION_CREDENTIALS]   # added to the top-level list for this project
+        owners: {"module.payments.*": ["@org/payments", "@alice"]}   # after the top-level owners
 
-Comment applies read ``apply_on_comment`` and ``apply_requirements`` from the default branch's file only
+Comment applies read ``apply_on_comment``, ``apply_requirements`` and ``owners`` from the default branch's file only
 (``runner.bot.holds``), so a pull request cannot relax its own gate. Likewise ``env``, ``hold_expiry`` and
 each project's state and server: the bot takes them from the default branch's file (``runner.bot.flow``).
 """

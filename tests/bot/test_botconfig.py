@@ -174,8 +174,8 @@ def test_unknown_requirements_and_non_boolean_apply_on_comment_are_listed(repo: 
 
     assert caught.value.problems == (
         "apply_on_comment must be true or false, got 'yes please'",
-        "apply_requirements: unknown requirement(s) 'green' (known: approved, last_push_approved, mergeable, "
-        "undiverged)",
+        "apply_requirements: unknown requirement(s) 'green' (known: approved, last_push_approved, owners_approved, "
+        "mergeable, undiverged)",
         "projects[0]: apply_on_comment must be true or false, got 1",
     )
 

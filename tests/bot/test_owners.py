@@ -71,6 +71,29 @@ def test_owners_validation_names_the_line_of_each_problem(tmp_path: Path):
         ("terraform_data.db.*", (), 10)]
 
 
+def test_owners_problem_counts_only_member_writers_approving_the_head_who_are_not_the_author():
+    from runner.bot.github import Review
+    from runner.bot.requirements import owners_problem
+
+    head, old = "a" * 40, "b" * 40
+    need = (owned(rules(("*", (PLATFORM,)), ("module.db.*", (DBA, Owner("alice")))), "module.db.terraform_data.x"),)
+    members = {"carol": {DBA}, "mallory": {DBA}}
+
+    def problem(*reviews: tuple[str, str], author: str = "bob") -> str | None:
+        found = [Review(login, "APPROVED", commit, "2026-12-01T10:00:00Z") for login, commit in reviews]
+        return owners_problem(need, found, author=author, head_sha=head, writers=frozenset({"alice", "bob", "carol"}),
+                              is_member=lambda login, owner: owner in members.get(login, set()), quote=str)
+
+    assert problem(("carol", head)) is None
+    assert problem(("alice", head)) is None  # a user owner approves for the group
+    assert problem(("alice", head), author="alice") is not None  # not for their own pull request
+    assert problem(("carol", old)) is not None  # stale: before the latest push
+    assert problem(("mallory", head)) is not None  # a member without write access
+    assert problem(("bob", head)) == ("no approval of the head aaaaaaa by a member of @octo-org/dba or @alice (for "
+                                      "module.db.terraform_data.x): ask one member with write access of each to approve the "
+                                      "current head")
+
+
 # --- end to end ---------------------------------------------------------------------------------------
 
 DB_V2 = FILES["db.tf"].replace("db-v1", "db-v2")

@@ -90,8 +90,8 @@ def test_owners_problem_counts_only_member_writers_approving_the_head_who_are_no
     assert problem(("carol", old)) is not None  # stale: before the latest push
     assert problem(("mallory", head)) is not None  # a member without write access
     assert problem(("bob", head)) == ("no approval of the head aaaaaaa by a member of @octo-org/dba or @alice (for "
-                                      "module.db.terraform_data.x): ask one member with write access of each to approve the "
-                                      "current head")
+                                      "module.db.terraform_data.x): ask one member with write access of each to "
+                                      "approve the current head")
 
 
 # --- end to end ---------------------------------------------------------------------------------------

@@ -158,6 +158,8 @@ def _predicted_owners_problem(gh: GitHub, db: Database, config: BotConfig, pr: P
     owned: list[OwnedGlob] = []
     for name in names:
         project = config.project(name)
+        if project is not None and not project.owners:
+            continue
         recorded = [f for f in bot_store.open_footprints(db, gh.repo, project.state) if f.number == pr.number
                     and f.project == name and f.head_sha == pr.head_sha] if project is not None else []
         if project is None or not recorded:

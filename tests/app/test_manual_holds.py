@@ -165,6 +165,7 @@ def test_a_scoped_token_holds_only_inside_its_write_scopes(live_server_factory, 
     outside = requests.post(state, headers=auth, timeout=10, json={"globs": ["module.web.*"], "reason": "r"})
     assert (outside.status_code, outside.json()["code"]) == (403, "address_scope"), outside.text
     assert _runs(clean_db) == before
-    inside = requests.post(state, headers=auth, timeout=10, json={"globs": ["module.db.terraform_data.main"], "reason": "r"})
+    inside = requests.post(state, headers=auth, timeout=10,
+                           json={"globs": ["module.db.terraform_data.main"], "reason": "r"})
     assert inside.status_code == 201, inside.text
     assert inside.json()["hold"]["holder"] == "db-team"

@@ -56,6 +56,12 @@ def test_kl_hold_lists_conflicts_and_releases_with_an_audit_trail(live_server, t
         "actor": "bob", "reservations": [{"glob": "terraform_data.x", "mode": "read"}]})
     assert opened.status_code == 409 and f"kl release {hold['id']}" in opened.json()["error"]
 
+    # Its bounds hold: a hold is neither renewed nor widened through the run endpoints.
+    for path, extra in (("renew", {}), ("reservations", {"reservations": [{"glob": "module.web.*", "mode": "write"}]})):
+        widened = requests.post(f"{live_server.url}/v1/engine/runs/{hold['id']}/{path}", timeout=10,
+                                json={"holder": hold["held_as"], **extra})
+        assert widened.status_code == 400 and "is a manual hold" in widened.json()["error"], widened.text
+
     released = kl("release", hold["id"], "--address", live_server.url, cwd=tmp_path)
     assert released.returncode == 0 and f"released hold {hold['id']}" in released.stdout, released.stderr
     assert json.loads(kl("reservations", "--json", "--address", live_server.url, cwd=tmp_path).stdout) == []

@@ -47,6 +47,9 @@ def test_kl_hold_lists_conflicts_and_releases_with_an_audit_trail(live_server, t
     assert "expires in 1h59m" in listed or "expires in 2h" in listed
     holds = json.loads(kl("holds", "--json", "--address", live_server.url, cwd=tmp_path).stdout)
     assert [h["id"] for h in holds] == [hold["id"]]
+    metrics = requests.get(f"{live_server.url}/metrics", timeout=10).text
+    assert "\nkilolock_manual_holds 1.0\n" in metrics  # counted apart: a freeze is no stuck apply
+    assert "\nkilolock_oldest_live_run_age_seconds 0.0\n" in metrics
 
     # Another acquisition meets it: kl's refusal names holder, reason and how to release (exit 2: conflict).
     other = kl("hold", "module.db.aws_db_instance.main", "--reason", "mine", "--address", address, cwd=tmp_path)

@@ -15,6 +15,14 @@ from enum import StrEnum
 from pathlib import Path
 
 from app import envtable
+from app.domain.manualholds import (
+    DEFAULT_HOLD_SECONDS,
+    DEFAULT_MAX_HOLDS_PER_STATE,
+    DEFAULT_MAX_HOLDS_PER_TOKEN,
+    MAX_HOLD_SECONDS,
+    MIN_HOLD_SECONDS,
+    HoldPolicy,
+)
 from app.domain.repositories import parse_patterns
 from app.domain.reservations import DEFAULT_MAX_GLOBS_PER_REQUEST, DEFAULT_MAX_GLOBS_PER_RUN
 from app.domain.throttle import parse_networks
@@ -64,6 +72,12 @@ class Settings:
     wait_ticket_seconds: int = 10
     max_globs_per_request: int = DEFAULT_MAX_GLOBS_PER_REQUEST
     max_globs_per_run: int = DEFAULT_MAX_GLOBS_PER_RUN
+    # Manual holds (docs/reservations.md, "Manual holds").
+    max_holds_per_token: int = DEFAULT_MAX_HOLDS_PER_TOKEN
+    max_holds_per_state: int = DEFAULT_MAX_HOLDS_PER_STATE
+    hold_default_seconds: int = DEFAULT_HOLD_SECONDS
+    hold_max_seconds: int = MAX_HOLD_SECONDS
+    hold_until_released: tuple[str, ...] = ()
     session_secret: str | None = field(default=None, repr=False)
     log_format: str = "text"
     metrics_token: str | None = field(default=None, repr=False)
@@ -91,6 +105,12 @@ class Settings:
     retain_versions: int = 0
     retain_days: int = 0
     prune_interval_seconds: int = 3600
+
+    @property
+    def hold_policy(self) -> HoldPolicy:
+        return HoldPolicy(default_seconds=self.hold_default_seconds, max_seconds=self.hold_max_seconds,
+                          max_per_token=self.max_holds_per_token, max_per_state=self.max_holds_per_state,
+                          until_released=self.hold_until_released)
 
     @property
     def github_enabled(self) -> bool:
@@ -195,6 +215,17 @@ TABLE: tuple[Setting, ...] = (
             "most globs one request names"),
     Setting("max_globs_per_run", "KL_MAX_GLOBS_PER_RUN", whole(), DEFAULT_MAX_GLOBS_PER_RUN,
             "most globs one apply run holds"),
+    Setting("max_holds_per_token", "KL_MAX_HOLDS_PER_TOKEN", whole(), DEFAULT_MAX_HOLDS_PER_TOKEN,
+            "most live manual holds one token has"),
+    Setting("max_holds_per_state", "KL_MAX_HOLDS_PER_STATE", whole(), DEFAULT_MAX_HOLDS_PER_STATE,
+            "most live manual holds on one state"),
+    Setting("hold_default_seconds", "KL_HOLD_DEFAULT_SECONDS", whole(MIN_HOLD_SECONDS), DEFAULT_HOLD_SECONDS,
+            "how long a manual hold lasts without --until"),
+    Setting("hold_max_seconds", "KL_HOLD_MAX_SECONDS", whole(MIN_HOLD_SECONDS), MAX_HOLD_SECONDS,
+            "the longest --until a manual hold may ask for"),
+    Setting("hold_until_released", "KL_HOLD_UNTIL_RELEASED", comma_list, (),
+            "token names that may take manual holds without expiry (--until-released); * for every caller",
+            shown="unset: nobody"),
     Setting("session_secret", "KL_SESSION_SECRET", _session_secret, None, "signs the dashboard's sessions"),
     Setting("log_format", "KL_LOG_FORMAT", one_of(LOG_FORMATS), "text", "text or json log lines"),
     Setting("metrics_token", "KL_METRICS_TOKEN", text, None, "the bearer token /metrics requires"),

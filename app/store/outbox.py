@@ -69,7 +69,8 @@ def _endpoint(row: tuple[object, ...]) -> Endpoint:
 
 
 def add_endpoint(db: Database, *, name: str, url: str, fmt: str = "webhook", states: Sequence[str] = (),
-                 globs: Sequence[str] = (), tenant_id: int | None = None, secret: str | None = None) -> tuple[Endpoint, str]:
+                 globs: Sequence[str] = (), tenant_id: int | None = None,
+                 secret: str | None = None) -> tuple[Endpoint, str]:
     """Register an endpoint that receives events from now on; returns it and its signing secret (shown once)."""
     check_endpoint(url, fmt, globs)
     if not name or len(name) > 100:

@@ -137,7 +137,7 @@ def tick(db: Database, redis: Any, *, schedule: Sequence[int], timeout: int, eve
             continue
         try:
             done[endpoint.name] = deliver_endpoint(db, endpoint.id, schedule=schedule, timeout=timeout, post=post,
-                                                   keep_alive=lambda: lock.reacquire())
+                                                   keep_alive=lock.reacquire)
         except Exception:
             log.exception("event delivery to endpoint %s failed", endpoint.name)
             done[endpoint.name] = "error"

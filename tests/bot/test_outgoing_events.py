@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +23,7 @@ from app.domain.reservations import RunStatus, parse_wanted
 from app.errors import BadRequestError, ReservationConflictError
 from app.store import outbox, runs
 from app.store.db import Database
+from runner.bot.outgoing import redrive
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,6 +151,9 @@ def test_events_delivered_signed_in_order_retried_dead_lettered_and_survive_a_wo
     # Dead letters: recorded, and the stream went on past them.
     dead = outbox.deliveries(db, status="dead")
     assert all(d.endpoint == "dead" and d.attempts == 3 for d in dead)
+    receiver.fail["/dead"] = 0  # the receiver is fixed: an operator re-drives one dead letter
+    assert redrive(db, "dead", dead[-1].event_id, timeout=5)
+    assert receiver.events("/dead")[0]["id"] == f"evt_{dead[-1].event_id}"
     everything = b"".join(b for path in receiver.got.values() for _, b in path)
     assert TOKEN_NAME.encode() not in everything and secret.encode() not in everything
     assert ok.secret not in repr(ok) and "secret" not in ok.to_json()

@@ -57,6 +57,8 @@ __all__ = [
     "matches",
     "matches_output",
     "parse_glob",
+    "stored_glob",
+    "texts_conflict",
 ]
 
 # analyzer.addresses keeps its own alias private; this is the same union.
@@ -393,6 +395,22 @@ def conflicts(mode_a: str, glob_a: Glob, mode_b: str, glob_b: Glob) -> bool:
     if mode_a == READ and mode_b == READ:
         return False
     return intersects(glob_a, glob_b)
+
+
+def stored_glob(text: str) -> Glob:
+    """A glob read back from a reservation, a hold or a saved footprint. Such globs were canonical when they
+    were written; one that no longer parses (a grammar change, a damaged row) counts as ``*``, so every
+    conflict rule fails closed on it: a warning or a wait is never lost to a format change."""
+    try:
+        return parse_glob(text)
+    except GlobError:
+        return Glob.everything()
+
+
+def texts_conflict(mode_a: str, text_a: str, mode_b: str, text_b: str) -> bool:
+    """:func:`conflicts` over glob texts that were stored (see :func:`stored_glob`): the one rule by which
+    footprints, reservations and holds meet each other."""
+    return conflicts(mode_a, stored_glob(text_a), mode_b, stored_glob(text_b))
 
 
 def _type_of(glob: Glob) -> tuple[str, str] | None:

@@ -27,3 +27,7 @@ CREATE TABLE event_deliveries (
     at            timestamptz NOT NULL DEFAULT now(),
     UNIQUE (endpoint_id, event_id)
 );
+
+-- The transaction that wrote each audit row: an endpoint's cursor moves only over rows whose transaction
+-- is older than every transaction still running, so a row that commits late is never skipped.
+ALTER TABLE events ADD COLUMN txid xid8 DEFAULT pg_current_xact_id();

@@ -23,7 +23,8 @@ ON CONFLICT (name) DO NOTHING RETURNING id
 """
 _AFTER = """
 SELECT id, tenant_id, scope, state_name, kind, actor, serial, detail, created_at
-FROM events WHERE id > %s AND (%s::bigint IS NULL OR tenant_id = %s) ORDER BY id LIMIT %s
+FROM events WHERE id > %s AND (%s::bigint IS NULL OR tenant_id = %s)
+  AND (txid IS NULL OR txid < pg_snapshot_xmin(pg_current_snapshot())) ORDER BY id LIMIT %s
 """
 
 
@@ -102,7 +103,9 @@ def remove_endpoint(db: Database, name: str) -> bool:
 
 
 def pending(db: Database, endpoint: Endpoint, tenant_id: int | None, limit: int = 100) -> list[AuditRow]:
-    """The audit rows after the endpoint's cursor, oldest first."""
+    """The audit rows after the endpoint's cursor, oldest first; only those written by transactions older
+    than any still running (ids are taken before commit, so a later id can commit first: waiting for the
+    older transactions keeps the cursor from passing a row that is not visible yet)."""
     with db.transaction() as conn:
         rows = conn.execute(_AFTER, (endpoint.cursor_id, tenant_id, tenant_id, limit)).fetchall()
     return [AuditRow(int(r[0]), r[1], str(r[2]), str(r[3]), str(r[4]), str(r[5]), r[6],

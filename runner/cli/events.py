@@ -4,16 +4,23 @@ dead letters and re-driving one. Like ``kl tenants``, they talk to the database 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from runner.cli.support import EXIT_OK, Commands, print_json
 from runner.errors import UsageError
 
 
-def _db() -> Any:
+@contextmanager
+def _db() -> Iterator[Any]:
     from runner.cli.operator import _operator_db
 
-    return _operator_db()
+    db = _operator_db()
+    try:
+        yield db
+    finally:
+        db.close()
 
 
 def cmd_endpoints_add(args: argparse.Namespace) -> int:
@@ -21,8 +28,9 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
     from app.store import outbox
 
     try:
-        endpoint, secret = outbox.add_endpoint(_db(), name=args.name, url=args.url, fmt=args.format,
-                                               states=args.state or [], globs=args.glob or [])
+        with _db() as db:
+            endpoint, secret = outbox.add_endpoint(db, name=args.name, url=args.url, fmt=args.format,
+                                                   states=args.state or [], globs=args.glob or [])
     except BadRequestError as exc:
         raise UsageError(str(exc)) from exc
     if args.json:
@@ -35,7 +43,8 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
 def cmd_endpoints_list(args: argparse.Namespace) -> int:
     from app.store import outbox
 
-    found = outbox.list_endpoints(_db())
+    with _db() as db:
+        found = outbox.list_endpoints(db)
     if args.json:
         print_json([e.to_json() for e in found])
         return EXIT_OK
@@ -48,7 +57,9 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
 def cmd_endpoints_remove(args: argparse.Namespace) -> int:
     from app.store import outbox
 
-    if not outbox.remove_endpoint(_db(), args.name):
+    with _db() as db:
+        removed = outbox.remove_endpoint(db, args.name)
+    if not removed:
         raise UsageError(f"no event endpoint named {args.name!r}")
     print(f"removed endpoint {args.name}")
     return EXIT_OK
@@ -57,7 +68,8 @@ def cmd_endpoints_remove(args: argparse.Namespace) -> int:
 def cmd_deliveries(args: argparse.Namespace) -> int:
     from app.store import outbox
 
-    found = outbox.deliveries(_db(), status="dead" if args.dead else None, limit=args.limit)
+    with _db() as db:
+        found = outbox.deliveries(db, status="dead" if args.dead else None, limit=args.limit)
     if args.json:
         print_json([{"endpoint": d.endpoint, "event_id": f"evt_{d.event_id}", "status": d.status,
                      "attempts": d.attempts, "last_error": d.last_error, "at": d.at.isoformat()} for d in found])
@@ -74,7 +86,9 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     event = args.event.removeprefix("evt_")
     if not event.isdigit():
         raise UsageError(f"an event id looks like evt_123, not {args.event!r}")
-    if not redrive(_db(), args.endpoint, int(event), timeout=Settings.from_env().event_timeout_seconds):
+    with _db() as db:
+        delivered = redrive(db, args.endpoint, int(event), timeout=Settings.from_env().event_timeout_seconds)
+    if not delivered:
         raise UsageError(f"evt_{event} was not delivered to {args.endpoint!r} (no such endpoint or event, "
                          "or the endpoint refused it again)")
     print(f"delivered evt_{event} to {args.endpoint}")

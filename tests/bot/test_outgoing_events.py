@@ -186,3 +186,23 @@ def test_filters_and_endpoint_checks() -> None:
     with pytest.raises(BadRequestError):
         outgoing.check_endpoint("https://example.com/x", "webhook", ("module..x",))
     assert outgoing.backoff(1, (5, 30)) == 5 and outgoing.backoff(3, (5, 30)) is None
+
+
+def test_kl_events_commands(clean_db: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from runner.cli import main
+
+    monkeypatch.setenv("KL_DATABASE_URL", clean_db)
+    assert main(["events", "endpoints", "add", "bad", "ftp://example.com/x"]) == 3
+    assert main(["events", "endpoints", "add", "bad", "https://example.com/x", "--glob", "module.db"]) == 3
+    capsys.readouterr()
+    assert main(["events", "endpoints", "add", "chat", "https://hooks.example.com/x", "--format", "slack",
+                 "--state", "prod", "--glob", "module.db.*", "--json"]) == 0
+    secret = json.loads(capsys.readouterr().out)["secret"]
+    assert main(["events", "endpoints", "list", "--json"]) == 0
+    listed = capsys.readouterr().out
+    assert json.loads(listed)[0]["globs"] == ["module.db.*"] and secret not in listed
+    assert main(["events", "deliveries", "--dead", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["events", "redrive", "chat", "nope"]) == 3
+    assert main(["events", "endpoints", "remove", "chat"]) == 0
+    assert main(["events", "endpoints", "remove", "chat"]) == 3

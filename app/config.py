@@ -105,6 +105,10 @@ class Settings:
     retain_versions: int = 0
     retain_days: int = 0
     prune_interval_seconds: int = 3600
+    # Outgoing events (docs/events.md).
+    event_retry_seconds: tuple[int, ...] = (10, 60, 300, 1800, 7200)
+    event_poll_seconds: int = 5
+    event_timeout_seconds: int = 10
 
     @property
     def hold_policy(self) -> HoldPolicy:
@@ -190,6 +194,13 @@ def _proxies(raw: str) -> tuple[str, ...]:
     return proxies
 
 
+def _seconds_list(raw: str) -> tuple[int, ...]:
+    values = tuple(whole(0)(item) for item in comma_list(raw))
+    if not values or len(values) > 20:
+        raise ValueError("must list 1 to 20 whole numbers of seconds")
+    return values
+
+
 DATA_DIR = Setting("data_dir", "KL_DATA_DIR", envtable.path, None,
                    "where embedded servers and kl keep their data", shown="the per-user data folder")
 
@@ -254,6 +265,10 @@ TABLE: tuple[Setting, ...] = (
     Setting("max_large_bodies", "KL_MAX_LARGE_BODIES", whole(), 2, "large bodies read at once per process"),
     Setting("retain_versions", "KL_RETAIN_VERSIONS", whole(0), 0, "keep the raw bytes of the newest N versions"),
     Setting("retain_days", "KL_RETAIN_DAYS", whole(0), 0, "keep the raw bytes of versions younger than N days"),
+    Setting("event_retry_seconds", "KL_EVENT_RETRY_SECONDS", _seconds_list, (10, 60, 300, 1800, 7200),
+            "waits between an event's delivery attempts", shown="`10,60,300,1800,7200`"),
+    Setting("event_poll_seconds", "KL_EVENT_POLL_SECONDS", whole(1), 5, "how often workers look for new events"),
+    Setting("event_timeout_seconds", "KL_EVENT_TIMEOUT_SECONDS", whole(1), 10, "seconds one event delivery may take"),
     Setting("prune_interval_seconds", "KL_PRUNE_INTERVAL_SECONDS", whole(0), 3600, "how often retention runs"),
 )
 

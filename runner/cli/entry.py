@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from app.domain.reservations import format_duration
 from app.errors import BadRequestError, ConfigError, ConflictError, KlError, NotFoundError
-from runner.cli import backup, changes, completion, drift, holds, operator, reads
+from runner.cli import backup, changes, completion, drift, events, holds, operator, reads
 from runner.cli.support import (
     EXIT_CONFLICT,
     EXIT_FAILED,
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     drift.register(sub)
     operator.register_admin(sub)
     backup.register(sub)
+    events.register(sub)
     completion.register(sub)
     describe(parser)
     return parser

@@ -38,7 +38,7 @@ def test_stored_kinds_have_a_runner_and_a_deliverer_and_a_result_type():
 
     assert set(HANDLERS) <= set(RESULTS)
     assert set(JobKind) - set(HANDLERS) == {JobKind.RERUN, JobKind.RECONCILE_HOLDS, JobKind.DRIFT_TICK,
-                                            JobKind.DRIFT_CHECK}
+                                            JobKind.DRIFT_CHECK, JobKind.EVENTS_TICK}
 
 
 @pytest.mark.parametrize("body, word, name, project, problem", [

@@ -5,6 +5,7 @@ Run from the repository root:
     .venv/bin/python -m bench.apply_flat_bench                      # 50,000 and 200,000 instances
     .venv/bin/python -m bench.apply_flat_bench --sizes 5000,20000   # other sizes
     .venv/bin/python -m bench.apply_flat_bench --profile /tmp/a.prof  # cProfile of the CLI at the largest size
+    .venv/bin/python -m bench.apply_flat_bench --baseline /tmp/base  # and a checkout of earlier code, same run
 
 For each size it writes the configuration and the state of ``bench.filescoped_bench`` (``terraform_data``
 resources, 100 per file) into a scratch directory, loads the state with one POST into the real server
@@ -13,6 +14,10 @@ resources, 100 per file) into a scratch directory, loads the state with one POST
 row commit). Every apply must commit and advance the trunk by one serial; anything else aborts. Rounds
 alternate between the sizes so both see the same machine. Every request the CLI makes is timed inside the
 server (method, route, seconds), so what grows with the state shows per endpoint.
+
+With ``--baseline DIR`` (a checkout of other code, e.g. ``git archive main | tar -x -C DIR``) every round also
+runs that code's CLI against the same state (its own data directory), with the server's dependents lookup of
+that code, so before and after are measured side by side on the same machine.
 
 ``measure_apply(h, work, files, reps)`` is the reusable part: it returns an ``ApplySize`` with the wall times,
 the per-request server times and the load averages.
@@ -29,13 +34,16 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.store import graph
 from bench import common
 from bench.backend_bench import Harness
-from bench.common import BenchError, log
+from bench.common import BenchError, log, shim_target
 from bench.filescoped_bench import PER_FILE, VARIABLES_TF, file_tf, state_body
 
 VENV_BIN = Path(sys.executable).parent
@@ -90,11 +98,13 @@ class ApplySize:
 class ApplyBench:
     """One state of ``files`` x 100 instances and its configuration; ``once()`` runs one apply."""
 
-    def __init__(self, h: Harness, times: RequestTimes, work: Path, files: int) -> None:
-        self.h, self.times, self.files = h, times, files
+    def __init__(self, h: Harness, times: RequestTimes, work: Path, files: int, baseline: Path | None = None) -> None:
+        self.h, self.times, self.files, self.baseline = h, times, files, baseline
         self.name = f"bench-apply-{files * PER_FILE}"
         self.dir = work / f"config-{files * PER_FILE}"
         self.data = work / f"kl-data-{files * PER_FILE}"
+        self.base_data = work / f"kl-data-base-{files * PER_FILE}"
+        self.base = ApplySize(files, files * PER_FILE)
         self.target = files // 2
         self.res = ApplySize(files, files * PER_FILE)
         rc = work / "terraformrc"
@@ -112,7 +122,7 @@ class ApplyBench:
         for i in range(self.files):
             (self.dir / f"f{i}.tf").write_text(file_tf(i))
         body = state_body(self.files, seed=self.files)
-        self.res.state_bytes = len(body)
+        self.res.state_bytes = self.base.state_bytes = len(body)
         while not self.h.recorder.done.empty():
             self.h.recorder.done.get_nowait()
         self.res.post_seconds = self.h.request("POST", self.name, body=body).client
@@ -121,13 +131,15 @@ class ApplyBench:
             self.h.recorder.done.get_nowait()
         # The first apply warms the parse cache; it is not counted.
         self.once(record=False)
+        if self.baseline is not None:
+            self.once(record=False, baseline=True)
 
     def serial(self) -> int:
         row = self.h.side.execute("SELECT max(serial) FROM state_versions v JOIN states s ON s.id = v.state_id "
                                   "WHERE s.name = %s", (self.name,)).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
-    def once(self, *, record: bool = True, profile: Path | None = None) -> float:
+    def once(self, *, record: bool = True, profile: Path | None = None, baseline: bool = False) -> float:
         self.rounds += 1
         text = file_tf(self.target).replace(f'-f{self.target}-0"', f'-f{self.target}-0-r{self.rounds}"', 1)
         (self.dir / f"f{self.target}.tf").write_text(text)
@@ -135,11 +147,18 @@ class ApplyBench:
         argv = [str(VENV_BIN / "kl"), "apply", "-f", f"f{self.target}.tf", "--confirm-scope"]
         if profile is not None:
             argv = [sys.executable, "-m", "cProfile", "-o", str(profile), str(VENV_BIN / "kl"), *argv[1:]]
+        env = self.env
+        if baseline:
+            assert self.baseline is not None
+            argv = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(self.baseline)!r}); "
+                    "from runner.cli import main; sys.argv[0] = 'kl'; sys.exit(main())", *argv[1:]]
+            env = {**self.env, "KL_DATA_DIR": str(self.base_data)}
         mark = self.times.mark()
         load = os.getloadavg()[0]
         started = perf()
-        proc = subprocess.run(argv, cwd=self.dir, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace")
+        with baseline_server(self.baseline if baseline else None):
+            proc = subprocess.run(argv, cwd=self.dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, errors="replace")
         seconds = perf() - started
         if proc.returncode != 0:
             raise BenchError(f"kl apply -f exited {proc.returncode}:\n{proc.stdout[-3000:]}")
@@ -148,10 +167,30 @@ class ApplyBench:
         while not self.h.recorder.done.empty():
             self.h.recorder.done.get_nowait()
         if record and profile is None:
-            self.res.seconds.append(seconds)
-            self.res.load.append(load)
-            self.res.requests.append(self.times.since(mark))
+            res = self.base if baseline else self.res
+            res.seconds.append(seconds)
+            res.load.append(load)
+            res.requests.append(self.times.since(mark))
         return seconds
+
+
+@contextmanager
+def baseline_server(baseline: Path | None) -> Iterator[None]:
+    """While a baseline CLI runs, the server looks up dependents as that code did, when it did differently
+    (a plain query the planner may answer by scanning the table)."""
+    if baseline is None or "def _dependents" in (baseline / "app/store/graph.py").read_text():
+        yield
+        return
+    original = shim_target(graph, "_dependents")
+
+    def plain(conn: Any, state_id: int, names: list[str]) -> list[Any]:
+        return list(conn.execute(graph._DEPENDENTS, {"state": state_id, "names": names}).fetchall())
+
+    graph._dependents = plain  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        graph._dependents = original  # type: ignore[assignment]
 
 
 def measure_apply(h: Harness, work: Path, files: int, reps: int, *, times: RequestTimes | None = None) -> ApplySize:
@@ -192,11 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="50000,200000", help="instances per state, comma-separated")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--profile", type=Path, help="write a cProfile of one kl apply -f at the largest size here")
+    p.add_argument("--baseline", type=Path, help="a checkout of other code whose CLI runs beside this one")
     args = p.parse_args(argv)
     sizes = [int(x) // PER_FILE for x in args.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="kl-apply-bench-") as tmp, Harness(common.DEFAULT_DATABASE_URL) as h:
         times = install_request_times(h)
-        benches = [ApplyBench(h, times, Path(tmp), files) for files in sizes]
+        benches = [ApplyBench(h, times, Path(tmp), files, args.baseline) for files in sizes]
         for b in benches:
             started = perf()
             b.setup()
@@ -205,10 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             for b in benches:
                 log(f"[{b.res.instances}] round {rep + 1}: kl apply -f {b.once():.2f}s")
+                if args.baseline is not None:
+                    log(f"[{b.res.instances}] round {rep + 1}: baseline kl apply -f {b.once(baseline=True):.2f}s")
         if args.profile:
             benches[-1].once(profile=args.profile)
         print(f"\nmachine: {os.cpu_count()} cores; command: .venv/bin/python -m bench.apply_flat_bench "
               f"{' '.join(argv or sys.argv[1:])}\n")
+        if args.baseline is not None:
+            print(f"Baseline ({args.baseline}):\n")
+            print(report([b.base for b in benches]) + "\n\nThis code:\n")
         print(report([b.res for b in benches]))
     return 0
 

@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,19 +43,19 @@ from app.store import graph
 from bench import common
 from bench.backend_bench import Harness
 from bench.common import BenchError, log, shim_target
-from bench.filescoped_bench import PER_FILE, VARIABLES_TF, file_tf, state_body
+from bench.filescoped_bench import PER_FILE, VARIABLES_TF, ServerTimes, file_tf, state_body
 
 VENV_BIN = Path(sys.executable).parent
 perf = time.perf_counter
 
 
-class RequestTimes:
-    """(method, route, seconds) of every request the server answers, taken in the server thread."""
+class RequestTimes(ServerTimes):
+    """(method, route, seconds) of every request the server answers, taken in the server thread (records,
+    ``mark`` and ``since`` as ``ServerTimes``)."""
 
     def __init__(self, app: Any) -> None:
+        super().__init__()
         self.app = app
-        self.lock = threading.Lock()
-        self.records: list[tuple[str, str, float]] = []
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         started = perf()
@@ -66,15 +65,7 @@ class RequestTimes:
             route = re.sub(r"/runs/[^/]+/", "/runs/ID/",
                            re.sub(r"/states/[^/]+", "/states/NAME", environ.get("PATH_INFO", "")))
             with self.lock:
-                self.records.append((environ.get("REQUEST_METHOD", ""), route, perf() - started))
-
-    def mark(self) -> int:
-        with self.lock:
-            return len(self.records)
-
-    def since(self, mark: int) -> list[tuple[str, str, float]]:
-        with self.lock:
-            return list(self.records[mark:])
+                self.records.append((environ.get("REQUEST_METHOD", ""), route, perf() - started))  # type: ignore[arg-type]
 
 
 def install_request_times(h: Harness) -> RequestTimes:
@@ -92,7 +83,7 @@ class ApplySize:
     post_seconds: float = 0.0
     seconds: list[float] = field(default_factory=list)
     load: list[float] = field(default_factory=list)
-    requests: list[list[tuple[str, str, float]]] = field(default_factory=list)
+    requests: list[list[Any]] = field(default_factory=list)   # (method, route, seconds) per apply
 
 
 class ApplyBench:

@@ -265,11 +265,11 @@ TABLE: tuple[Setting, ...] = (
     Setting("max_large_bodies", "KL_MAX_LARGE_BODIES", whole(), 2, "large bodies read at once per process"),
     Setting("retain_versions", "KL_RETAIN_VERSIONS", whole(0), 0, "keep the raw bytes of the newest N versions"),
     Setting("retain_days", "KL_RETAIN_DAYS", whole(0), 0, "keep the raw bytes of versions younger than N days"),
+    Setting("prune_interval_seconds", "KL_PRUNE_INTERVAL_SECONDS", whole(0), 3600, "how often retention runs"),
     Setting("event_retry_seconds", "KL_EVENT_RETRY_SECONDS", _seconds_list, (10, 60, 300, 1800, 7200),
             "waits between an event's delivery attempts", shown="`10,60,300,1800,7200`"),
     Setting("event_poll_seconds", "KL_EVENT_POLL_SECONDS", whole(1), 5, "how often workers look for new events"),
     Setting("event_timeout_seconds", "KL_EVENT_TIMEOUT_SECONDS", whole(1), 10, "seconds one event delivery may take"),
-    Setting("prune_interval_seconds", "KL_PRUNE_INTERVAL_SECONDS", whole(0), 3600, "how often retention runs"),
 )
 
 # Rules over several settings, checked once the table is read: (is it missing?, the variable, what to say).

@@ -175,7 +175,8 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
         try:
             result = flow.apply_project(
                 ctx.bench, root, project, args.base, sha, actor=actor, wait_seconds=config.merge_wait,
-                before_apply=lambda scoped: _wait_for_earlier_merges(root, repo, sha, state, scoped, deadline))
+                before_apply=lambda scoped: _wait_for_earlier_merges(root, repo, sha, state, scoped, deadline),
+                origin={"repository": repo, "pull_request": number or None, "merge_commit": sha})
         except JobTimeoutException:
             ended = flow.end_live_runs(ctx.bench, root, project, actor, "the bot job timed out")
             result = ApplyResult(name, project.state, sha, "failed", run_id=ended[0] if ended else None,

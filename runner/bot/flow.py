@@ -17,10 +17,10 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from analyzer.globs import GlobError, conflicts, parse_glob
 from app.config import Settings

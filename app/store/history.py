@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from app.domain.attributes import SECRET_NAME_PATTERN
+from app.domain.durations import format_duration
 from app.domain.runkinds import RunKind, run_kind
 
 # For each key (address, deposed) a write opened at ``serial``: the attribute names that differ from the
@@ -244,3 +245,31 @@ def _writer(serial: int, at: datetime, source: str, actor: str, token: str, run_
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+LAST_CHANGES_MAX = 1000  # drifted instances a drift answer names the last change of
+
+
+def last_changes(conn: psycopg.Connection, *, state_id: int, addresses: Sequence[str]) -> dict[str, Change]:
+    """The newest recorded change of each address (its newest lifecycle's opening or closing)."""
+    found = histories(conn, state_id=state_id, addresses=list(dict.fromkeys(addresses))[:LAST_CHANGES_MAX],
+                      per_address=1)
+    newest: dict[str, Change] = {}
+    for item in found:
+        if item.changes and (item.address not in newest or item.changes[0].serial > newest[item.address].serial):
+            newest[item.address] = item.changes[0]
+    return newest
+
+
+def describe(change: Change, now: datetime) -> str:
+    """A change in words: "changed by PR #12 (acme/infra) at serial 40, 3d ago" or "created by token ci via
+    terraform at serial 3, 2h ago"."""
+    by = change.by
+    if by is None:
+        who = "an unrecorded writer"
+    elif by.pull_request is not None:
+        who = f"PR #{by.pull_request}" + (f" ({by.repository})" if by.repository else "")
+    else:
+        who = (f"token {by.token}" if by.token else by.actor or "anonymous") + f" via {by.lane}"
+    age = f", {format_duration(now - by.at)} ago" if by is not None else ""
+    return f"{change.kind} by {who} at serial {change.serial}{age}"

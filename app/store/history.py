@@ -24,9 +24,16 @@ from app.domain.runkinds import RunKind, run_kind
 # row it closed at the same serial. A name Terraform lists as sensitive (first step of a
 # sensitive_attributes path) or that looks like a secret is counted, never named.
 _CHANGED_NAMES = """
-UPDATE resources n SET (changed_attributes, sensitive_changed) = (
-    SELECT coalesce(array_agg(d.k ORDER BY d.k) FILTER (WHERE NOT d.hidden), '{}'),
-           count(*) FILTER (WHERE d.hidden)
+INSERT INTO resource_changes (resource_id, names, sensitive)
+SELECT n.id, d.names, d.hidden
+FROM unnest(%(addresses)s::text[], %(deposed)s::text[]) AS k(address, deposed)
+JOIN resources n ON n.state_id = %(state)s AND n.address = k.address AND n.deposed = k.deposed
+                AND n.delete_serial IS NULL AND n.create_serial = %(serial)s
+JOIN resources o ON o.state_id = %(state)s AND o.address = k.address AND o.deposed = k.deposed
+                AND o.delete_serial = %(serial)s
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(x.k ORDER BY x.k) FILTER (WHERE NOT x.hidden), '{}') AS names,
+           count(*) FILTER (WHERE x.hidden) AS hidden
     FROM (
         SELECT coalesce(a.key, b.key) AS k,
                coalesce(a.key, b.key) ~* %(secret)s OR coalesce(a.key, b.key) IN (
@@ -42,12 +49,8 @@ UPDATE resources n SET (changed_attributes, sensitive_changed) = (
         FULL JOIN jsonb_each(CASE jsonb_typeof(o.instance -> 'attributes') WHEN 'object'
                                   THEN o.instance -> 'attributes' ELSE '{}' END) b ON a.key = b.key
         WHERE a.value IS DISTINCT FROM b.value
-    ) d
-)
-FROM unnest(%(addresses)s::text[], %(deposed)s::text[]) AS k(address, deposed), resources o
-WHERE n.state_id = %(state)s AND n.address = k.address AND n.deposed = k.deposed AND n.delete_serial IS NULL
-  AND n.create_serial = %(serial)s
-  AND o.state_id = %(state)s AND o.address = k.address AND o.deposed = k.deposed AND o.delete_serial = %(serial)s
+    ) x
+) d
 """
 _SET_TOKEN = "UPDATE state_versions SET token_name = %s WHERE id = %s"
 
@@ -55,7 +58,7 @@ _SET_TOKEN = "UPDATE state_versions SET token_name = %s WHERE id = %s"
 def record_changed_names(
     conn: psycopg.Connection, *, state_id: int, serial: int, keys: Sequence[tuple[str, str]]
 ) -> None:
-    """Store the changed attribute names on the rows a write at ``serial`` opened for ``keys`` (address,
+    """Record the changed attribute names of the rows a write at ``serial`` opened for ``keys`` (address,
     deposed) where it closed an earlier row of the same object (pipeline-friendly: one statement)."""
     if keys:
         conn.execute(_CHANGED_NAMES, {"secret": SECRET_NAME_PATTERN, "state": state_id, "serial": serial,
@@ -90,15 +93,14 @@ GROUP BY r.address ORDER BY r.address COLLATE "C" LIMIT %(limit)s
 """
 # The newest ``per`` lifecycles of each address (one more, to know whether older ones exist).
 _LIFECYCLES = """
-SELECT x.address, x.deposed, x.status, x.create_serial, x.delete_serial, x.changed_attributes,
-       x.sensitive_changed
+SELECT x.address, x.deposed, x.status, x.create_serial, x.delete_serial, c.names, coalesce(c.sensitive, 0)
 FROM unnest(%(addresses)s::text[]) AS e(address)
 CROSS JOIN LATERAL (
-    SELECT r.address, r.deposed, r.status, r.create_serial, r.delete_serial, r.changed_attributes,
-           r.sensitive_changed
+    SELECT r.id, r.address, r.deposed, r.status, r.create_serial, r.delete_serial
     FROM resources r WHERE r.state_id = %(state)s AND r.address = e.address
     ORDER BY r.create_serial DESC LIMIT %(per)s
 ) x
+LEFT JOIN resource_changes c ON c.resource_id = x.id
 """
 # Who wrote the versions at some serials.
 _WRITERS = """

@@ -70,26 +70,27 @@ def record_token(conn: psycopg.Connection, *, version_id: int, token_name: str) 
         conn.execute(_SET_TOKEN, (token_name, version_id))
 
 
-# The addresses (destroyed ones too) at or under the lookup, after a cursor, in order; an index range
-# scan per exact address or prefix. Each is fenced with OFFSET 0 like the slice lookups.
-_ADDRESSES = """
-SELECT a FROM (
-    SELECT x.address AS a FROM unnest(%(exact)s::text[]) AS e(address)
-    CROSS JOIN LATERAL (SELECT r.address FROM resources r WHERE r.state_id = %(state)s AND r.address = e.address
-                        AND r.address ~>~ %(after)s LIMIT 1) x
+# The distinct addresses (destroyed ones too) under one prefix after a cursor, in byte order: a skip scan
+# of resources_history_prefix_ix, one index probe per address however many lifecycles each has.
+_UNDER_PREFIX = """
+WITH RECURSIVE walk(a, n) AS (
+    (SELECT r.address, 1 FROM resources r
+     WHERE r.state_id = %(state)s AND r.address ~>=~ %(prefix)s AND r.address ~<~ (%(prefix)s || chr(1114111))
+       AND r.address ~>~ %(after)s
+     ORDER BY r.address USING ~<~ LIMIT 1)
     UNION ALL
-    SELECT x.address FROM unnest(%(prefixes)s::text[]) AS p(prefix)
-    CROSS JOIN LATERAL (
+    SELECT x.address, walk.n + 1 FROM walk CROSS JOIN LATERAL (
         SELECT r.address FROM resources r
-        WHERE r.state_id = %(state)s AND r.address ~>=~ p.prefix AND r.address ~<~ (p.prefix || chr(1114111))
-          AND r.address ~>~ %(after)s
-        OFFSET 0
-    ) x
-) found GROUP BY a ORDER BY a COLLATE "C" LIMIT %(limit)s
+        WHERE r.state_id = %(state)s AND r.address ~>~ walk.a AND r.address ~<~ (%(prefix)s || chr(1114111))
+        ORDER BY r.address USING ~<~ LIMIT 1) x
+    WHERE walk.n < %(limit)s
+)
+SELECT a FROM walk
 """
-_ALL_ADDRESSES = """
-SELECT r.address FROM resources r WHERE r.state_id = %(state)s AND r.address ~>~ %(after)s
-GROUP BY r.address ORDER BY r.address COLLATE "C" LIMIT %(limit)s
+_EXACT = """
+SELECT e.address FROM unnest(%(exact)s::text[]) AS e(address)
+WHERE e.address ~>~ %(after)s
+  AND EXISTS (SELECT 1 FROM resources r WHERE r.state_id = %(state)s AND r.address = e.address)
 """
 # The newest ``per`` lifecycles of each address (one more, to know whether older ones exist).
 _LIFECYCLES = """
@@ -171,9 +172,13 @@ def addresses_under(
     after: str, limit: int,
 ) -> list[str]:
     """Up to ``limit`` distinct addresses the state ever held at or under the lookup, after ``after``."""
-    params = {"state": state_id, "exact": list(exact), "prefixes": list(prefixes), "after": after, "limit": limit}
-    rows = conn.execute(_ALL_ADDRESSES if everything else _ADDRESSES, params).fetchall()
-    return [a for (a,) in rows]
+    params: dict[str, Any] = {"state": state_id, "exact": list(exact), "after": after, "limit": limit}
+    if everything:
+        return [a for (a,) in conn.execute(_UNDER_PREFIX, {**params, "prefix": ""}).fetchall()]
+    found = {a for (a,) in conn.execute(_EXACT, params).fetchall()}
+    for prefix in prefixes:
+        found.update(a for (a,) in conn.execute(_UNDER_PREFIX, {**params, "prefix": prefix}).fetchall())
+    return sorted(found, key=lambda a: a.encode())[:limit]
 
 
 def histories(

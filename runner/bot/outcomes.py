@@ -158,8 +158,7 @@ class DriftOutcome:
     def to_json(self) -> dict[str, Any]:
         """The JSON rows were always written in: the target's fields inline, absent ones left out."""
         doc: dict[str, Any] = {"project": self.project, "sha": self.sha, "branch": self.branch,
-                               "window": self.window, "drifted": [{**d.to_json(), **({"last_change": d.last_change} if d.last_change else {})}
-                                                                      for d in self.drifted],
+                               "window": self.window, "drifted": [_drifted_json(d) for d in self.drifted],
                                "checked": self.checked, "serial": self.serial}
         if self.target is not None:
             doc.update(asdict(self.target))
@@ -221,3 +220,8 @@ def drift_from_json(doc: Mapping[str, Any]) -> DriftOutcome:
 
 def _pairs(items: Iterable[Sequence[str]]) -> tuple[tuple[str, str], ...]:
     return tuple((str(a), str(b)) for a, b in items)
+
+
+def _drifted_json(d: DriftedInstance) -> dict[str, Any]:
+    """A drifted instance as stored, with the last change the server named when there was one."""
+    return {**d.to_json(), **({"last_change": d.last_change} if d.last_change else {})}

@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analyzer.globs import GlobError, conflicts, parse_glob
+from analyzer.globs import texts_conflict
 from app import queue
 from app.config import AuthMode, Settings
 from app.domain.commands import ApplyArgs
@@ -252,19 +252,13 @@ def blocking_holds(db: Database, repo: str, number: int, state: str, write_globs
                    read_globs: Sequence[str]) -> list[tuple[PrHold, list[str]]]:
     """Other pull requests' live holds on ``state`` that a run with these globs would conflict with, and
     the globs of theirs it meets."""
-    mine = [(parse_glob(g), "write") for g in write_globs] + [(parse_glob(g), "read") for g in read_globs]
+    mine = [(g, "write") for g in write_globs] + [(g, "read") for g in read_globs]
     found: list[tuple[PrHold, list[str]]] = []
     for hold in holds_store.on_state(db, repo, state):
         if hold.number == number or not hold.live:
             continue
-        met: list[str] = []
-        for theirs in hold.write_globs:
-            try:
-                their_glob = parse_glob(theirs)
-            except GlobError:
-                continue
-            if any(conflicts(mode, glob, "write", their_glob) for glob, mode in mine):
-                met.append(theirs)
+        met = [theirs for theirs in hold.write_globs
+               if any(texts_conflict(mode, glob, "write", theirs) for glob, mode in mine)]
         if met:
             found.append((hold, met))
     return found

@@ -34,6 +34,10 @@ RESOURCES = [
                    {"index_key": "k", "deposed": "abcd1234", "status": "tainted", "attributes": {}}]},
     {"mode": "managed", "type": "terraform_data", "name": "empty", "provider": "p", "instances": []},
     {"mode": "managed", "type": "terraform_data", "name": "none", "provider": "p"},
+    # Terraform's "each" between name and provider, an aliased provider, and a field after the instances.
+    {"module": "module.x", "mode": "managed", "type": "terraform_data", "name": "e", "each": "map",
+     "provider": 'provider["registry.terraform.io/hashicorp/aws"].west', "instances": _instances(3, "v"),
+     "after": {"k": [1, None]}},
 ]
 
 
@@ -92,6 +96,10 @@ ODD_SHAPES = {
                 b'"provider":"p","instances":[]}]}',
     "twice": b'{"version":4,"serial":1,"lineage":"l","resources":[{"mode":"managed","type":"t","name":"n",'
              b'"provider":"p","instances":[{"attributes":{}},{"attributes":{}}]}]}',
+    "instances twice": b'{"version":4,"serial":1,"lineage":"l","resources":[{"mode":"managed","type":"t",'
+                       b'"name":"n","provider":"p","instances":[],"instances":[]}]}',
+    "control character in a provider": b'{"version":4,"serial":1,"lineage":"l","resources":[{"mode":"managed",'
+                                       b'"type":"t","name":"n","provider":"p\x01","instances":[]}]}',
     "resources not a list": b'{"version":4,"serial":1,"lineage":"l","resources":{}}',
     "deep": b'{"version":4,"serial":1,"lineage":"l","outputs":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
 }

@@ -119,6 +119,15 @@ class EngineClient:
         result: list[dict[str, Any]] = body["lifecycles"]
         return result
 
+    def blame(self, state: str, glob: str, *, after: str = "", limit: int = 100,
+              changes: int = 20) -> dict[str, Any]:
+        """One page of the history of the addresses under ``glob``: ``instances`` and ``next_after``."""
+        params: dict[str, Any] = {"glob": glob, "limit": limit, "changes": changes}
+        if after:
+            params["after"] = after
+        result: dict[str, Any] = self._get(self._state_path(state) + "/history", params).json()
+        return result
+
     def dependencies(self, state: str, *, serial: int | None = None) -> list[dict[str, Any]]:
         params = {"serial": serial} if serial is not None else None
         result: list[dict[str, Any]] = self._get(self._state_path(state) + "/dependencies", params).json()["edges"]

@@ -16,7 +16,7 @@ from app.domain import scopes
 from app.domain.principal import Principal
 from app.domain.reservations import Mode
 from app.errors import BadRequestError, NotFoundError, StateNotFoundError
-from app.store import assembly, resources, states
+from app.store import assembly, history, resources, states
 from app.store.db import Database
 from app.store.resources import Edge, ResourceRow
 
@@ -270,3 +270,34 @@ def _touches(glob: Glob, address: str) -> bool:
         return matches(glob, address) or intersects(glob, parse_glob(address + ".*"))
     except (GlobError, AddressError):
         return False
+
+
+BLAME_PAGE_MAX = 1000  # addresses per page
+BLAME_CHANGES_MAX = 200  # lifecycles per address
+
+
+def blame(
+    db: Database, principal: Principal, name: str, glob: str, *, after: str = "", limit: int = 100,
+    changes: int = 20,
+) -> history.Page:
+    """The history of every address the state ever held under ``glob`` (a parsed glob; an exact address is one
+    too), a page of ``limit`` addresses after ``after``, each with its newest ``changes`` lifecycles. A scoped
+    token sees only the addresses its read scopes cover."""
+    parsed = _parse_globs([glob])[0]
+    if not 1 <= limit <= BLAME_PAGE_MAX:
+        raise BadRequestError(f"limit must be 1 to {BLAME_PAGE_MAX}")
+    if not 1 <= changes <= BLAME_CHANGES_MAX:
+        raise BadRequestError(f"changes must be 1 to {BLAME_CHANGES_MAX}")
+    if parsed.is_exact:
+        scopes.check_readable(principal.scopes, name, canonical(parsed))
+    lookup = glob_lookup([parsed])
+    with db.transaction() as conn:
+        row = states.find_state(conn, principal, name)
+        # The lookup over-selects; what the structured match or the scopes drop still advances the cursor.
+        scanned = history.addresses_under(conn, state_id=row.id, exact=lookup.exact, prefixes=lookup.prefixes,
+                                          everything=lookup.everything, after=after, limit=limit)
+        wanted = [a for a in scanned if matches(parsed, a) and scopes.can_read(principal.scopes, a)]
+        found = history.histories(conn, state_id=row.id, addresses=wanted, per_address=changes)
+    if parsed.is_exact and not found:
+        raise NotFoundError(f"state {name!r} has never held {glob!r}")
+    return history.Page(found, scanned[-1] if len(scanned) == limit else None)

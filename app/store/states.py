@@ -21,7 +21,7 @@ from app.domain.principal import Principal
 from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
-from app.store import assembly, events, holds, rawwrite, resources
+from app.store import assembly, events, history, holds, rawwrite, resources
 from app.store.db import Database
 
 _ENSURE = """
@@ -216,7 +216,11 @@ def write_state(
                 conn, tenant_id=principal.tenant_id, state_id=row.id, version_id=version_id,
                 outputs=parsed.outputs,
             )
+            if delta.close_ids:
+                history.record_changed_names(conn, state_id=row.id, serial=parsed.serial,
+                                             keys=[(r.address, r.deposed) for r in delta.inserts])
             opened, closed = len(delta.inserts), len(delta.close_ids)
+        history.record_token(conn, version_id=version_id, token_name=principal.token_name)
         conn.execute(_SET_HEAD, (parsed.lineage, parsed.serial, version_id, row.id))
         detail: dict[str, object] = {"bytes": len(body), "opened": opened, "closed": closed, "source": source}
         if encrypted:

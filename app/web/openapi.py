@@ -73,7 +73,11 @@ OPERATIONS: tuple[Operation, ...] = (
     _engine_state("/resources", "get", "Resource instances alive at a serial (default: the head)",
                   Param("serial", _INT), Param("prefix", _STR), Param("instance", {"type": "string",
                                                                                    "enum": ["1", "true"]})),
-    _engine_state("/history", "get", "Every lifecycle of one instance address", Param("address", _STR, True)),
+    _engine_state("/history", "get", "Every lifecycle of one instance address (address=), or who changed each "
+                  "instance under a glob (glob=), a page at a time",
+                  Param("address", _STR), Param("glob", _STR), Param("after", _STR),
+                  Param("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                  Param("changes", {"type": "integer", "minimum": 1, "maximum": 200})),
     _engine_state("/dependencies", "get", "Recorded dependency edges at a serial", Param("serial", _INT)),
     _engine_state("/assembled", "get", "The v4 state re-assembled from rows at a serial", Param("serial", _INT)),
     _engine_state("/events", "get", "The state's audit trail, newest first",

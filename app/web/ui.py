@@ -43,7 +43,7 @@ from app.domain.principal import Principal, default_principal
 from app.domain.reservations import format_duration
 from app.domain.scopes import scope_set
 from app.errors import BadRequestError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
-from app.store import Database, dashboard, manual_holds, pr_holds, runs
+from app.store import Database, dashboard, graph, manual_holds, pr_holds, runs
 from app.store import drift as drift_store
 from app.store.secrets import SESSION_SECRET, shared_secret
 from app.web import errors, metrics, timeline
@@ -325,8 +325,23 @@ def resource(name: str) -> str:
     head = dashboard.state_head(services().db, principal(), name)
     found = dashboard.lifecycles(services().db, principal(), name, address)
     near = dashboard.neighbourhood(services().db, principal(), name, address)
+    blamed = graph.blame(services().db, principal(), name, address, limit=1, changes=graph.BLAME_CHANGES_MAX)
+    writers = {c.serial: c.by for i in blamed.instances for c in i.changes if c.by is not None}
     return render_template("ui/resource.html", head=head, address=address, lifecycles=_lifecycle_views(found),
-                           near=near, alive=any(c.delete_serial is None for c in found), nav="states")
+                           near=near, alive=any(c.delete_serial is None for c in found), writers=writers,
+                           github=github_web_url(services().settings.github_api_url), nav="states")
+
+
+@bp.get("/states/<path:name>/blame")
+def blame(name: str) -> str:
+    """Search the state's addresses (ever held) by glob: each with its newest change, a page at a time."""
+    name = state_name(name)
+    glob = request.args.get("glob", "").strip()[:500] or "*"
+    after = request.args.get("after", "")[:2048]
+    head = dashboard.state_head(services().db, principal(), name)
+    page = graph.blame(services().db, principal(), name, glob, after=after, limit=MAX_ROWS, changes=1)
+    return render_template("ui/blame.html", head=head, glob=glob, page=page,
+                           github=github_web_url(services().settings.github_api_url), nav="states")
 
 
 @bp.get("/states/<path:name>/runs")

@@ -272,7 +272,8 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
         holds_store.release(ctx.db, hold, "re-applied from a new kilolock apply comment")
     actor = f"github:{repo}#{number}@{sha[:12]}/{project.name}"
     result = flow.apply_project(ctx.bench, root, project, base, sha, actor=actor, wait_seconds=0.0,
-                                   before_apply=before_apply)
+                                   before_apply=before_apply, origin={"repository": repo, "pull_request": number,
+                                                                      "head_commit": sha})
     if result.failed:
         hint = holdtext.OWNERS_HINT if "owners" in footprint else \
             holdtext.BLOCKED_HINT if "blocked" in footprint else holdtext.FAILED_HINT

@@ -183,10 +183,14 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
                 gate(scoped)
             return _wait_for_earlier_merges(root, repo, sha, state, scoped, deadline)
 
+        # blame names the pull request's author beside its merge commit
+        author = gh.pull_request(number).author if number else None
         _audit_apply(ctx, "pr_apply_started", args, state, actor)
         try:
             result = flow.apply_project(ctx.bench, root, project, args.base, sha, actor=actor,
-                                        wait_seconds=config.merge_wait, before_apply=before_apply)
+                                        wait_seconds=config.merge_wait, before_apply=before_apply,
+                                        origin={"repository": repo, "pull_request": number or None,
+                                                "merge_commit": sha, "author": author})
             if gate is not None and result.failed and (result.error or "").startswith("owners_approved: "):
                 result = replace(result, hint="ask a member of each owner group named above to approve the pull "
                                               "request, then re-run the kilolock/apply check; nothing was reserved "

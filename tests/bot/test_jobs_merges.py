@@ -63,6 +63,8 @@ def test_a_merged_pull_request_is_applied_on_the_merge_commit_and_reported(world
     assert w.trunk()["terraform_data.db"] == "prod-app-db-v2" and w.serial() == 2
     [run] = [r for r in w.runs() if r["status"] == "committed"]
     assert run["actor"] == f"github:{REPO}#1@{merge[:12]}/infra" and run["committed_serial"] == 2
+    # The run records where the apply came from, so history names the pull request, its author and merge commit.
+    assert run["info"]["bot"] == {"repository": REPO, "pull_request": 1, "merge_commit": merge, "author": "alice"}
     [check] = w.sim.runs("kilolock/apply", sha=merge)
     assert check["history"] == [("in_progress", None), ("completed", "success")]
     assert check["output"]["title"] == "applied: infra at serial 2"

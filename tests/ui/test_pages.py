@@ -184,3 +184,16 @@ def test_manual_holds_show_with_holder_reason_and_expiry_on_the_reservations_pag
     assert row[5].endswith(" left"), row
     [reserved] = cells(html, "reservations")
     assert "manual hold" in reserved[3] and f"kl release {hold['id']}" in reserved[3]
+
+
+def test_the_resource_page_links_each_change_to_its_run_and_the_blame_search_pages_a_glob(ui, seeded):
+    history = page(ui, "/ui/states/prod/resource?address=module.a.terraform_data.x")
+    # serial 2 came from alice's committed run: its link, and the POST of serial 1 named as a terraform write
+    assert f'href="/ui/runs/{seeded.committed}">run {seeded.committed}</a>' in history
+    assert "via terraform" in history
+    found = page(ui, "/ui/states/prod/blame?glob=module.a.*")
+    rows = re.findall(r'class="resource-link" href="[^"]+">([^<]+)</a>', found)
+    assert rows == ["module.a.terraform_data.x"] and "changed: " in found and f"run {seeded.committed}" in found
+    everything = page(ui, "/ui/states/prod/blame")
+    assert "module.a.terraform_data.x" in everything and 'id="blame-next"' not in everything
+    assert page(ui, "/ui/states/prod/blame?glob=module.[", status=400)

@@ -35,7 +35,7 @@ JSON = {"Accept": "application/json"}
 def ui_pages(seeded: Seeded) -> list[str]:
     return ["/ui/", "/ui/states/prod", "/ui/states/prod?q=web", "/ui/states/prod/runs",
             "/ui/states/prod/resource?address=module.a.terraform_data.x", "/ui/runs", f"/ui/runs/{seeded.running}",
-            "/ui/reservations", "/ui/reservations?state=prod", "/ui/pulls"]
+            "/ui/reservations", "/ui/reservations?state=prod", "/ui/pulls", "/ui/states/prod/blame?glob=module.a.*"]
 
 
 def ui_actions(seeded: Seeded) -> list[str]:
@@ -45,7 +45,7 @@ def ui_actions(seeded: Seeded) -> list[str]:
 def test_every_dashboard_route_is_covered_by_the_session_checks(static_app, seeded):
     endpoints = {rule.endpoint for rule in static_app.url_map.iter_rules() if rule.endpoint.startswith("ui.")}
     covered = {"ui.states", "ui.state", "ui.state_runs", "ui.resource", "ui.all_runs", "ui.run", "ui.reservations",
-               "ui.pulls", "ui.abort", "ui.logout", "ui.login", "ui.static"}
+               "ui.pulls", "ui.abort", "ui.logout", "ui.login", "ui.static", "ui.blame"}
     assert endpoints == covered, "a new dashboard route needs a case in ui_pages/ui_actions"
 
 

@@ -197,9 +197,10 @@ def _rows_under(conn: psycopg.Connection, state_id: int, lookup: GlobLookup) -> 
     return [resources.instance_row(r) for r in unique.values()]
 
 
-def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> bytearray:
+def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[bytes]:
     """A v4 state holding the head's instances under ``globs`` (and the head's outputs), at the
-    head's serial and lineage: what a file-scoped workspace starts from."""
+    head's serial and lineage: what a file-scoped workspace starts from. The file comes as its pieces
+    (never joined: the slice of a whole state is as large as the state)."""
     parsed = _parse_globs(globs)
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
@@ -217,11 +218,8 @@ def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[s
             rows = sorted(_rows_under(conn, row.id, lookup), key=row_order)
         wanted = (i for i in rows if any(matches(g, i.address) for g in parsed)
                   and (principal.scopes is None or scopes.can_read(principal.scopes, i.address)))
-        body = bytearray()
-        for piece in stream_state(serial=version.serial, lineage=version.lineage, plain_numbers=True,
-                                  terraform_version=version.terraform_version, instances=wanted, outputs=outputs):
-            body += piece
-    return body  # not copied into bytes: the slice of a whole state is as large as the state
+        return list(stream_state(serial=version.serial, lineage=version.lineage, plain_numbers=True,
+                                 terraform_version=version.terraform_version, instances=wanted, outputs=outputs))
 
 
 def edges_touching(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[tuple[str, str]]:

@@ -70,10 +70,11 @@ def _state() -> dict[str, Any]:
          "instances": [instance(None, {"id": "1", "input": values})]},
         {"module": "module.net[\"a\"]", "mode": "managed", "type": "terraform_data", "name": "per",
          "provider": 'provider["x/y"]',
-         "instances": [instance(k, {"id": str(k), "v": v}) for k, v in zip(["b", "a", "é", "<"], _AWKWARD)]},
+         "instances": [instance(k, {"id": str(k), "v": v})
+                       for k, v in zip(["b", "a", "é", "<"], _AWKWARD[:4], strict=True)]},
         {"mode": "managed", "type": "terraform_data", "name": "count", "provider": 'provider["x/y"]',
          "instances": [instance(i, {"id": str(i), "v": v}, dependencies=["terraform_data.solo"])
-                       for i, v in zip([10, 2, 0, 1], _AWKWARD[5:])]
+                       for i, v in zip([10, 2, 0, 1], _AWKWARD[5:9], strict=True)]
                       + [instance(2, {"id": "old"}, deposed="00000001", status="tainted")]},
         {"mode": "data", "type": "terraform_data", "name": "d", "provider": 'provider["x/y"]',
          "instances": [instance(None, {"deep": {"a": [{"b": [{"c": _AWKWARD}]}]}})]},

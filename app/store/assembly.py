@@ -28,7 +28,7 @@ but not cached again: retention would otherwise undo itself.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -44,6 +44,11 @@ FROM state_versions WHERE id = %s
 FOR NO KEY UPDATE
 """
 _SOURCE = "SELECT source FROM state_versions WHERE id = %s"
+# The size of the newest earlier version that has bytes: what an assembly of this one will roughly write.
+_EXPECTED_SIZE = """
+SELECT size_bytes FROM state_versions
+WHERE state_id = %s AND serial < %s AND size_bytes IS NOT NULL ORDER BY serial DESC LIMIT 1
+"""
 _PIECES_TABLE = """
 CREATE TEMPORARY TABLE IF NOT EXISTS kl_assembly_pieces (seq integer NOT NULL, data bytea NOT NULL)
 ON COMMIT DELETE ROWS
@@ -97,15 +102,19 @@ class Found:
         self.cached = False
 
 
-def stream(db: Database, version_id: int, found: Found) -> Iterator[bytes]:
+def stream(db: Database, version_id: int, found: Found,
+           before_assembly: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """The version's bytes as pieces, in a transaction of their own that lasts as long as the iteration
     (it holds the version's row lock, so concurrent first readers wait and then read the cached bytes).
-    Yields nothing when the version no longer exists."""
+    Yields nothing when the version no longer exists. ``before_assembly`` is called with the expected size
+    only by the reader that assembles (after the row lock, the bytes still absent): the caller's admission
+    check, which readers that waited for another's assembly never meet."""
     with db.transaction() as conn:
-        yield from pieces_in(conn, version_id, found)
+        yield from pieces_in(conn, version_id, found, before_assembly)
 
 
-def pieces_in(conn: psycopg.Connection, version_id: int, found: Found) -> Iterator[bytes]:
+def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
+              before_assembly: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """The version's bytes in pieces: the stored bytes whole, or the assembly as it is written (and cached
     when the transaction commits)."""
     row = conn.execute(_LOCK_VERSION, (version_id,), binary=True).fetchone()
@@ -121,6 +130,9 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found) -> Iterat
         # head's), that serial is gone.
         raise NotFoundError(f"the bytes of encrypted serial {serial} were removed by retention; "
                             "read the head instead")
+    if before_assembly is not None:
+        expected = conn.execute(_EXPECTED_SIZE, (state_id, serial)).fetchone()
+        before_assembly(0 if expected is None else int(expected[0]))
     found.assembled = True
     outputs = resources.outputs_of(conn, version_id=version_id)
     pieces = stream_state(

@@ -138,13 +138,13 @@ def read_head(db: Database, principal: Principal, name: str) -> bytes | None:
 
 
 def head_pieces(db: Database, principal: Principal, name: str,
-                before_assembly: Callable[[], None] | None = None) -> Iterator[bytes] | None:
+                before_assembly: Callable[[int], None] | None = None) -> Iterator[bytes] | None:
     """The bytes of the head version as pieces, or None when the state has never been written (or was
     deleted meanwhile).
 
     A head written by a row-level commit has no bytes until its first read, which assembles and caches
-    them (``app.store.assembly``) as a stream, calling ``before_assembly`` first (the caller's admission
-    check); the head read here is the committed one, so a GET never sees an older serial than a commit
+    them (``app.store.assembly``) as a stream, calling ``before_assembly`` with the expected size first
+    when this reader is the one that assembles (the caller's admission check); the head read here is the committed one, so a GET never sees an older serial than a commit
     that finished before it started, and always a whole serial. The first piece is read before this
     returns, so a refusal or a database error is raised here, not halfway through the body.
     """
@@ -156,10 +156,8 @@ def head_pieces(db: Database, principal: Principal, name: str,
     version_id, raw = row
     if raw is not None:
         return iter((bytes(raw),))
-    if before_assembly is not None:
-        before_assembly()
     found = assembly.Found()
-    pieces = assembly.stream(db, version_id, found)
+    pieces = assembly.stream(db, version_id, found, before_assembly)
     first = next(pieces, None)
     if first is None:
         return None

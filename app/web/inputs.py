@@ -132,12 +132,13 @@ def read_body() -> bytes | bytearray:
     return buffer
 
 
-def large_body_slot() -> None:
-    """Take a large-body slot for work on a whole large state that is not a request body (a first GET's
-    assembly): 503 + Retry-After when all are taken, released when the request (or its streamed
-    response) ends."""
+def large_body_slot(size: int) -> None:
+    """Take a large-body slot for work on a whole state of about ``size`` bytes that is not a request body
+    (a first GET's assembly) when that is a large body: 503 + Retry-After when all are taken, released when
+    the request (or its streamed response) ends."""
     bodies: LargeBodies = current_app.extensions[LARGE_BODIES]
-    bodies.enter()
+    if size >= bodies.threshold:
+        bodies.enter()
 
 
 def json_loads(raw: str | bytes | bytearray) -> Any:

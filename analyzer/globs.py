@@ -2,12 +2,14 @@
 
 Owns the glob grammar (``*``, an exact instance address, a module or resource prefix followed by
 ``.*``, a resource type followed by ``.*`` (``aws_iam_role.*``, ``module.M.aws_iam_role.*``: every
-instance of every resource of that type in that module), or a root output ``output.NAME`` /
-``output.*``), its canonical text, ``matches``, ``matches_output``, ``intersects``, ``covers`` and the
-read/write conflict matrix.
+instance of every resource of that type in that module), or a root output ``output.NAME``, a name
+prefix ``output.PREFIX*`` or ``output.*``), its canonical text, ``matches``, ``matches_output``,
+``intersects``, ``covers`` and the read/write conflict matrix.
 
 Root outputs. Outputs are not instances, so output globs live in their own space: ``output.NAME`` covers
-one root output, ``output.*`` every root output, ``*`` covers outputs too (it is Terraform's whole-state
+one root output, ``output.PREFIX*`` every root output whose name starts with PREFIX (``output.payments_*``:
+output names are single identifiers, so a name prefix is the one partial-name wildcard; resource and
+module names have none), ``output.*`` every root output, ``*`` covers outputs too (it is Terraform's whole-state
 LOCK), and no resource, module or exact glob ever intersects an output glob. Output names are
 identifiers, so ``output.x`` is always an output: a root resource of type ``output`` cannot be named by
 an exact or resource glob (only ``*`` covers it), which is the wide side of the ambiguity.
@@ -57,6 +59,8 @@ __all__ = [
     "matches",
     "matches_output",
     "parse_glob",
+    "stored_glob",
+    "texts_conflict",
 ]
 
 # analyzer.addresses keeps its own alias private; this is the same union.
@@ -81,7 +85,8 @@ _ACCEPTED_FORMS = (
     "'module.net[\"a\"].aws_subnet.private[0]'), a module prefix ('module.web.*', 'module.net[\"a\"].*', "
     "'module.a.module.b.*'), a resource prefix ('aws_instance.web.*', 'module.x.aws_instance.web.*'), "
     "a resource type ('aws_instance.*', 'data.aws_ami.*', 'module.x.aws_instance.*') "
-    "or a root output ('output.NAME', or 'output.*' for every output)"
+    "or a root output ('output.NAME', 'output.PREFIX*' for every output whose name starts with PREFIX, "
+    "or 'output.*' for every output)"
 )
 
 
@@ -96,6 +101,7 @@ class GlobKind(StrEnum):
     TYPE = "type"  # aws_instance.*: every instance of every resource of one type in one module
     EXACT = "exact"  # one instance address
     OUTPUT = "output"  # output.NAME: one root output
+    OUTPUT_PREFIX = "output_prefix"  # output.payments_*: every root output whose name starts with a prefix
     OUTPUTS = "outputs"  # output.*: every root output
 
 
@@ -105,10 +111,11 @@ class Glob:
 
     ``module`` is the module path (empty for the root and for ``*``), ``resource`` is
     ``(mode, type, name)`` for resource and exact globs, and ``key`` is the instance key of an exact
-    glob; ``output`` is the name of an ``output.NAME`` glob; ``resource_type`` is ``(mode, type)``
-    for a type glob (whose ``resource`` is None). Build globs with ``parse_glob`` or the
-    ``everything``/``exact``/``module_prefix``/``resource_prefix``/``type_prefix``/``root_output``/
-    ``all_outputs`` constructors; the constructor rejects shapes that have no text form.
+    glob; ``output`` is the name of an ``output.NAME`` glob (the prefix of an ``output.PREFIX*`` one);
+    ``resource_type`` is ``(mode, type)`` for a type glob (whose ``resource`` is None). Build globs with
+    ``parse_glob`` or the ``everything``/``exact``/``module_prefix``/``resource_prefix``/``type_prefix``/
+    ``root_output``/``output_prefix``/``all_outputs`` constructors; the constructor rejects shapes that
+    have no text form.
     """
 
     kind: GlobKind
@@ -154,6 +161,7 @@ class Glob:
             GlobKind.TYPE: typed and not has_resource and self.key is None and not has_output,
             GlobKind.EXACT: has_resource and not has_output,
             GlobKind.OUTPUT: bare and has_output,
+            GlobKind.OUTPUT_PREFIX: bare and has_output,
             GlobKind.OUTPUTS: bare and not has_output,
         }[self.kind]
         if not shape_ok:
@@ -195,14 +203,19 @@ class Glob:
         return cls(GlobKind.OUTPUT, output=name)
 
     @classmethod
+    def output_prefix(cls, prefix: str) -> Glob:
+        """``output.PREFIX*``: every root output whose name starts with ``prefix`` (itself an identifier)."""
+        return cls(GlobKind.OUTPUT_PREFIX, output=prefix)
+
+    @classmethod
     def all_outputs(cls) -> Glob:
         """``output.*``: every root output of the state."""
         return cls(GlobKind.OUTPUTS)
 
     @property
     def is_output(self) -> bool:
-        """Whether this glob covers root outputs only (``output.NAME`` or ``output.*``)."""
-        return self.kind in (GlobKind.OUTPUT, GlobKind.OUTPUTS)
+        """Whether this glob covers root outputs only (``output.NAME``, ``output.PREFIX*`` or ``output.*``)."""
+        return self.kind in (GlobKind.OUTPUT, GlobKind.OUTPUT_PREFIX, GlobKind.OUTPUTS)
 
     @property
     def is_exact(self) -> bool:
@@ -232,6 +245,8 @@ def canonical(glob: Glob) -> str:
         return _ALL_OUTPUTS
     if glob.kind is GlobKind.OUTPUT:
         return _OUTPUT_PREFIX + str(glob.output)
+    if glob.kind is GlobKind.OUTPUT_PREFIX:
+        return _OUTPUT_PREFIX + str(glob.output) + _EVERYTHING
     module = format_module_path(glob.module)
     if glob.resource_type is not None:
         mode, type_ = glob.resource_type
@@ -314,9 +329,12 @@ def matches(glob: Glob, address: str | InstanceAddress) -> bool:
 
 
 def matches_output(glob: Glob, name: str) -> bool:
-    """Whether ``glob`` covers the root output ``name``: ``*``, ``output.*`` and ``output.NAME`` do."""
+    """Whether ``glob`` covers the root output ``name``: ``*``, ``output.*``, ``output.NAME`` and an
+    ``output.PREFIX*`` whose prefix starts the name do."""
     if glob.kind in (GlobKind.EVERYTHING, GlobKind.OUTPUTS):
         return True
+    if glob.kind is GlobKind.OUTPUT_PREFIX:
+        return name.startswith(str(glob.output))
     return glob.kind is GlobKind.OUTPUT and glob.output == name
 
 
@@ -332,7 +350,7 @@ def intersects(a: Glob, b: Glob) -> bool:
     if a.is_output or b.is_output:
         if not (a.is_output and b.is_output):
             return False  # outputs and instances never share an address
-        return a.kind is GlobKind.OUTPUTS or b.kind is GlobKind.OUTPUTS or a.output == b.output
+        return _outputs_intersect(a, b)
     if a.is_exact:
         return matches(b, a.address)
     if b.is_exact:
@@ -367,7 +385,7 @@ def covers(wide: Glob, narrow: Glob) -> bool:
     if wide.is_output or narrow.is_output:
         if not (wide.is_output and narrow.is_output):
             return False
-        return wide.kind is GlobKind.OUTPUTS or (narrow.kind is GlobKind.OUTPUT and wide.output == narrow.output)
+        return _outputs_cover(wide, narrow)
     if narrow.is_exact:
         return matches(wide, narrow.address)
     if wide.is_exact:
@@ -393,6 +411,49 @@ def conflicts(mode_a: str, glob_a: Glob, mode_b: str, glob_b: Glob) -> bool:
     if mode_a == READ and mode_b == READ:
         return False
     return intersects(glob_a, glob_b)
+
+
+def _outputs_intersect(a: Glob, b: Glob) -> bool:
+    """Two output globs share a name: ``output.*`` meets every one; a prefix meets the names it starts
+    and the prefixes it starts or that start it."""
+    if GlobKind.OUTPUTS in (a.kind, b.kind):
+        return True
+    x, y = str(a.output), str(b.output)
+    if a.kind is GlobKind.OUTPUT and b.kind is GlobKind.OUTPUT:
+        return x == y
+    if a.kind is GlobKind.OUTPUT:
+        return x.startswith(y)
+    if b.kind is GlobKind.OUTPUT:
+        return y.startswith(x)
+    return x.startswith(y) or y.startswith(x)
+
+
+def _outputs_cover(wide: Glob, narrow: Glob) -> bool:
+    """Every name of ``narrow`` is one of ``wide``: one name covers only itself, a prefix covers the names
+    and longer prefixes it starts."""
+    if wide.kind is GlobKind.OUTPUTS:
+        return True
+    if narrow.kind is GlobKind.OUTPUTS:
+        return False
+    if wide.kind is GlobKind.OUTPUT:
+        return narrow.kind is GlobKind.OUTPUT and wide.output == narrow.output
+    return str(narrow.output).startswith(str(wide.output))
+
+
+def stored_glob(text: str) -> Glob:
+    """A glob read back from a reservation, a hold or a saved footprint. Such globs were canonical when they
+    were written; one that no longer parses (a grammar change, a damaged row) counts as ``*``, so every
+    conflict rule fails closed on it: a warning or a wait is never lost to a format change."""
+    try:
+        return parse_glob(text)
+    except GlobError:
+        return Glob.everything()
+
+
+def texts_conflict(mode_a: str, text_a: str, mode_b: str, text_b: str) -> bool:
+    """:func:`conflicts` over glob texts that were stored (see :func:`stored_glob`): the one rule by which
+    footprints, reservations and holds meet each other."""
+    return conflicts(mode_a, stored_glob(text_a), mode_b, stored_glob(text_b))
 
 
 def _type_of(glob: Glob) -> tuple[str, str] | None:
@@ -455,6 +516,8 @@ def _parse_output(text: str) -> Glob:
     name = text[len(_OUTPUT_PREFIX):]
     if is_identifier(name):
         return Glob.root_output(name)
+    if name.endswith(_EVERYTHING) and is_identifier(name[:-1]):
+        return Glob.output_prefix(name[:-1])
     head = name.split(".", 1)[0].split("[", 1)[0]
     hint = (
         f"; write {_OUTPUT_PREFIX + head!r} for the whole output"
@@ -463,8 +526,8 @@ def _parse_output(text: str) -> Glob:
     )
     _reject(
         text,
-        f"an output glob is 'output.NAME' with NAME an identifier, or 'output.*': outputs are root "
-        f"values with no instance keys, attributes or partial-name wildcards{hint}",
+        f"an output glob is 'output.NAME' with NAME an identifier, 'output.PREFIX*' or 'output.*': outputs "
+        f"are root values with no instance keys or attributes, and the only wildcard is one final '*'{hint}",
     )
 
 

@@ -365,7 +365,8 @@ def _resource_header(position: int, resource: dict[str, Any], modules: dict[str,
     # "instance" comes first, so the resource part is one shared tail and each instance is hashed without
     # building (or re-serialising) a wrapper object.
     resource_fields = {"mode": mode, "module": module, "name": name, "provider": provider, "type": type_}
-    hash_tail = ("," + canonical_json(resource_fields)[1:]).encode()
+    # Every field is a string here, which is already canonical: no normal_value pass.
+    hash_tail = ("," + (_canonical if orjson is None else _canonical_accelerated)(resource_fields)[0][1:]).encode()
     return _ResourceHeader(where, resource_address(module, mode, type_, name), module, mode, type_, name,
                            provider, hash_tail)
 

@@ -36,6 +36,18 @@ _WHITESPACE = re.compile(r"[ \t\n\r]*")
 # What follows an array element: its comma (and the whitespace before the next one) or the closing bracket.
 _SEPARATOR = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 _HEADER_KEYS = ("mode", "type", "name", "provider")
+# A resource's fields up to its ``instances`` array, in the order Terraform writes them, matched in one step:
+# most resources of a large state hold one instance or a few, so reading their header key by key would cost
+# more than reading their instances. Strings that may hold escapes are decoded by json's own scanner; a
+# resource this does not match (another order, a header cut by the window's end) is read key by key.
+_WS = r"[ \t\n\r]*"
+_STRING = r'("(?:[^"\\]|\\.)*")'
+_PLAIN = r'"([A-Za-z0-9_-]*)"'
+_RESOURCE_HEAD = re.compile(
+    rf'\{{{_WS}(?:"module"{_WS}:{_WS}{_STRING}{_WS},{_WS})?"mode"{_WS}:{_WS}"(managed|data)"{_WS},{_WS}'
+    rf'"type"{_WS}:{_WS}{_PLAIN}{_WS},{_WS}"name"{_WS}:{_WS}{_PLAIN}{_WS},{_WS}'
+    rf'(?:"each"{_WS}:{_WS}{_STRING}{_WS},{_WS})?"provider"{_WS}:{_WS}{_STRING}{_WS},{_WS}"instances"{_WS}:{_WS}(?=\[)'
+)
 _STREAMED = object()
 _scanstring: Callable[[str, int, bool], tuple[Any, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
@@ -203,8 +215,13 @@ def _stream_resources(window: _Window, rows: list[st.InstanceRow], accelerated: 
     seen: set[tuple[str, str]] = set()
     floats = window.floats
     for position, _ in enumerate(window.items()):
-        resource: dict[str, Any] = {}
         floats.orjson_safe = True
+        window.peek()
+        head = _RESOURCE_HEAD.match(window.text, window.pos)
+        if head is not None:
+            _stream_resource(window, position, head, modules, rows, seen, accelerated)
+            continue
+        resource: dict[str, Any] = {}
         for key in window.members():
             if key in resource:
                 raise Unstreamable
@@ -218,6 +235,42 @@ def _stream_resources(window: _Window, rows: list[st.InstanceRow], accelerated: 
                 resource[key] = window.value()
         if resource.get("instances") is not _STREAMED:  # no instances, or read whole: the usual rules
             rows.extend(st._parse_resource(position, resource, modules, seen, _canonical_for(floats, accelerated)))
+
+
+def _string(text: str, start: int) -> str:
+    """The JSON string whose opening quote is at ``text[start]`` (the pattern matched it whole)."""
+    try:
+        return cast(str, _scanstring(text, start + 1, True)[0])
+    except ValueError as exc:  # a control character: the whole parse names it
+        raise Unstreamable from exc
+
+
+def _stream_resource(
+    window: _Window, position: int, head: re.Match[str], modules: dict[str, str], rows: list[st.InstanceRow],
+    seen: set[tuple[str, str]], accelerated: bool,
+) -> None:
+    """The resource whose header ``_RESOURCE_HEAD`` matched: its instances, then any fields after them."""
+    text = window.text
+    resource: dict[str, Any] = {"mode": head.group(2), "type": head.group(3), "name": head.group(4),
+                                "provider": _string(text, head.start(6))}
+    if head.group(1) is not None:
+        resource["module"] = _string(text, head.start(1))
+    if head.group(5) is not None:
+        resource["each"] = _string(text, head.start(5))
+    window.pos = head.end()
+    _stream_instances(window, st._resource_header(position, resource, modules), rows, seen, accelerated)
+    resource["instances"] = _STREAMED
+    char = window.peek()
+    window.pos += 1
+    while char == ",":
+        key = window.key()
+        if key in resource or key == "module":
+            raise Unstreamable  # a repeated key, or a field its rows depend on after them
+        resource[key] = window.value()
+        char = window.peek()
+        window.pos += 1
+    if char != "}":
+        raise Unstreamable
 
 
 def _stream_instances(

@@ -8,9 +8,9 @@ Run from the repository root:
 
 The real server (``app.web.create_app`` in database auth mode on a threaded werkzeug server on a loopback port,
 over a scratch database) serves one state of one counted ``terraform_data`` (POSTed once). Two tokens of the
-same environment drive it over HTTP: one without scopes and one with 200 (150 module prefixes, 40 exact
-instances, 9 resource types of other names, and ``*:read``), whose exact scopes cover the instances the
-cycles write. A cycle opens a run reserving one instance for writing (the grant, timed at the client) and
+same environment drive it over HTTP: one without scopes and one with 200 (146 module prefixes, 4 output name
+prefixes, 40 exact instances, 9 resource types of other names, and ``*:read``), whose exact scopes cover the
+instances the cycles write. A cycle opens a run reserving one instance for writing (the grant, timed at the client) and
 commits a slice changing only that instance (the commit, timed at the client). A third token, also without
 scopes, runs the same cycles as a control: the difference between the two unscoped tokens is the noise floor
 of the machine. The three take turns, in a rotating order, so the load of a busy machine falls on all alike;
@@ -50,7 +50,8 @@ SCOPED_EXACT = 40
 
 def scopes_for(count: int) -> list[str]:
     """200 scopes of the shapes a shared state's tokens carry; the exact ones cover the instances cycles write."""
-    found = [f"module.team{i}.*:write" for i in range(150)]
+    found = [f"module.team{i}.*:write" for i in range(146)]
+    found += [f"output.team{i}_*:write" for i in range(4)]
     found += [f"terraform_data.item[{k}]:write" for k in range(SCOPED_EXACT)]
     found += [f"type{i}.*:read" for i in range(9)]
     found.append("*:read")

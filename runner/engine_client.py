@@ -1,4 +1,11 @@
-"""HTTP client for the engine lane (/v1/engine). kl talks to the server only through this."""
+"""HTTP client for the engine lane (/v1/engine). kl talks to the server only through this.
+
+Reads (every GET, and the slice and edges queries, which are POSTs only to carry their glob lists) go through
+a session whose adapter retries as Terraform's own HTTP backend client does: a refused or dropped connection,
+429 and 5xx other than 501, twice, with exponential backoff and ``Retry-After`` respected. Requests that change
+something (open, acquire, commit, abort, drift records) are never re-sent blindly: a lost answer could hide a
+change that happened.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,8 @@ from typing import Any
 from urllib.parse import quote
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from runner.config import ClientConfig
 from runner.errors import EngineCode
@@ -45,6 +54,26 @@ class Waiting:
     done: bool = False  # the wait is over (granted, refused, or given up): the last call
 
 
+# Terraform's HTTP backend: retry_max 2, retry_wait_min 1 s, retry_wait_max 30 s; 5xx other than 501 and 429.
+READ_RETRY = Retry(total=2, connect=2, read=2, status=2, backoff_factor=1.0, backoff_max=30.0,
+                   status_forcelist=(429, 500, 502, 503, 504), allowed_methods=frozenset({"GET", "POST"}),
+                   respect_retry_after_header=True, raise_on_status=False)
+
+
+def _session(config: ClientConfig, retry: Retry | None) -> requests.Session:
+    session = requests.Session()
+    if retry is not None:
+        adapter = HTTPAdapter(max_retries=retry)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+    if config.token:
+        if config.username:
+            session.auth = (config.username, config.token)
+        else:
+            session.headers["Authorization"] = f"Bearer {config.token}"
+    return session
+
+
 class EngineClient:
     def __init__(self, config: ClientConfig, *, timeout: float = 60.0,
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -54,12 +83,8 @@ class EngineClient:
         self.on_wait: Callable[[Waiting], None] | None = None
         self._sleep = sleep
         self._monotonic = monotonic
-        self._session = requests.Session()
-        if config.token:
-            if config.username:
-                self._session.auth = (config.username, config.token)
-            else:
-                self._session.headers["Authorization"] = f"Bearer {config.token}"
+        self._session = _session(config, None)  # changes: sent once
+        self._reads = _session(config, READ_RETRY)  # reads: retried like Terraform's backend client
 
     def _url(self, path: str) -> str:
         return self.config.base_url.rstrip("/") + "/v1/engine" + path
@@ -69,7 +94,7 @@ class EngineClient:
 
     def _get(self, path: str, params: dict[str, Any] | None = None) -> requests.Response:
         try:
-            response = self._session.get(self._url(path), params=params, timeout=self.timeout)
+            response = self._reads.get(self._url(path), params=params, timeout=self.timeout)
         except requests.ConnectionError as exc:
             raise self._unreachable() from exc
         if response.status_code >= 400:
@@ -105,13 +130,15 @@ class EngineClient:
 
     # --- runs and reservations ------------------------------------------------------------------
 
-    def _post(self, path: str, body: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        return self._post_status(path, body, timeout=timeout)[0]
+    def _post(self, path: str, body: dict[str, Any], *, timeout: float | None = None, read: bool = False,
+              ) -> dict[str, Any]:
+        return self._post_status(path, body, timeout=timeout, read=read)[0]
 
-    def _post_status(self, path: str, body: dict[str, Any], *, timeout: float | None = None,
+    def _post_status(self, path: str, body: dict[str, Any], *, timeout: float | None = None, read: bool = False,
                      ) -> tuple[dict[str, Any], int]:
+        session = self._reads if read else self._session
         try:
-            response = self._session.post(self._url(path), json=body, timeout=timeout or self.timeout)
+            response = session.post(self._url(path), json=body, timeout=timeout or self.timeout)
         except requests.ConnectionError as exc:
             raise self._unreachable() from exc
         return self._decode(response), response.status_code
@@ -247,8 +274,8 @@ class EngineClient:
     def slice(self, state: str, globs: list[str]) -> bytes:
         """The head's instances under ``globs`` as a v4 state (404 when the state has no versions)."""
         try:
-            response = self._session.post(self._url(self._state_path(state) + "/slice"), json={"globs": globs},
-                                          timeout=self.timeout)
+            response = self._reads.post(self._url(self._state_path(state) + "/slice"), json={"globs": globs},
+                                        timeout=self.timeout)
         except requests.ConnectionError as exc:
             raise self._unreachable() from exc
         if response.status_code >= 400:
@@ -256,7 +283,7 @@ class EngineClient:
         return response.content
 
     def edges(self, state: str, globs: list[str]) -> list[tuple[str, str]]:
-        body = self._post(self._state_path(state) + "/edges", {"globs": globs})
+        body = self._post(self._state_path(state) + "/edges", {"globs": globs}, read=True)
         return [(e["address"], e["depends_on"]) for e in body["edges"]]
 
     def drift(self, state: str) -> dict[str, Any]:

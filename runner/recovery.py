@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from analyzer.globs import GlobKind, canonical, parse_glob
+from analyzer.globs import canonical, matches_output, parse_glob
 from analyzer.state import InstanceRow, ParsedState, parse_state
 from analyzer.state_assembly import assemble_state
 from app import atomic
@@ -202,14 +202,19 @@ def _inside_only(client: EngineClient, meta: Mapping[str, Any], state: dict[str,
     if not isinstance(after, ParsedState) or not isinstance(before, ParsedState):
         raise Failed("the kept state or the trunk cannot be read row by row; nothing was committed")
     globs = [parse_glob(text) for text in outside]
-    names = {g.output for g in globs if g.kind == GlobKind.OUTPUT}
+    named = [g for g in globs if g.is_output]
     addresses = {canonical(g) for g in globs if not g.is_output}
 
     def is_outside(row: InstanceRow) -> bool:
         return row.address in addresses
 
     instances = [r for r in after.instances if not is_outside(r)] + [r for r in before.instances if is_outside(r)]
-    outputs = [o for o in after.outputs if o.name not in names] + [o for o in before.outputs if o.name in names]
+
+    def outside_output(name: str) -> bool:
+        return any(matches_output(g, name) for g in named)
+
+    outputs = ([o for o in after.outputs if not outside_output(o.name)]
+               + [o for o in before.outputs if outside_output(o.name)])
     doc: dict[str, Any] = json.loads(assemble_state(serial=after.serial, lineage=after.lineage,
                                                     terraform_version=after.terraform_version, instances=instances,
                                                     outputs=sorted(outputs, key=lambda o: o.name)))

@@ -40,6 +40,8 @@ REQUIRE = os.environ.get("KL_TEST_REQUIRE_SERVICES") == "1"
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite golden files under tests/fixtures from the current output; review the diff")
+    parser.addoption("--fast", action="store_true", default=False,
+                     help="the inner loop (./dev test --fast): a test that asks for a database fails")
 
 
 def _server_url(tmp_factory: pytest.TempPathFactory) -> tuple[str, Path | None]:
@@ -62,8 +64,10 @@ def _with_dbname(url: str, dbname: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A fresh database for this test session, migrated to the latest schema."""
+    if request.config.getoption("--fast"):
+        pytest.fail("a --fast test asked for the database: move it out of the pure test folders")
     server, embedded_dir = _server_url(tmp_path_factory)
     name = f"kl_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(server, autocommit=True) as conn:

@@ -5,7 +5,9 @@ the resource ``(mode, type, name)``, then an exact glob's instance key; type glo
 their module's node under ``(mode, type)``. A query walks only the branches
 whose names agree with its own steps, so its cost follows the globs it actually meets, not everything
 held: 1,000 requested against 2,000 held globs costs about 1,000 short walks, never 2,000,000 pairwise
-``intersects`` calls. Root outputs sit in their own dictionary and ``*`` in its own list.
+``intersects`` calls. Root outputs sit in their own dictionary by name, output name prefixes
+(``output.payments_*``) in one by prefix (a name query looks up each of its own prefixes), and ``*`` in
+its own list.
 
 The answers are exactly ``analyzer.globs.intersects`` (the tests check the index against it by brute
 force); keyless module steps of prefix globs are wildcards, an exact glob's keyless step means "no key".
@@ -77,6 +79,7 @@ class GlobIndex(Generic[T]):
         self._everything: list[tuple[Glob, T]] = []
         self._all_outputs: list[tuple[Glob, T]] = []
         self._outputs: dict[str, list[tuple[Glob, T]]] = {}
+        self._output_prefixes: dict[str, list[tuple[Glob, T]]] = {}
         self._root: _ModuleNode[T] = _ModuleNode()
         self._size = 0
         for glob, payload in entries:
@@ -96,6 +99,9 @@ class GlobIndex(Generic[T]):
             return
         if glob.kind is GlobKind.OUTPUT:
             self._outputs.setdefault(str(glob.output), []).append(entry)
+            return
+        if glob.kind is GlobKind.OUTPUT_PREFIX:
+            self._output_prefixes.setdefault(str(glob.output), []).append(entry)
             return
         node = self._root
         wildcard = glob.kind is not GlobKind.EXACT
@@ -131,22 +137,39 @@ class GlobIndex(Generic[T]):
         """Every entry whose glob intersects ``glob``."""
         if glob.kind is GlobKind.EVERYTHING:
             yield from self._everything
-            yield from self._all_outputs
-            for items in self._outputs.values():
-                yield from items
+            yield from self._every_output()
             yield from self._root.all()
             return
         yield from self._everything
         if glob.kind is GlobKind.OUTPUTS:
-            yield from self._all_outputs
-            for items in self._outputs.values():
-                yield from items
+            yield from self._every_output()
             return
         if glob.kind is GlobKind.OUTPUT:
+            name = str(glob.output)
             yield from self._all_outputs
-            yield from self._outputs.get(str(glob.output), ())
+            yield from self._outputs.get(name, ())
+            if self._output_prefixes:
+                for end in range(1, len(name) + 1):
+                    yield from self._output_prefixes.get(name[:end], ())
+            return
+        if glob.kind is GlobKind.OUTPUT_PREFIX:
+            prefix = str(glob.output)
+            yield from self._all_outputs
+            for name, items in self._outputs.items():
+                if name.startswith(prefix):
+                    yield from items
+            for held, items in self._output_prefixes.items():
+                if held.startswith(prefix) or prefix.startswith(held):
+                    yield from items
             return
         yield from self._walk(self._root, glob, 0)
+
+    def _every_output(self) -> Iterator[tuple[Glob, T]]:
+        yield from self._all_outputs
+        for items in self._outputs.values():
+            yield from items
+        for items in self._output_prefixes.values():
+            yield from items
 
     def any_meeting(self, glob: Glob) -> bool:
         return next(self.meeting(glob), None) is not None

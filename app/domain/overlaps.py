@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from analyzer.globs import READ, WRITE, Glob, GlobError, conflicts, parse_glob
+from analyzer.globs import READ, WRITE, Glob, conflicts, stored_glob
 
 
 class PredictedFootprint(Protocol):
@@ -30,16 +30,7 @@ class PredictedFootprint(Protocol):
 
 
 def _parsed(texts: Iterable[str], mode: str) -> list[tuple[str, str, Glob]]:
-    found = []
-    for text in texts:
-        try:
-            glob = parse_glob(text)
-        except GlobError:
-            # Stored globs come from the analyzer and are canonical; one that no longer parses is
-            # treated as the whole state, so a warning is never lost to a format change.
-            glob = Glob.everything()
-        found.append((text, mode, glob))
-    return found
+    return [(text, mode, stored_glob(text)) for text in texts]
 
 
 def shared_globs(mine: PredictedFootprint, theirs: PredictedFootprint) -> list[str]:

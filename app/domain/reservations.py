@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 
-from analyzer.globs import Glob, GlobError, canonical, parse_glob
+from analyzer.globs import Glob, GlobError, canonical, parse_glob, stored_glob
 from app.domain.durations import format_duration as format_duration  # re-exported: its old home
 from app.domain.globindex import GlobIndex
 from app.domain.locking import LockInfo, lock_holder, rfc3339
@@ -148,8 +148,9 @@ def glob_root(glob_text: str) -> str:
 
 @lru_cache(maxsize=65536)
 def _parsed(text: str) -> Glob:
-    """Held globs recur on every acquire of a busy state; parsing them once is enough."""
-    return parse_glob(text)
+    """Held globs recur on every acquire of a busy state; parsing them once is enough. One that no longer
+    parses blocks everything (``stored_glob``)."""
+    return stored_glob(text)
 
 
 def find_conflicts(

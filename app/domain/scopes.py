@@ -30,11 +30,17 @@ __all__ = [
     "AddressScope",
     "ScopeError",
     "ScopeSet",
+    "can_read",
+    "can_read_output",
+    "can_read_resource",
+    "can_see_reservation",
+    "check_readable",
     "check_requested",
     "check_whole_state",
     "check_written",
     "parse_scope",
     "parse_scopes",
+    "readable_event",
     "scope_set",
 ]
 
@@ -277,6 +283,17 @@ def can_read_resource(scopes: ScopeSet | None, resource_address: str) -> bool:
         return scopes.touches(parse_glob(resource_address + ".*"))
     except GlobError:
         return scopes.allows_address(resource_address, Mode.READ)
+
+
+def can_see_reservation(scopes: ScopeSet | None, glob_text: str) -> bool:
+    """Whether a reservation (or a Terraform lock's ``*``) is shown to the token: its glob meets a read
+    scope, so it is what may block the token's own requests; False for text that does not parse."""
+    if scopes is None:
+        return True
+    try:
+        return scopes.touches(parse_glob(glob_text))
+    except GlobError:
+        return False
 
 
 def check_readable(scopes: ScopeSet | None, state: str, address: str) -> None:

@@ -400,7 +400,15 @@ WHERE r.run_id = %s AND r.tenant_id = %s AND s.scope = %s ORDER BY r.id
 
 def run_reservations(db: Database, principal: Principal, run_id: str) -> list[ReservationView]:
     with db.transaction() as conn, conn.cursor(row_factory=class_row(ReservationView)) as cur:
-        return cur.execute(_RUN_RESERVATION_VIEWS, (run_id, principal.tenant_id, principal.scope)).fetchall()
+        found = cur.execute(_RUN_RESERVATION_VIEWS, (run_id, principal.tenant_id, principal.scope)).fetchall()
+    return _visible(principal, found)
+
+
+def _visible(principal: Principal, found: list[ReservationView]) -> list[ReservationView]:
+    """A scoped token sees the reservations whose globs meet its read scopes: the ones that can block it."""
+    if principal.scopes is None:
+        return found
+    return [r for r in found if scopes.can_see_reservation(principal.scopes, r.glob)]
 
 
 def list_reservations(
@@ -417,4 +425,4 @@ def list_reservations(
         held = terraform_lock_hold(stored_lock("", bytes(info or b"{}")), locked_at)
         found.append(ReservationView(state=name, glob=held.glob, mode=held.mode.value, holder=held.holder,
                                      run_id=None, acquired_at=held.acquired_at, expires_at=held.expires_at))
-    return sorted(found, key=lambda r: (r.state, r.acquired_at))
+    return sorted(_visible(principal, found), key=lambda r: (r.state, r.acquired_at))

@@ -17,14 +17,16 @@ PATH = "/v1/openapi.json"
 
 _STR = {"type": "string"}
 _INT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
-_GLOBS = {"type": "array", "items": _STR, "description": "address globs: exact, prefix.*, output.NAME or *"}
+_GLOBS = {"type": "array", "items": _STR,
+          "description": "address globs: exact, prefix.*, TYPE.*, output.NAME, output.PREFIX* or *"}
 _WANTED = {
     "type": "array",
     "items": {"type": "object", "required": ["glob", "mode"], "properties": {
         "glob": _STR, "mode": {"type": "string", "enum": ["read", "write"]}}},
 }
 _HOLDER = {"holder": {**_STR, "description": "the run's holder name, as opened"}}
-_SCOPES = {"type": "array", "maxItems": 1000, "items": {**_STR, "description": "GLOB:read or GLOB:write"},
+_SCOPES = {"type": "array", "maxItems": 1000, "items": {**_STR, "description": "GLOB:read or GLOB:write, e.g. "
+                                                               "module.payments.*:write, output.payments_*:write"},
            "description": "address scopes (write implies read); none: the whole state"}
 
 

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from analyzer.globs import GlobError, conflicts, parse_glob
+from analyzer.globs import texts_conflict
 from app.config import Settings
 from app.domain.redaction import Redactor
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
@@ -234,12 +234,8 @@ def live_conflicts(write_globs: Sequence[str], read_globs: Sequence[str],
     found: list[LiveConflict] = []
     for row in held:
         theirs, their_mode = str(row["glob"]), str(row["mode"])
-        try:
-            their_glob = parse_glob(theirs)
-        except GlobError:
-            continue
         for glob, mode in mine:
-            if conflicts(mode, parse_glob(glob), their_mode, their_glob):
+            if texts_conflict(mode, glob, their_mode, theirs):
                 run_id = row.get("run_id")
                 found.append(LiveConflict(glob, mode, theirs, their_mode, str(row.get("holder") or "unknown"),
                                           str(run_id) if run_id else None))

@@ -72,6 +72,9 @@ Resource = tuple[str, str, str]
         ("output.o1", GlobKind.OUTPUT),
         ("output.db_password", GlobKind.OUTPUT),
         ("output.*", GlobKind.OUTPUTS),
+        ("output.payments_*", GlobKind.OUTPUT_PREFIX),
+        ("output.o*", GlobKind.OUTPUT_PREFIX),
+        ("output._*", GlobKind.OUTPUT_PREFIX),
         ("module.x.output.y", GlobKind.EXACT),  # a resource of type "output" inside a module
     ],
 )
@@ -130,13 +133,19 @@ def test_parse_glob_keeps_a_doubled_dollar_as_a_literal_dollar_brace_and_refuses
         (" aws_vpc.main", "expected a module step or a resource type"),
         ("aws_vpc.main ", "expected the end of the address"),
         ('module.m["a].*', "never closed"),
-        ("output.", "an output glob is 'output.NAME' with NAME an identifier, or 'output.*'"),
+        ("output.", "an output glob is 'output.NAME' with NAME an identifier, 'output.PREFIX*' or 'output.*'"),
         ("output.o1[0]", "write 'output.o1' for the whole output"),
         ('output.o1["a"]', "write 'output.o1' for the whole output"),
         ("output.o1.value", "write 'output.o1' for the whole output"),
         ("output.o1.*", "write 'output.o1' for the whole output"),
-        ("output.o*", "no instance keys, attributes or partial-name wildcards"),
+        ("output.*o", "the only wildcard is one final '*'"),
+        ("output.o**", "the only wildcard is one final '*'"),
+        ("output.o*x", "the only wildcard is one final '*'"),
+        ("output.9*", "the only wildcard is one final '*'"),
         ("output.*.*", "an output glob is 'output.NAME'"),
+        ("aws_instance.web_*", "there are no partial names"),
+        ("module.pay*.*", "there are no partial names"),
+        ("aws_*.*", "there are no partial names"),
         ("output.9x", "an output glob is 'output.NAME'"),
         ("output.a b", "an output glob is 'output.NAME'"),
     ],
@@ -198,6 +207,11 @@ def test_output_globs_are_outputs_and_name_no_address() -> None:
         ("module.output.*", "o1", False),
         ("output.a", "output.a", False),
         ("aws_vpc.main", "main", False),
+        ("output.payments_*", "payments_url", True),
+        ("output.payments_*", "payments_", True),
+        ("output.payments_*", "payments", False),
+        ("output.payments_*", "Payments_url", False),
+        ("output.payments_*", "search_payments_url", False),
     ],
 )
 def test_matches_output_covers_root_outputs_by_name(glob: str, name: str, expected: bool) -> None:
@@ -206,7 +220,7 @@ def test_matches_output_covers_root_outputs_by_name(glob: str, name: str, expect
 
 @pytest.mark.parametrize("address", ["output.o1", "aws_vpc.main", "module.output.output.o1", "data.output.o1"])
 def test_output_globs_match_no_instance_address(address: str) -> None:
-    for glob in ("output.o1", "output.*"):
+    for glob in ("output.o1", "output.o*", "output.*"):
         assert not matches(parse_glob(glob), address)
 
 
@@ -402,6 +416,14 @@ def test_conflicts_is_false_for_disjoint_globs_whatever_the_modes(mode_a: str, m
         ("write", "*", "read", "output.o1", True),
         ("write", "output.*", "write", "module.web.*", False),
         ("write", "output.*", "write", "terraform_data.a", False),
+        ("write", "output.pay_*", "read", "output.pay_url", True),
+        ("write", "output.pay_*", "write", "output.pay_*", True),
+        ("write", "output.pay_*", "write", "output.pay_eu_*", True),
+        ("write", "output.pay_*", "write", "output.p*", True),
+        ("write", "output.pay_*", "write", "output.pay", False),
+        ("write", "output.pay_*", "write", "output.search_*", False),
+        ("write", "output.pay_*", "write", "pay_url.x", False),
+        ("read", "output.pay_*", "read", "output.pay_url", False),
     ],
 )
 def test_output_globs_follow_the_same_conflict_matrix(
@@ -522,6 +544,12 @@ def test_intersects_agrees_with_brute_force_for_every_pair_of_globs_in_a_fixed_u
 OUTPUT_NAMES = ("o1", "o10", "output", "module")
 
 
+def output_prefixes(names: Iterable[str]) -> list[Glob]:
+    """``output.PREFIX*`` for every prefix of the names: each such glob has a witness in the names (the name
+    it was cut from), and two of them meet exactly when one starts the other (the longer one's name)."""
+    return [Glob.output_prefix(name[:end]) for name in names for end in range(1, len(name) + 1)]
+
+
 def coverage_mask(glob: Glob, universe: tuple[InstanceAddress, ...], outputs: tuple[str, ...]) -> int:
     outputs_mask = sum(1 << i for i, name in enumerate(outputs) if matches_output(glob, name))
     return match_mask(glob, universe) | (outputs_mask << len(universe))
@@ -533,7 +561,8 @@ def universe_outputs_and_globs(
 ) -> tuple[tuple[InstanceAddress, ...], tuple[str, ...], list[Glob]]:
     universe, globs = draw(universe_and_globs())
     outputs = tuple(draw(st.lists(st.sampled_from(OUTPUT_NAMES), min_size=1, max_size=3, unique=True)))
-    output_globs = [Glob.all_outputs(), *(Glob.root_output(name) for name in outputs)]
+    output_globs = [Glob.all_outputs(), *(Glob.root_output(name) for name in outputs),
+                    *output_prefixes(outputs)]
     extra = draw(st.lists(st.sampled_from(output_globs), min_size=1, max_size=4))
     return universe, outputs, [*globs, *extra]
 
@@ -580,6 +609,7 @@ all_globs = st.one_of(
     st.builds(Glob.type_prefix, module_paths, modes, identifiers),
     st.just(Glob.all_outputs()),
     st.builds(Glob.root_output, output_names),
+    st.builds(Glob.output_prefix, output_names),
 )
 
 
@@ -673,6 +703,13 @@ def test_covers_between_outputs_and_everything() -> None:
     assert not covers(parse_glob("output.*"), parse_glob("*"))
     assert not covers(parse_glob("module.m.*"), parse_glob("output.x"))
     assert not covers(parse_glob("output.*"), parse_glob("x.y"))
+    assert covers(parse_glob("output.pay_*"), parse_glob("output.pay_url"))
+    assert covers(parse_glob("output.pay_*"), parse_glob("output.pay_eu_*"))
+    assert covers(parse_glob("output.*"), parse_glob("output.pay_*"))
+    assert not covers(parse_glob("output.pay_eu_*"), parse_glob("output.pay_*"))
+    assert not covers(parse_glob("output.pay_url"), parse_glob("output.pay_*"))
+    assert not covers(parse_glob("output.pay_*"), parse_glob("output.*"))
+    assert not covers(parse_glob("output.pay_*"), parse_glob("output.pay"))
 
 
 FRESH_KEY = "fresh"
@@ -685,7 +722,8 @@ def open_universe_and_globs(
     draw: st.DrawFn,
 ) -> tuple[tuple[InstanceAddress, ...], tuple[str, ...], list[Glob]]:
     """Globs derived from a closed universe, and a wider universe to test them over: it adds no key, a key,
-    a resource name of each type and a resource type that no glob names, and an output no glob names. Where ``b`` has an
+    a resource name of each type and a resource type that no glob names, an output no glob names and, for
+    each output name prefix, a name it starts that no exact glob names. Where ``b`` has an
     address ``a`` lacks, one of these is a witness (a keyless step, a type glob or a module prefix covers
     more than any keyed step, resource name or type), so containment of masks over it is ``covers``."""
     names = draw(st.lists(st.sampled_from(MODULE_NAMES), min_size=1, max_size=2, unique=True))
@@ -694,11 +732,15 @@ def open_universe_and_globs(
     sources = draw(st.lists(st.sampled_from(build_universe(names, keys, resources)), min_size=1, max_size=6))
     globs = [draw(st.sampled_from(globs_from(address))) for address in sources]
     outputs = tuple(draw(st.lists(st.sampled_from(OUTPUT_NAMES), min_size=1, max_size=2, unique=True)))
-    globs += draw(st.lists(st.sampled_from([Glob.all_outputs(), *map(Glob.root_output, outputs)]), max_size=3))
+    output_globs = [Glob.all_outputs(), *map(Glob.root_output, outputs), *output_prefixes(outputs)]
+    globs += draw(st.lists(st.sampled_from(output_globs), max_size=3))
+    # A name each prefix starts that no exact glob names: the witness that a prefix holds more than names.
+    fresh_outputs = tuple(str(g.output) + "_fresh" for g in globs if g.kind is GlobKind.OUTPUT_PREFIX)
     wide_keys = tuple(dict.fromkeys((*keys, None, FRESH_KEY)))
     fresh = [(m, t, FRESH_NAME) for m, t, _ in resources] + [("managed", "fresh_type", FRESH_NAME)]
     wide_resources = tuple(dict.fromkeys((*resources, *fresh)))
-    return build_universe(names, wide_keys, wide_resources), (*outputs, FRESH_OUTPUT), globs
+    return (build_universe(names, wide_keys, wide_resources),
+            tuple(dict.fromkeys((*outputs, *fresh_outputs, FRESH_OUTPUT))), globs)
 
 
 @settings(max_examples=100, deadline=None)

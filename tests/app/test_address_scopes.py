@@ -194,3 +194,13 @@ def test_reads_show_only_covered_addresses_and_whole_state_calls_need_everything
     assert requests.post(f"{search['engine']}/drift", json=admin_drift, headers=h, timeout=10).status_code == 403
     seen = requests.get(f"{search['engine']}/events", params={"limit": 1000}, headers=h, timeout=10).json()["events"]
     assert seen and not any("terraform_data.shared" in json.dumps(e["detail"]) for e in seen)
+    # Reservations: a scoped token sees those whose globs meet its read scopes (what can block it), no others.
+    other = _open(seeded, ("terraform_data.shared", "write"), ("module.payments.*", "read"))
+    near = _open(seeded, ("terraform_data.search[0]", "read"))
+    assert (other.status_code, near.status_code) == (201, 201), other.text + near.text
+    listing = requests.get(f"{api.url}/v1/engine/reservations", headers=h, timeout=10).json()["reservations"]
+    assert [r["glob"] for r in listing] == ["terraform_data.search[0]"]
+    assert len(requests.get(f"{api.url}/v1/engine/reservations", headers=seeded["headers"],
+                            timeout=10).json()["reservations"]) == 3
+    run = requests.get(f"{api.url}/v1/engine/runs/{other.json()['run']['id']}", headers=h, timeout=10).json()
+    assert run["reservations"] == []

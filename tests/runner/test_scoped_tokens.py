@@ -37,6 +37,9 @@ FILES = {
 }
 
 
+PAYMENTS_US_ID = 'output "payments_us_id" {\n  value = module.payments["us"].id\n}\n'
+
+
 def make_token(url: str, name: str, scopes: list[str] | None = None, *, plan_only: bool = False) -> dict:  # type: ignore[type-arg]
     body: dict[str, object] = {"name": name, "environment": "production"}
     if scopes is not None:
@@ -88,12 +91,13 @@ def head(state: str, admin: dict) -> dict:  # type: ignore[type-arg]
 
 def test_two_scoped_tokens_apply_their_own_parts_in_parallel_and_are_refused_outside(world):  # type: ignore[no-untyped-def]
     server, repo, admin, state = world
-    payments = make_token(server.url, "payments", ["module.payments.*:write", "output.payments_url:write", "*:read"])
+    payments = make_token(server.url, "payments", ["module.payments.*:write", "output.payments_*:write", "*:read"])
     search = make_token(server.url, "search", ["terraform_data.search.*:write", "output.search_ids:write",
                                                 "terraform_data.shared:read"])
-    assert payments["token"]["scopes"] == ["*:read", "module.payments.*:write", "output.payments_url:write"]
+    assert payments["token"]["scopes"] == ["*:read", "module.payments.*:write", "output.payments_*:write"]
     pay, srch = checkout(repo, "pay", payments), checkout(repo, "srch", search)
     pay.edit("payments.tf", "pay-v1", "pay-v2")
+    pay.write("payments.tf", (pay.dir / "payments.tf").read_text() + PAYMENTS_US_ID)  # inside output.payments_*
     srch.edit("search.tf", "recherche-v1", "recherche-v2")
     before = head(state, admin)
 
@@ -107,6 +111,16 @@ def test_two_scoped_tokens_apply_their_own_parts_in_parallel_and_are_refused_out
     assert after['module.payments["us"].terraform_data.svc']["instance"]["attributes"]["input"]["value"] == "pay-v2-us"
     assert after["terraform_data.search[1]"]["instance"]["attributes"]["input"]["value"]["label"] == "recherche-v2 é"
     assert after["terraform_data.shared"]["create_serial"] == before["terraform_data.shared"]["create_serial"]
+    sliced = requests.post(f"{state}/slice", json={"globs": ["*"]}, headers=bearer(admin), timeout=10).json()
+    assert sorted(sliced["outputs"]) == ["payments_url", "payments_us_id", "search_ids"]
+
+    # An output of another team's name: refused when the run opens, before Terraform applies anything.
+    pay.write("payments.tf", (pay.dir / "payments.tf").read_text().replace("pay-v2", "pay-v3")
+              + 'output "search_total" {\n  value = 2\n}\n')
+    outside = pay.kl("apply", "-f", "payments.tf", "--confirm-scope", "--actor", "pay")
+    assert outside.returncode != 0 and "'output.search_total' (write)" in outside.stderr, outside.stderr
+    assert "nearest scope it has is '*:read'" in outside.stderr
+    assert head(state, admin) == after
 
     # A file that reaches outside: the search file now also writes the shared resource. Refused when the run
     # opens, which is before Terraform applies anything.

@@ -36,8 +36,10 @@ def test_a_scope_is_a_glob_and_a_mode_after_the_last_colon() -> None:
     assert parse_scope("module.payments.*:write") == AddressScope(parse_glob("module.payments.*"), Mode.WRITE)
     assert parse_scope('module.m["a:b"].x.y:read').glob == parse_glob('module.m["a:b"].x.y')
     assert str(parse_scope("aws_iam_role.*:write")) == "aws_iam_role.*:write"
+    assert str(parse_scope("output.payments_*:write")) == "output.payments_*:write"
     for bad, problem in (("module.payments.*", "GLOB:read or GLOB:write"), ("x.y:admin", "GLOB:read"),
-                         ("module.web:write", "names a module"), (":read", "empty"), ("output.a_*:write", "output")):
+                         ("module.web:write", "names a module"), (":read", "empty"),
+                         ("aws_instance.web_*:write", "partial names"), ("output.a_*x:write", "one final")):
         with pytest.raises(ScopeError, match=problem):
             parse_scope(bad)
 
@@ -76,6 +78,20 @@ def test_whole_state_calls_need_everything_and_writes_need_write_scopes() -> Non
     with pytest.raises(AddressScopeError) as refused:
         check_written(writer, "prod", ["terraform_data.search[0]"], ["search_ids"])
     assert refused.value.glob == "output.search_ids" and refused.value.nearest_scope == "*:read"
+
+
+def test_an_output_name_prefix_scope_owns_the_outputs_it_starts_and_nothing_else() -> None:
+    held = scopes("module.payments.*:write", "output.payments_*:write", "*:read")
+    check_written(held, "prod", ['module.payments["eu"].x.y'], ["payments_url", "payments_eu_arn"])
+    check_requested(held, "prod", [(parse_glob("output.payments_eu_*"), Mode.WRITE),
+                                   (parse_glob("output.payments_url"), Mode.WRITE)])
+    for name in ("payments", "search_payments_url", "Payments_url"):
+        with pytest.raises(AddressScopeError) as refused:
+            check_written(held, "prod", [], [name])
+        assert refused.value.glob == f"output.{name}"
+    with pytest.raises(AddressScopeError) as wide:  # a shorter prefix holds names the scope does not
+        check_requested(scopes("output.payments_*:write"), "prod", [(parse_glob("output.pay*"), Mode.WRITE)])
+    assert wide.value.nearest_scope == "output.payments_*:write"
 
 
 def test_an_event_is_readable_when_every_address_it_names_is() -> None:

@@ -144,8 +144,9 @@ def head_pieces(db: Database, principal: Principal, name: str,
 
     A head written by a row-level commit has no bytes until its first read, which assembles and caches
     them (``app.store.assembly``) as a stream, calling ``before_assembly`` with the expected size first
-    when this reader is the one that assembles (the caller's admission check); the head read here is the committed one, so a GET never sees an older serial than a commit
-    that finished before it started, and always a whole serial. The first piece is read before this
+    when this reader is the one that assembles (the caller's admission check); the head read here is the
+    committed one, so a GET never sees an older serial than a commit that finished before it started, and
+    always a whole serial. The first piece is read before this
     returns, so a refusal or a database error is raised here, not halfway through the body.
     """
     with db.transaction() as conn:

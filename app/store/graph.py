@@ -11,7 +11,7 @@ import psycopg
 from analyzer.addresses import AddressError, has_prefix, parse_instance_address
 from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
 from analyzer.state import InstanceRow
-from analyzer.state_assembly import assemble_state
+from analyzer.state_assembly import assemble_state, row_order, stream_state
 from app.domain import scopes
 from app.domain.principal import Principal
 from app.domain.reservations import Mode
@@ -198,9 +198,10 @@ def _rows_under(conn: psycopg.Connection, state_id: int, lookup: GlobLookup) -> 
     return [resources.instance_row(r) for r in unique.values()]
 
 
-def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> bytes:
+def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[bytes]:
     """A v4 state holding the head's instances under ``globs`` (and the head's outputs), at the
-    head's serial and lineage: what a file-scoped workspace starts from."""
+    head's serial and lineage: what a file-scoped workspace starts from. The file comes as its pieces
+    (never joined: the slice of a whole state is as large as the state)."""
     parsed = _parse_globs(globs)
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
@@ -209,17 +210,17 @@ def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[s
         if version is None or version.encrypted:
             raise BadRequestError(f"state {name!r} has no readable head version to slice")
         lookup = glob_lookup(parsed)
-        if lookup.everything:
-            instances = resources.instances_at(conn, state_id=row.id, serial=head)
-        else:
-            instances = _rows_under(conn, row.id, lookup)
         outputs = resources.outputs_of(conn, version_id=version.id)
-    wanted = [i for i in instances if any(matches(g, i.address) for g in parsed)]
-    if principal.scopes is not None:  # a scoped token's slice holds only what its read scopes cover
-        wanted = [i for i in wanted if scopes.can_read(principal.scopes, i.address)]
-        outputs = [o for o in outputs if scopes.can_read_output(principal.scopes, o.name)]
-    return assemble_state(serial=version.serial, lineage=version.lineage,
-                          terraform_version=version.terraform_version, instances=wanted, outputs=outputs)
+        if principal.scopes is not None:  # a scoped token's slice holds only what its read scopes cover
+            outputs = [o for o in outputs if scopes.can_read_output(principal.scopes, o.name)]
+        if lookup.everything:  # the whole state: streamed from the cursor, never all rows at once
+            rows: Iterable[InstanceRow] = resources.stream_instances_at(conn, state_id=row.id, serial=head)
+        else:
+            rows = sorted(_rows_under(conn, row.id, lookup), key=row_order)
+        wanted = (i for i in rows if any(matches(g, i.address) for g in parsed)
+                  and (principal.scopes is None or scopes.can_read(principal.scopes, i.address)))
+        return list(stream_state(serial=version.serial, lineage=version.lineage, plain_numbers=True,
+                                 terraform_version=version.terraform_version, instances=wanted, outputs=outputs))
 
 
 def edges_touching(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[tuple[str, str]]:

@@ -7,7 +7,9 @@ rules of ``app.domain``, writes, and appends an audit event in the same transact
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -129,11 +131,23 @@ def find_state(conn: psycopg.Connection, principal: Principal, name: str) -> Sta
 
 
 def read_head(db: Database, principal: Principal, name: str) -> bytes | None:
-    """The bytes of the head version, or None when the state has never been written.
+    """The bytes of the head version, or None when the state has never been written (whole, for callers
+    that need them in memory; the backend lane streams with ``head_pieces``)."""
+    pieces = head_pieces(db, principal, name)
+    return None if pieces is None else b"".join(pieces)
+
+
+def head_pieces(db: Database, principal: Principal, name: str,
+                before_assembly: Callable[[int], None] | None = None) -> Iterator[bytes] | None:
+    """The bytes of the head version as pieces, or None when the state has never been written (or was
+    deleted meanwhile).
 
     A head written by a row-level commit has no bytes until its first read, which assembles and caches
-    them (``app.store.assembly``); the head read here is the committed one, so a GET never sees an older
-    serial than a commit that finished before it started, and always a whole serial.
+    them (``app.store.assembly``) as a stream, calling ``before_assembly`` with the expected size first
+    when this reader is the one that assembles (the caller's admission check); the head read here is the
+    committed one, so a GET never sees an older serial than a commit that finished before it started, and
+    always a whole serial. The first piece is read before this
+    returns, so a refusal or a database error is raised here, not halfway through the body.
     """
     with db.transaction() as conn:
         # Binary results: a 25 MB state as hex text costs twice the bytes and a decode pass.
@@ -142,9 +156,13 @@ def read_head(db: Database, principal: Principal, name: str) -> bytes | None:
         return None
     version_id, raw = row
     if raw is not None:
-        return bytes(raw)
-    found = assembly.materialise(db, version_id)
-    return None if found is None else found.raw
+        return iter((bytes(raw),))
+    found = assembly.Found()
+    pieces = assembly.stream(db, version_id, found, before_assembly)
+    first = next(pieces, None)
+    if first is None:
+        return None
+    return itertools.chain((first,), pieces)
 
 
 def list_states(db: Database, principal: Principal) -> list[StateSummary]:

@@ -73,7 +73,7 @@ def dependencies(name: str) -> Response:
     return jsonify({"ok": True, "edges": edges})
 
 
-def _state_body(body: bytes) -> Response:
+def _state_body(body: bytes | list[bytes]) -> Response:
     """A v4 state (or a slice of one) as sent: JSON, never cached."""
     response = Response(body, mimetype="application/json")
     response.headers["Cache-Control"] = "no-store"

@@ -77,11 +77,16 @@ def create_token(slug: str) -> tuple[Response, int]:
     doc = _body()
     secret, info = tenancy.create_token(
         services().db, slug, name=str(doc.get("name", "")), environment=str(doc.get("environment", "")),
-        workspace=str(doc.get("workspace") or "default"), actor="control-api", scopes=tenancy.requested_scopes(doc.get("scopes"), doc.get("plan_only", False)),
+        workspace=str(doc.get("workspace") or "default"), actor="control-api", scopes=_scopes(doc),
     )
     block = scoped_backend_block(public_base_url(), info.workspace_id, info.environment_id)
     return jsonify({"ok": True, "token_secret": secret, "token": info, "workspace_id": info.workspace_id,
                     "environment_id": info.environment_id, "backend_block": block}), 201
+
+
+def _scopes(doc: dict[str, Any]) -> object:
+    """``scopes`` (a list of 'GLOB:MODE'), or ``plan_only: true`` for the preset '*:read'."""
+    return tenancy.requested_scopes(doc.get("scopes"), doc.get("plan_only", False))
 
 
 @bp.put("/tenants/<slug>/tokens/<token_id>/scopes")
@@ -91,7 +96,7 @@ def set_scopes(slug: str, token_id: str) -> Response:
     if "scopes" not in doc and not doc.get("plan_only"):
         raise BadRequestError('body must be {"scopes": ["GLOB:MODE", ...]} ([] for the whole state) or '
                               '{"plan_only": true}')
-    info = tenancy.set_token_scopes(services().db, slug, token_id, tenancy.requested_scopes(doc.get("scopes"), doc.get("plan_only", False)) or [], actor="control-api")
+    info = tenancy.set_token_scopes(services().db, slug, token_id, _scopes(doc) or [], actor="control-api")
     return jsonify({"ok": True, "token": info})
 
 

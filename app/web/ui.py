@@ -39,9 +39,9 @@ from werkzeug.wrappers import Response as Redirect
 
 from app.config import AuthMode, Settings
 from app.domain.attributes import AttributeChange, attribute_diff, sensitive_paths
+from app.domain.blocks import scoped_backend_block
 from app.domain.principal import Principal, default_principal
 from app.domain.reservations import format_duration
-from app.domain.blocks import scoped_backend_block
 from app.domain.scopes import PLAN_ONLY, scope_set
 from app.errors import BadRequestError, ConflictError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
 from app.store import Database, dashboard, pr_holds, runs, tenancy
@@ -49,8 +49,8 @@ from app.store import drift as drift_store
 from app.store.secrets import SESSION_SECRET, shared_secret
 from app.web import errors, metrics, timeline
 from app.web.auth import Credentials, principal_for
-from app.web.control import check_control_token, public_base_url, require_control_mode
 from app.web.context import principal, services, state_name
+from app.web.control import check_control_token, public_base_url, require_control_mode
 
 log = logging.getLogger("kilolock.ui")
 
@@ -195,7 +195,7 @@ def _template_globals() -> dict[str, Any]:
     if request.blueprint != "ui":
         return {}
     return {"csrf_token": _csrf_token, "who": g.get("principal"), "mode": services().settings.auth_mode.value,
-            "now": g.get("now")}
+            "now": g.get("now"), "manages_tokens": "control" in current_app.blueprints}
 
 
 # --- time formatting -------------------------------------------------------------------------------------
@@ -419,8 +419,12 @@ def _token_tenant(*, unlocked: bool = True) -> str:
     """The slug of the tenant whose tokens this session manages. The control API's rule: database mode with
     KL_CONTROL_TOKEN, and the control token presented (once a session, which keeps only its keyed
     fingerprint, so rotating KL_CONTROL_TOKEN ends it). A session of a token with address scopes never
-    manages tokens: it could grant more than its own scopes."""
+    manages tokens: it could grant more than its own scopes. Where the control API is kept off this listener
+    (``kl serve --control-port``), neither is token management."""
     require_control_mode()
+    if "control" not in current_app.blueprints:
+        raise ForbiddenError("this listener does not serve the control API (kl serve --control-port): manage "
+                             "tokens there, with kl tokens or the control API")
     who = principal()
     if who.scopes is not None:
         raise ForbiddenError("a token with address scopes cannot manage tokens: log in with a whole-state token")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.ui.conftest import CONTROL, CTL, csrf_of, login, make_tenant, page, prod_state
+from app.config import AuthMode
+from tests.ui.conftest import CONTROL, CTL, SESSION_SECRET, csrf_of, login, make_tenant, page, prod_state
 
 HTML = {"Accept": "text/html"}
 
@@ -60,7 +62,8 @@ def test_the_list_shows_each_token_of_the_tenant_with_its_scopes_and_never_a_sec
     viewer = acme["api"].post("/v1/api/tenants/acme/tokens", headers=CTL,
                               json={"name": "viewer", "environment": "staging", "plan_only": True}).get_json()
     html = page(operator, "/ui/tokens")
-    listed = {m[0]: m[1] for m in re.findall(r'<tr>\s*<td><a href="/ui/tokens/[^"]+">([^<]+)</a>(.*?)</tr>', html, re.S)}
+    line = r'<tr>\s*<td><a href="/ui/tokens/[^"]+">([^<]+)</a>(.*?)</tr>'
+    listed = {m[0]: m[1] for m in re.findall(line, html, re.S)}
     assert set(listed) == {"acme-ops", "pay-ci", "viewer"}  # not other's token
     assert "module.a.*:write" in listed["pay-ci"] and "output.endpoint:write" in listed["pay-ci"]
     assert made["token"]["id"] in listed["pay-ci"] and "staging" in listed["pay-ci"]
@@ -100,8 +103,8 @@ def test_replacing_scopes_is_audited_with_both_lists_and_applies_to_the_next_req
                                                                 "scopes": "module.b.*:write\n*:read"})
     assert done.status_code == 302
     assert "now has 2 scope(s)" in page(operator, f"/ui/tokens/{token_id}")
-    assert rows(clean_db, "SELECT actor, detail->'before', detail->'after' FROM events WHERE kind = 'token_scopes'") == [
-        ("dashboard:acme-ops", ["module.a.*:write"], ["*:read", "module.b.*:write"])]
+    audited = rows(clean_db, "SELECT actor, detail->'before', detail->'after' FROM events WHERE kind = 'token_scopes'")
+    assert audited == [("dashboard:acme-ops", ["module.a.*:write"], ["*:read", "module.b.*:write"])]
     assert reserve(acme["api"], secret, "module.b.*").status_code == 201
     cleared = operator.post(f"/ui/tokens/{token_id}/scopes", data={"csrf_token": csrf_of(detail), "scopes": " \n"})
     assert cleared.status_code == 302
@@ -164,3 +167,20 @@ def test_only_the_control_tokens_holder_with_a_whole_state_session_manages_token
     static = ui.get("/ui/tokens")
     assert static.status_code == 403 and "KL_AUTH_MODE=database" in static.get_data(as_text=True)
     assert rows(clean_db, "SELECT count(*) FROM api_tokens") == [(3,)]
+
+
+def test_where_the_control_api_has_its_own_listener_the_dashboard_manages_no_tokens(tenant_app, acme, settings):
+    from app.web import create_app
+
+    public = create_app(replace(settings, auth_mode=AuthMode.DATABASE, control_token=CONTROL,
+                                session_secret=SESSION_SECRET), lanes="public")
+    try:
+        client = session_of(public, acme["secret"])
+        assert "Tokens</a>" not in page(client, "/ui/")
+        refused = client.get("/ui/tokens")
+        assert refused.status_code == 403 and "--control-port" in refused.get_data(as_text=True)
+        unlock = client.post("/ui/tokens/unlock", data={"csrf_token": csrf_of(page(client, "/ui/")),
+                                                         "control_token": CONTROL})
+        assert unlock.status_code == 403 and client.get("/ui/tokens").status_code == 403
+    finally:
+        public.extensions["kilolock"].db.close()

@@ -64,6 +64,7 @@ class GitHubSim:
     check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
     permissions: dict[str, str] = field(default_factory=dict)
+    teams: dict[str, set[str]] = field(default_factory=dict)  # "org/team" → the logins of its active members
     commit_authors: dict[str, str] = field(default_factory=dict)  # sha → the GitHub login of its author
     issues: dict[int, dict[str, Any]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
@@ -241,6 +242,11 @@ class GitHubSim:
             user = {"login": login, "id": 3, "type": "User"} if login else None
             return 200, {"sha": m.group(1), "url": f"{self.base_url}{path}", "author": user, "committer": user,
                          "commit": {"message": "", "author": {"name": login or "someone"}}}
+        if (m := re.fullmatch(r"/orgs/([^/]+)/teams/([^/]+)/memberships/([^/]+)", path)) and method == "GET":
+            members = self.teams.get(f"{m.group(1)}/{m.group(2)}".lower())
+            if members is None or m.group(3).lower() not in {x.lower() for x in members}:
+                return 404, {"message": "Not Found"}
+            return 200, {"state": "active", "role": "member", "url": f"{self.base_url}{path}"}
         if m := re.fullmatch(rf"{r}/collaborators/([^/]+)/permission", path):
             permission = self.permissions.get(m.group(1))
             if permission is None:

@@ -231,6 +231,23 @@ class EngineClient:
         result: list[dict[str, Any]] = self._get("/reservations", params).json()["reservations"]
         return result
 
+    def take_hold(self, state: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._post(self._state_path(state) + "/holds", body)["hold"]
+        return result
+
+    def list_holds(self, state: str | None = None) -> list[dict[str, Any]]:
+        params = {"state": state} if state else None
+        result: list[dict[str, Any]] = self._get("/holds", params).json()["holds"]
+        return result
+
+    def release_hold(self, hold_id: str) -> dict[str, Any]:
+        try:
+            response = self._session.delete(self._url(f"/holds/{quote(hold_id, safe='')}"), timeout=self.timeout)
+        except requests.ConnectionError as exc:
+            raise self._unreachable() from exc
+        result: dict[str, Any] = self._decode(response)["hold"]
+        return result
+
     def get_run(self, run_id: str) -> dict[str, Any]:
         return self._get(f"/runs/{quote(run_id)}").json()
 

@@ -99,7 +99,8 @@ def record(db: Database, principal: Principal, name: str, submitted: rules.Submi
             json.dumps([e.to_json() for e in submitted.drifted]), json.dumps([e.to_json() for e in after]), len(after)))
         events.record(conn, principal, "drift_check", state_id=row.id, state_name=name, serial=serial,
                       source=submitted.source.value, outcome=outcome.value, checked=submitted.checked,
-                      drifted=len(submitted.drifted), outstanding=len(after), run_id=submitted.run_id)
+                      drifted=len(submitted.drifted), outstanding=len(after), outstanding_before=len(before),
+                      run_id=submitted.run_id, addresses=[e.address for e in submitted.drifted[:200]])
         latest = conn.execute(_LATEST, (row.id, 1)).fetchone()
     assert latest is not None
     return readable_part(principal, _report(name, latest))

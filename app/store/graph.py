@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -237,7 +238,7 @@ def edges_touching(db: Database, principal: Principal, name: str, globs: Sequenc
             found.update((r.address, d) for d in r.dependencies)
         # Dependencies name resources without instance keys: a glob's keyless stem is such a name.
         names = sorted({_keyless(e) for e in lookup.exact})
-        dependents = conn.execute(_DEPENDENTS, {"state": row.id, "names": names}).fetchall() if names else []
+        dependents = _dependents(conn, row.id, names) if names else []
         module_prefixes = [p for p in lookup.prefixes if p.startswith("module.")]
         if module_prefixes:
             dependents += conn.execute(_DEPENDENTS_BY_PREFIX,
@@ -246,6 +247,18 @@ def edges_touching(db: Database, principal: Principal, name: str, globs: Sequenc
     # Resource-level ends (no instance key) match a glob when the glob covers any of their instances.
     return sorted((a, d) for a, d in found if any(_touches(g, a) or _touches(g, d) for g in parsed)
                   and _readable_edge(principal, a, d))
+
+
+def _dependents(conn: psycopg.Connection, state_id: int, names: list[str]) -> list[Any]:
+    """The live rows whose dependencies name any of ``names``, through the GIN index on dependencies. The
+    planner estimates ``&&`` against a long array as matching a large share of the table and would scan every
+    row of every state instead (its cost then follows the table, not the answer); the index lookup costs one
+    probe per name. The setting is local to the transaction and restored right after (a failed query aborts
+    the transaction, which discards it)."""
+    conn.execute("SET LOCAL enable_seqscan = off")
+    rows = list(conn.execute(_DEPENDENTS, {"state": state_id, "names": names}).fetchall())
+    conn.execute("SET LOCAL enable_seqscan = on")
+    return rows
 
 
 def _keyless(address: str) -> str:

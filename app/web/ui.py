@@ -44,7 +44,7 @@ from app.domain.principal import Principal, default_principal
 from app.domain.reservations import format_duration
 from app.domain.scopes import PLAN_ONLY, scope_set
 from app.errors import BadRequestError, ConflictError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
-from app.store import Database, dashboard, pr_holds, runs, tenancy
+from app.store import Database, dashboard, manual_holds, pr_holds, runs, tenancy
 from app.store import drift as drift_store
 from app.store.secrets import SESSION_SECRET, shared_secret
 from app.web import errors, metrics, timeline
@@ -375,8 +375,10 @@ def abort(run_id: str) -> Redirect:
 @bp.get("/reservations")
 def reservations() -> str:
     state = request.args.get("state", "").strip()
-    found = runs.list_reservations(services().db, principal(), state=state_name(state) if state else None)
-    return render_template("ui/reservations.html", reservations=found, state=state, nav="reservations")
+    chosen = state_name(state) if state else None
+    found = runs.list_reservations(services().db, principal(), state=chosen)
+    held = manual_holds.list_holds(services().db, principal(), state=chosen)
+    return render_template("ui/reservations.html", reservations=found, holds=held, state=state, nav="reservations")
 
 
 def github_web_url(api_url: str) -> str:

@@ -16,7 +16,8 @@ The format::
     apply_on_push: false        # apply pushes to the default branch that are not merged PRs (default false)
     merge_wait: 10m             # how long a merge apply waits for reservations (default 10m)
     apply_on_comment: false     # let `kilolock apply` comments apply before merge (default false)
-    apply_requirements: [approved, mergeable]   # gate of comment applies (also: undiverged; may be [])
+    apply_requirements: [approved, mergeable]   # gate of comment applies (also: undiverged, owners_approved; [])
+    owners: {"*": "@org/platform"}   # address glob → owners (runner.bot.owners), for every project
     drift: {every: 6h, issue: true}   # scheduled drift check of the default branch (default: none)
     env: [AWS_PROFILE, AWS_REGION, "TF_VAR_*"]  # the worker's variables Terraform may see (default: none)
     hold_expiry: 7d             # pull-request holds older than this are released (default: never)
@@ -28,8 +29,9 @@ The format::
         apply_on_merge: true    # default: the top-level value
         apply_on_comment: true  # default: the top-level value
         env: [GOOGLE_APPLICATION_CREDENTIALS]   # added to the top-level list for this project
+        owners: {"module.payments.*": ["@org/payments", "@alice"]}   # after the top-level owners
 
-Comment applies read ``apply_on_comment`` and ``apply_requirements`` from the default branch's file only
+Comment applies read ``apply_on_comment``, ``apply_requirements`` and ``owners`` from the default branch's file only
 (``runner.bot.holds``), so a pull request cannot relax its own gate. Likewise ``env``, ``hold_expiry`` and
 each project's state and server: the bot takes them from the default branch's file (``runner.bot.flow``).
 """
@@ -46,9 +48,11 @@ from typing import Any
 
 import yaml
 
+from analyzer.globs import GlobError, parse_glob
 from analyzer.hcl import HclError, ParseCache, find_http_backend
 from app.domain.durations import parse_duration
 from runner import childenv
+from runner.bot.owners import MAX_OWNERS_PER_RULE, MAX_RULES, OwnerHandleError, OwnerRule, parse_owner
 from runner.config import ClientConfigError, read_tf_files, split_backend_address
 
 CONFIG_NAMES = (".kilolock.yml", ".kilolock.yaml")
@@ -60,12 +64,13 @@ MIN_DRIFT_EVERY = 15 * 60
 MAX_DRIFT_EVERY = 31 * 86400
 _TOP_KEYS = frozenset({"version", "apply_on_merge", "apply_on_push", "merge_wait", "projects", "apply_on_comment",
                        "apply_requirements", "drift", "env", "hold_expiry", "apply_branch",
-                       "untrusted_previews"})
-_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment", "drift", "env"})
+                       "untrusted_previews", "owners"})
+_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment", "drift", "env",
+                           "owners"})
 MIN_HOLD_EXPIRY = 3600
 MAX_HOLD_EXPIRY = 366 * 86400
 _DRIFT_KEYS = frozenset({"every", "issue"})
-REQUIREMENTS = ("approved", "last_push_approved", "mergeable", "undiverged")
+REQUIREMENTS = ("approved", "last_push_approved", "owners_approved", "mergeable", "undiverged")
 DEFAULT_REQUIREMENTS = ("approved", "mergeable")
 _SKIP_DIRS = frozenset({".git", ".terraform", "node_modules"})
 
@@ -85,6 +90,7 @@ class RawConfig:
 
     source: str
     document: Mapping[str, Any] | None
+    text: str = ""  # the file's text, for the line numbers of owners: rules
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,8 @@ class Project:
     apply_on_comment: bool = False
     drift: DriftSchedule | None = None
     env: tuple[str, ...] = ()  # the worker's variables this project's Terraform sees (runner.childenv)
+    # The top-level owners: rules, then the project's own (later rules win: runner.bot.owners).
+    owners: tuple[OwnerRule, ...] = ()
 
     @property
     def shown_dir(self) -> str:
@@ -150,7 +158,8 @@ def read_raw(root: Path) -> RawConfig:
     for name in CONFIG_NAMES:
         path = root / name
         if path.is_file():
-            return RawConfig(name, parse(path.read_text(encoding="utf-8", errors="replace"), source=name))
+            text = path.read_text(encoding="utf-8", errors="replace")
+            return RawConfig(name, parse(text, source=name), text)
     return RawConfig("discovered", None)
 
 
@@ -193,11 +202,13 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     hold_expiry = _hold_expiry(doc.get("hold_expiry"), problems)
     untrusted_previews = _boolean(doc, "untrusted_previews", False, "", problems)
     apply_branch = _text(doc, "apply_branch", "top level", problems)
+    lines = owner_lines(raw.text) if _has_owners(doc) else {}
+    owners = owner_rules(doc.get("owners"), "owners", lines.get(None, ()), problems)
     items = doc.get("projects")
     projects: list[Project] = []
     if items is None:
         projects = [replace(_project_from(d, None, None, None, apply_on_merge, root, problems, "", apply_on_comment),
-                            drift=drift, env=env) for d in discover(root)]
+                            drift=drift, env=env, owners=owners) for d in discover(root)]
     elif not isinstance(items, list) or not items:
         problems.append("projects must be a non-empty list of {dir: …} mappings (or left out to discover them)")
     else:
@@ -218,8 +229,9 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
             own_comment = _boolean(item, "apply_on_comment", apply_on_comment, where + ": ", problems)
             own_drift = drift_schedule(item["drift"], f"{where}: drift", problems) if "drift" in item else drift
             own_env = env + tuple(n for n in _env_names(item.get("env"), f"{where}: env", problems) if n not in env)
+            own_owners = owners + owner_rules(item.get("owners"), f"{where}: owners", lines.get(index, ()), problems)
             projects.append(replace(_project_from(directory, name, state, files, own_apply, root, problems, where,
-                                                  own_comment), drift=own_drift, env=own_env))
+                                                  own_comment), drift=own_drift, env=own_env, owners=own_owners))
     seen: dict[str, int] = {}
     for project in projects:
         seen[project.name] = seen.get(project.name, 0) + 1
@@ -482,3 +494,85 @@ def parse_every(value: Any) -> int | None:
     if seconds is None or not MIN_DRIFT_EVERY <= seconds <= MAX_DRIFT_EVERY:
         return None
     return seconds
+
+
+# --- owners: -------------------------------------------------------------------------------------------
+
+OwnerKeys = tuple[tuple[str, int], ...]  # (glob text, line) of each key of one owners: mapping, in file order
+
+
+def _has_owners(doc: Mapping[str, Any]) -> bool:
+    items = doc.get("projects")
+    return "owners" in doc or (isinstance(items, list) and any(isinstance(i, dict) and "owners" in i for i in items))
+
+
+def owner_lines(text: str) -> dict[int | None, OwnerKeys]:
+    """Where each key of the ``owners:`` mappings is in ``text``: None for the top level, the index of a
+    project for its own (duplicate keys kept, which a parsed mapping would have lost)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    found: dict[int | None, OwnerKeys] = {}
+    if not isinstance(node, yaml.MappingNode):
+        return found
+    for key, value in node.value:
+        if key.value == "owners" and isinstance(value, yaml.MappingNode):
+            found[None] = _keys(value)
+        elif key.value == "projects" and isinstance(value, yaml.SequenceNode):
+            for index, item in enumerate(value.value):
+                if isinstance(item, yaml.MappingNode):
+                    for k, v in item.value:
+                        if k.value == "owners" and isinstance(v, yaml.MappingNode):
+                            found[index] = _keys(v)
+    return found
+
+
+def _keys(node: yaml.MappingNode) -> OwnerKeys:
+    return tuple((str(k.value), k.start_mark.line + 1) for k, _ in node.value)
+
+
+def owner_rules(value: Any, where: str, keys: OwnerKeys, problems: list[str]) -> tuple[OwnerRule, ...]:
+    """``owners:``: a mapping of address globs to ``@user`` / ``@org/team`` (one, a list, or ``[]`` for
+    unowned), in file order. Each problem names the line."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        problems.append(f"{where} must be a mapping of address globs to owners, such as "
+                        f"{{\"module.payments.*\": \"@acme/payments\"}}, got {value!r}")
+        return ()
+    if len(value) > MAX_RULES:
+        problems.append(f"{where} has {len(value)} rules; at most {MAX_RULES} are allowed")
+        return ()
+    line_of: dict[str, int] = {}
+    for text, line in keys:
+        if text in line_of:
+            problems.append(f"line {line}: {where}: {text!r} is listed again (first on line {line_of[text]}): "
+                            "keep one entry per glob")
+        else:
+            line_of[text] = line
+    rules: list[OwnerRule] = []
+    for glob, owners in value.items():
+        line = line_of.get(str(glob), 0)
+        at = f"line {line}: {where}" if line else where
+        if not isinstance(glob, str):
+            problems.append(f"{at}: the glob {glob!r} must be a string such as \"module.payments.*\"")
+            continue
+        try:
+            parse_glob(glob)
+        except GlobError as exc:
+            problems.append(f"{at}: invalid address glob {glob!r}: {exc}")
+            continue
+        handles = [] if owners is None else [owners] if isinstance(owners, str) else owners
+        if not isinstance(handles, list) or len(handles) > MAX_OWNERS_PER_RULE:
+            problems.append(f"{at}: the owners of {glob!r} must be \"@user\", \"@org/team\" or a list of at most "
+                            f"{MAX_OWNERS_PER_RULE} of them ([] for none), got {owners!r}")
+            continue
+        parsed = []
+        for handle in handles:
+            try:
+                parsed.append(parse_owner(handle))
+            except OwnerHandleError as exc:
+                problems.append(f"{at}: {exc}; write it in quotes with its @, such as '@alice' or '@org/team'")
+        rules.append(OwnerRule(glob, tuple(dict.fromkeys(parsed)), line))
+    return tuple(rules)

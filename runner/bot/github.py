@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import requests
 from github import Auth, Github, GithubException, GithubIntegration, UnknownObjectException
@@ -145,16 +146,50 @@ class _InstallationAuth(Auth.Auth):
         return self._installation.token(self._call)
 
 
+class _TtlCache:
+    """A bounded, thread-safe cache whose answers expire: team memberships change, so a removed member's
+    approval stops counting within ``ttl`` seconds."""
+
+    def __init__(self, size: int, ttl: float) -> None:
+        self.size, self.ttl = size, ttl
+        self._lock = threading.Lock()
+        self._items: dict[tuple[str, ...], tuple[float, bool]] = {}
+
+    def get(self, key: tuple[str, ...]) -> bool | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is None or found[0] <= time.monotonic():
+                self._items.pop(key, None)
+                return None
+            return found[1]
+
+    def put(self, key: tuple[str, ...], value: bool) -> None:
+        with self._lock:
+            if len(self._items) >= self.size:
+                now = time.monotonic()
+                for old in [k for k, (t, _) in self._items.items() if t <= now] or [next(iter(self._items))]:
+                    self._items.pop(old, None)
+            self._items[key] = (time.monotonic() + self.ttl, value)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+MEMBERSHIP_TTL = 60.0
+MEMBERSHIP_CACHE = 4096
+_MEMBERSHIPS = _TtlCache(MEMBERSHIP_CACHE, MEMBERSHIP_TTL)
 _CACHE_LOCK = threading.Lock()
 _INTEGRATIONS: dict[tuple[str, str], GithubIntegration] = {}
 _INSTALLATIONS: dict[tuple[str, str, str], _Installation] = {}
 
 
 def forget_cached_installations() -> None:
-    """Drop every cached installation and token (tests; after an App's key was rotated)."""
+    """Drop every cached installation, token and team membership (tests; after an App's key was rotated)."""
     with _CACHE_LOCK:
         _INTEGRATIONS.clear()
         _INSTALLATIONS.clear()
+    _MEMBERSHIPS.clear()
 
 
 # --- the client ---------------------------------------------------------------------------------
@@ -164,7 +199,7 @@ class GitHub:
     """GitHub access for one repository. Build it with ``GitHub.for_repo(settings, "owner/name")``."""
 
     def __init__(self, *, repo: str, mode: str, gh: Github, policy: _Retrying, installation: _Installation | None,
-                 token: str | None, app_id: str | None) -> None:
+                 token: str | None, app_id: str | None, api_url: str = "") -> None:
         self.repo = repo
         self.mode = mode
         self._gh = gh
@@ -176,6 +211,7 @@ class GitHub:
         self._default_branch: str | None = None
         self._permissions: dict[str, str] = {}
         self._repository: Repository = gh.get_repo(repo)
+        self._api_url = api_url
 
     @classmethod
     def for_repo(cls, settings: Settings, repo: str, *, sleep: Callable[[float], None] = time.sleep,
@@ -199,11 +235,11 @@ class GitHub:
             auth: Auth.Auth = _InstallationAuth(installation, policy.call)
             gh = Github(auth=auth, lazy=True, per_page=100, **common)
             return cls(repo=repo, mode="app", gh=gh, policy=policy, installation=installation, token=None,
-                       app_id=str(settings.github_app_id))
+                       app_id=str(settings.github_app_id), api_url=settings.github_api_url)
         if settings.github_token:
             gh = Github(auth=Auth.Token(settings.github_token), lazy=True, per_page=100, **common)
             return cls(repo=repo, mode="token", gh=gh, policy=policy, installation=None,
-                       token=settings.github_token, app_id=None)
+                       token=settings.github_token, app_id=None, api_url=settings.github_api_url)
         raise GitHubError("GitHub access is not configured: set KL_GITHUB_APP_ID and KL_GITHUB_PRIVATE_KEY "
                           "(a GitHub App, recommended) or KL_GITHUB_TOKEN (a personal token)")
 
@@ -271,6 +307,28 @@ class GitHub:
     def has_write_access(self, login: str) -> bool:
         """Whether ``login`` may push to the repository (permission admin, maintain or write)."""
         return self.permission(login) in ("admin", "maintain", "write")
+
+    def is_team_member(self, org: str, team: str, login: str) -> bool:
+        """Whether ``login`` is an active member of ``@org/team``
+        (``GET /orgs/{org}/teams/{team}/memberships/{login}``, state ``active``; a 404 is no). Answers are
+        cached for ``MEMBERSHIP_TTL`` seconds per process, at most ``MEMBERSHIP_CACHE`` of them."""
+        key = (self._api_url, org.lower(), team.lower(), login.lower())
+        cached = _MEMBERSHIPS.get(key)
+        if cached is not None:
+            return cached
+
+        def once() -> bool:
+            try:
+                _, data = self._gh.requester.requestJsonAndCheck(
+                    "GET", f"/orgs/{quote(org, safe='')}/teams/{quote(team, safe='')}/memberships/"
+                           f"{quote(login, safe='')}")
+            except UnknownObjectException:
+                return False
+            return isinstance(data, dict) and data.get("state") == "active"
+
+        found = self._policy.call(f"read {login}'s membership of {org}/{team}", once)
+        _MEMBERSHIPS.put(key, found)
+        return found
 
     def commit_logins(self, sha: str) -> frozenset[str]:
         """The GitHub logins of a commit's author and committer (those GitHub matched to an account)."""

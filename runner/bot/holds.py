@@ -41,8 +41,9 @@ from runner.bot import flow, holdtext, markdown, render
 from runner.bot import requirements as apply_requirements
 from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig, Project
-from runner.bot.github import GitHub, PullInfo
+from runner.bot.github import GitHub, PullInfo, Review
 from runner.bot.outcomes import ApplyResult
+from runner.bot.owners import OwnedGlob, owned_globs
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
 from runner.errors import Conflict, Failed
 from runner.filescoped import ScopedFootprint
@@ -98,7 +99,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
         names, refusal = _targets(config, touched, args.project, login, branch)
         if refusal:
             return CommentResult(reply=refusal, command="apply")
-        unmet = _unmet(gh, config, pr, head_root, tip)
+        unmet = _unmet(gh, config, pr, head_root, tip, ctx.db, names)
         if unmet:
             return CommentResult(reply=holdtext.requirements_refused(login, unmet, branch), command="apply",
                                  unmet=tuple(u.name for u in unmet))
@@ -107,7 +108,8 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
         for name in names:
             project = config.project(name)
             assert project is not None
-            results.append(_apply_project(ctx, gh, head_root, project, base, pr, repo, principal))
+            results.append(_apply_project(ctx, gh, head_root, project, base, pr, repo, principal,
+                                          config.apply_requirements))
     held = holds_store.of_pull_request(ctx.db, repo, number)
     # Other open pull requests on these states re-render: their comments show the new hold.
     notify = _neighbours(ctx.db, repo, number, held)
@@ -136,15 +138,59 @@ def apply_branch(config: BotConfig | None, default_branch: str) -> str:
     return (config.apply_branch if config is not None else None) or default_branch
 
 
-def _unmet(gh: GitHub, config: BotConfig, pr: PullInfo, head_root: Path,
-           tip: str) -> tuple[apply_requirements.Unmet, ...]:
+def _unmet(gh: GitHub, config: BotConfig, pr: PullInfo, head_root: Path, tip: str, db: Database,
+           names: Sequence[str]) -> tuple[apply_requirements.Unmet, ...]:
     wanted = config.apply_requirements
-    reviewed = bool({"approved", "last_push_approved"} & set(wanted))
+    reviewed = bool({"approved", "last_push_approved", "owners_approved"} & set(wanted))
     reviews = gh.reviews(pr.number) if reviewed else []
     writers = frozenset(login for login in {r.login for r in reviews} if gh.has_write_access(login))
     pushers = gh.commit_logins(pr.head_sha) if "last_push_approved" in wanted else frozenset()
-    return apply_requirements.unmet(wanted, pr, reviews=reviews, writers=writers, pushers=pushers,
+    owners = None
+    if "owners_approved" in wanted:
+        owners = _predicted_owners_problem(gh, db, config, pr, names, reviews, writers)
+    return apply_requirements.unmet(wanted, pr, reviews=reviews, writers=writers, pushers=pushers, owners=owners,
                                     contains_base_tip=git.is_ancestor(head_root, tip, pr.head_sha))
+
+
+def _predicted_owners_problem(gh: GitHub, db: Database, config: BotConfig, pr: PullInfo, names: Sequence[str],
+                              reviews: Sequence[Review], writers: frozenset[str]) -> str | None:
+    """``owners_approved`` on the head's recorded footprint (the apply checks its exact footprint again)."""
+    owned: list[OwnedGlob] = []
+    for name in names:
+        project = config.project(name)
+        if project is not None and not project.owners:
+            continue
+        recorded = [f for f in bot_store.open_footprints(db, gh.repo, project.state) if f.number == pr.number
+                    and f.project == name and f.head_sha == pr.head_sha] if project is not None else []
+        if project is None or not recorded:
+            return (f"the footprint of {pr.head_sha[:7]} for {markdown.code(name)} is not known yet, so its owners "
+                    "cannot be checked: wait for the kilolock/footprint check, then comment again")
+        owned += owned_globs(project.owners, recorded[0].write_globs)
+    return owners_problem_for(gh, owned, pr, reviews, writers)
+
+
+def owners_problem_for(gh: GitHub, owned: Sequence[OwnedGlob], pr: PullInfo, reviews: Sequence[Review],
+                       writers: frozenset[str], *, plain: bool = False) -> str | None:
+    """:func:`runner.bot.requirements.owners_problem` with team memberships read from GitHub."""
+    return apply_requirements.owners_problem(
+        owned, reviews, author=pr.author, head_sha=pr.head_sha, writers=writers,
+        **({"quote": str} if plain else {}),
+        is_member=lambda login, owner: owner.team is not None and gh.is_team_member(owner.login, owner.team, login))
+
+
+def exact_owners_problem(gh: GitHub, project: Project, pr: PullInfo | None,
+                         write_globs: Sequence[str]) -> str | None:
+    """``owners_approved`` on the exact write globs an apply is about to reserve (None: every owner group
+    approved, or nothing written is owned). Without a pull request (a push), no approval exists."""
+    owned = owned_globs(project.owners, write_globs)
+    if not any(o.groups for o in owned):
+        return None
+    reviews = gh.reviews(pr.number) if pr is not None else []
+    writers = frozenset(login for login in {r.login for r in reviews} if gh.has_write_access(login))
+    if pr is None:
+        pr = PullInfo(number=0, head_sha="", head_ref="", base_ref="", base_sha="", merged=True, state="closed",
+                      author="")
+    return owners_problem_for(gh, owned, pr, reviews, writers, plain=True)
 
 
 def review_readiness(ctx: Context, gh: GitHub, repo: str, number: int,
@@ -173,7 +219,7 @@ def review_readiness(ctx: Context, gh: GitHub, repo: str, number: int,
         names = [n for n in touched if (config.project(n) or NO_PROJECT).apply_on_comment]
         if not names:
             return JobStatus.SKIPPED, ReviewResult(skipped="no project of the pull request has apply_on_comment")
-        unmet = _unmet(gh, config, pr, head_root, tip)
+        unmet = _unmet(gh, config, pr, head_root, tip, ctx.db, names)
     title, summary = holdtext.readiness(names, unmet)
     return JobStatus.SUCCEEDED, ReviewResult(ready_check=ReadyCheck(head_sha, title, summary))
 
@@ -200,7 +246,7 @@ NO_PROJECT = Project(name="", dir="", state="", address=None, files=(), apply_on
 
 
 def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base: str, pr: PullInfo, repo: str,
-                   principal: Principal) -> ApplyResult:
+                   principal: Principal, requirements: Sequence[str] = ()) -> ApplyResult:
     """Apply one project of the head, then hold what it applied (plus what earlier comment applies of this
     pull request held there)."""
     number, sha = pr.number, pr.head_sha
@@ -209,6 +255,11 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
 
     def before_apply(scoped: ScopedFootprint) -> float:
         footprint["write"] = tuple(scoped.write_globs)
+        if "owners_approved" in requirements:
+            problem = exact_owners_problem(gh, project, pr, scoped.write_globs)
+            if problem:
+                footprint["owners"] = ()
+                raise Failed(f"owners_approved: {problem}")
         blocking = blocking_holds(ctx.db, repo, number, project.state, scoped.write_globs, scoped.read_globs)
         if blocking:
             footprint["blocked"] = ()
@@ -223,7 +274,9 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
     result = flow.apply_project(ctx.bench, root, project, base, sha, actor=actor, wait_seconds=0.0,
                                    before_apply=before_apply)
     if result.failed:
-        result = replace(result, hint=holdtext.BLOCKED_HINT if "blocked" in footprint else holdtext.FAILED_HINT)
+        hint = holdtext.OWNERS_HINT if "owners" in footprint else \
+            holdtext.BLOCKED_HINT if "blocked" in footprint else holdtext.FAILED_HINT
+        result = replace(result, hint=hint)
     globs = {g for h in previous for g in h.write_globs}
     serial = previous[0].applied_serial if previous else None
     run_id = previous[0].applied_run_id if previous else None

@@ -21,6 +21,8 @@ FAILED_HINT = ("fix the change in this pull request and comment `kilolock apply`
                "the trunk is unchanged")
 BLOCKED_HINT = ("wait until the holding pull request is merged or closed (or releases its holds with `kilolock "
                 "unlock`), then comment `kilolock apply` again")
+OWNERS_HINT = ("ask a member of each owner group named above to approve the current head, then comment `kilolock "
+               "apply` again; nothing was reserved or committed")
 UNTIL = "until it is merged or closed, or a `kilolock unlock` comment releases them"
 
 

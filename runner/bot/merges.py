@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +29,18 @@ from rq.timeouts import JobTimeoutException
 from app import queue
 from app.domain.jobs import ApplyProjectArgs, JobArgs, JobKind, MergeArgs, PushArgs, args_from_json, job_id
 from app.domain.overlaps import shared_globs
+from app.domain.principal import Principal
 from app.store import bot as store
+from app.store import events
 from app.store.bot import BotJob, JobStatus, PrFootprint
 from runner import git
 from runner.bot import flow, holds, render, view
-from runner.bot.config import BotConfig
+from runner.bot.config import BotConfig, Project
 from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, Context, complete, refresh
 from runner.bot.github import GitHub
 from runner.bot.outcomes import ApplyResult, FootprintOutcome
 from runner.bot.results import ApplyProjectResult, FanOutResult, JobResult, result_of
-from runner.errors import Conflict
+from runner.errors import Conflict, Failed
 from runner.filescoped import ScopedFootprint
 
 log = logging.getLogger("kilolock.jobs")
@@ -172,10 +176,21 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
             return JobStatus.FAILED, ApplyProjectResult(apply=result)
         deadline = time.monotonic() + config.merge_wait
         state = project.state
+        gate = _owners_gate(ctx, gh, repo, args, config, project)
+
+        def before_apply(scoped: ScopedFootprint) -> float:
+            if gate is not None:
+                gate(scoped)
+            return _wait_for_earlier_merges(root, repo, sha, state, scoped, deadline)
+
+        _audit_apply(ctx, "pr_apply_started", args, state, actor)
         try:
-            result = flow.apply_project(
-                ctx.bench, root, project, args.base, sha, actor=actor, wait_seconds=config.merge_wait,
-                before_apply=lambda scoped: _wait_for_earlier_merges(root, repo, sha, state, scoped, deadline))
+            result = flow.apply_project(ctx.bench, root, project, args.base, sha, actor=actor,
+                                        wait_seconds=config.merge_wait, before_apply=before_apply)
+            if gate is not None and result.failed and (result.error or "").startswith("owners_approved: "):
+                result = replace(result, hint="ask a member of each owner group named above to approve the pull "
+                                              "request, then re-run the kilolock/apply check; nothing was reserved "
+                                              "or committed")
         except JobTimeoutException:
             ended = flow.end_live_runs(ctx.bench, root, project, actor, "the bot job timed out")
             result = ApplyResult(name, project.state, sha, "failed", run_id=ended[0] if ended else None,
@@ -183,7 +198,37 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
                                        "was interrupted and nothing was committed",
                                  hint="raise KL_JOB_TIMEOUT or make the change smaller, then re-run the "
                                       "kilolock/apply check")
+        _audit_apply(ctx, "pr_apply_finished", args, state, actor, status="failed" if result.failed else "applied",
+                     run_id=result.run_id)
     return (JobStatus.FAILED if result.failed else JobStatus.SUCCEEDED), ApplyProjectResult(apply=result)
+
+
+def _owners_gate(ctx: Context, gh: GitHub, repo: str, args: ApplyProjectArgs, config: BotConfig,
+                 project: Project) -> Callable[[ScopedFootprint], None] | None:
+    """``owners_approved`` for a merge (or push) apply, as the branch was before it: the requirement and the
+    owners come from ``.kilolock.yml`` at the change's base, so a pull request cannot drop its own owners
+    (the merge commit's file when the base's is invalid). Checked on the exact footprint, before anything is
+    reserved; raises ``Failed`` naming the groups that did not approve the pull request's last head."""
+    with flow.checkout(ctx.bench, repo, args.base, gh.clone_token()) as base_root:
+        before, _ = flow.read_config(base_root)
+    trusted = before or config
+    owners_project = trusted.project(project.name) or project
+    if "owners_approved" not in trusted.apply_requirements or not owners_project.owners:
+        return None
+    pr = gh.pull_request(args.number) if args.number else None
+
+    def check(scoped: ScopedFootprint) -> None:
+        problem = holds.exact_owners_problem(gh, owners_project, pr, scoped.write_globs)
+        if problem:
+            raise Failed(f"owners_approved: {problem}")
+
+    return check
+
+
+def _audit_apply(ctx: Context, kind: str, args: ApplyProjectArgs, state: str, actor: str, **more: Any) -> None:
+    """The audit record (and so the outgoing event) of a pull request's apply starting or ending."""
+    events.record_alone(ctx.db, Principal(tenant_id=0, actor=actor), kind, state_name=state, repo=args.repo,
+                        number=args.number, project=args.project, sha=args.sha, **more)
 
 
 def crash_result(args: ApplyProjectArgs, error: str) -> ApplyProjectResult:

@@ -43,6 +43,10 @@ class ProjectFootprint:
     diagnostics: tuple[str, ...] = ()
     conflicts: tuple[LiveConflict, ...] = ()
     error: str | None = None
+    # Per write glob, the owner groups it needs ("@acme/payments or @alice", "" when unowned), and the
+    # groups no member of which had approved the head when the footprint was computed.
+    owners: tuple[tuple[str, str], ...] = ()
+    owners_missing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +188,9 @@ def footprint_from_json(doc: Mapping[str, Any]) -> FootprintOutcome:
     projects = tuple(
         ProjectFootprint(**{**p, **{k: tuple(p.get(k, ())) for k in ("changed", "files", "write_globs",
                                                                        "read_globs", "diagnostics")},
-                            "conflicts": tuple(LiveConflict(**c) for c in p.get("conflicts", ()))})
+                            "conflicts": tuple(LiveConflict(**c) for c in p.get("conflicts", ())),
+                            "owners": _pairs(p.get("owners", ())),
+                            "owners_missing": tuple(p.get("owners_missing", ()))})
         for p in doc.get("projects", ()))
     return FootprintOutcome(head_sha=doc["head_sha"], base_sha=doc.get("base_sha", ""), projects=projects,
                             config_errors=tuple(doc.get("config_errors", ())),

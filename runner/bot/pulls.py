@@ -8,6 +8,7 @@ calls the deliver. Must not: store outcomes itself, or post anything that is not
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from app.domain import commands
 from app.domain.commands import CommandName
@@ -15,11 +16,13 @@ from app.domain.jobs import ClosedArgs, CommentArgs, JobKind, PreviewArgs, PullR
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus, PrFootprint
 from runner import git
-from runner.bot import flow, holds, render, view
+from runner.bot import flow, holds, manualholds, owners, render, requirements, view
 from runner.bot import trust as trust_rules
+from runner.bot.config import BotConfig
 from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, PLAN_CHECK, Context, complete, progress, refresh
-from runner.bot.github import GitHub, PullInfo
-from runner.bot.outcomes import FootprintOutcome, PreviewOutcome, ProjectPreview
+from runner.bot.github import GitHub, PullInfo, Review
+from runner.bot.outcomes import FootprintOutcome, PreviewOutcome, ProjectFootprint, ProjectPreview
+from runner.bot.owners import groups_of, missing_groups, owned_globs
 from runner.bot.results import ClosedResult, CommentResult, FootprintResult, JobResult, PreviewResult, ReviewResult
 
 log = logging.getLogger("kilolock.jobs")
@@ -70,7 +73,33 @@ def _footprint_outcome(ctx: Context, gh: GitHub, repo: str, pr: PullInfo) -> Foo
             return FootprintOutcome(pr.head_sha, base, config_errors=errors, config_source=flow.config_source(root))
         _, trusted, _ = flow.default_config(ctx.bench, repo, root, gh.default_branch(), token)
         projects = flow.footprint(ctx.bench, root, config, base, pr.head_sha, trusted=trusted)
+        if trusted is not None:
+            projects = _with_owners(gh, trusted, pr, projects)
         return FootprintOutcome(pr.head_sha, base, projects, config_source=config.source)
+
+
+def _with_owners(gh: GitHub, trusted: BotConfig, pr: PullInfo,
+                 projects: tuple[ProjectFootprint, ...]) -> tuple[ProjectFootprint, ...]:
+    """Each project's write globs with their owners (the default branch's ``owners:``), and the groups whose
+    approval of the head is missing (reviews and team memberships read now)."""
+    found: list[ProjectFootprint] = []
+    reviews: list[Review] | None = None
+    for shown in projects:
+        project = trusted.project(shown.name)
+        owned = owned_globs(project.owners, shown.write_globs) if project is not None else ()
+        if not any(o.groups for o in owned):
+            found.append(shown)
+            continue
+        if reviews is None:
+            reviews = gh.reviews(pr.number)
+        writers = frozenset(login for login in {r.login for r in reviews} if gh.has_write_access(login))
+        approvers = requirements.head_approvers(reviews, author=pr.author, head_sha=pr.head_sha, writers=writers)
+        missing = missing_groups(groups_of(owned), approvers, lambda login, owner: owner.team is not None and
+                                 gh.is_team_member(owner.login, owner.team, login))
+        found.append(replace(shown, owners=tuple((o.glob, "; ".join(owners.shown(g) for g in o.groups))
+                                                 for o in owned),
+                             owners_missing=tuple(owners.shown(g) for g in missing)))
+    return tuple(found)
 
 
 def deliver_footprint(ctx: Context, row: BotJob, result: JobResult) -> None:
@@ -173,6 +202,10 @@ def comment(ctx: Context, args: CommentArgs) -> Outcome:
         return JobStatus.SUCCEEDED, holds.comment_apply(ctx, gh, repo, number, login, command.apply)
     elif command.name is CommandName.UNLOCK:
         return JobStatus.SUCCEEDED, holds.comment_unlock(ctx, repo, number, login)
+    elif command.name is CommandName.HOLD:
+        return JobStatus.SUCCEEDED, manualholds.comment_hold(ctx, gh, repo, number, login, command.hold)
+    elif command.name is CommandName.RELEASE:
+        return JobStatus.SUCCEEDED, manualholds.comment_release(ctx, repo, number, login, command.hold)
     elif command.name is CommandName.HELP:
         reply = commands.HELP
     else:

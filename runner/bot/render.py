@@ -117,11 +117,22 @@ def _project_section(project: ProjectFootprint, overlaps: Sequence[Overlap], pre
     else:
         if project.files:
             lines += [f"**Planned files:** {', '.join(_code(f) for f in project.files)}", ""]
-        rows = [f"| write | {_cell(g)} |" for g in project.write_globs]
-        rows += [f"| read | {_cell(g)} |" for g in project.read_globs]
+        owned = dict(project.owners)
+        if owned:
+            rows = [f"| write | {_cell(g)} | {_owners_cell(owned.get(g, ''))} |" for g in project.write_globs]
+            rows += [f"| read | {_cell(g)} | |" for g in project.read_globs]
+            header = ["| mode | address glob | owners |", "| --- | --- | --- |"]
+        else:
+            rows = [f"| write | {_cell(g)} |" for g in project.write_globs]
+            rows += [f"| read | {_cell(g)} |" for g in project.read_globs]
+            header = ["| mode | address glob |", "| --- | --- |"]
         if rows:
             lines += ["**Reservations an apply would take**", ""]
-            lines += _table(["| mode | address glob |", "| --- | --- |"], rows, shown)
+            lines += _table(header, rows, shown)
+            if owned:
+                lines += [("**Owner approval missing** (of the head, by a member with write access): " +
+                           ", ".join(_code(m) for m in project.owners_missing)) if project.owners_missing else
+                          "**Owner approval:** every owner group approved the head", ""]
         else:
             lines += ["**Reservations an apply would take:** none", ""]
     if project.conflicts:
@@ -328,6 +339,10 @@ def _folded(label: str, items: list[str], shown: int, *, inline: bool = False) -
     if inline and len(items) <= FOLD_AFTER:
         return [f"**{label}:** {', '.join(items)}", ""]
     return [f"**{label}:**", ""] + _bullets(items, shown)
+
+
+def _owners_cell(groups: str) -> str:
+    return " and ".join(_cell(g) for g in groups.split("; ")) if groups else "unowned"
 
 
 def _first_line(text: str | None) -> str:

@@ -1,5 +1,6 @@
-"""The apply requirements of comment applies (``approved``, ``last_push_approved``, ``mergeable``,
-``undiverged``): which of them a pull request fails right now, each with the reason and what to do.
+"""The apply requirements of comment applies (``approved``, ``last_push_approved``, ``owners_approved``,
+``mergeable``, ``undiverged``; ``owners_approved`` gates merge applies too): which of them a pull request
+fails right now, each with the reason and what to do.
 
 Pure: the pull request, its reviews, which reviewers may write, who pushed the head and whether the head
 contains the base branch's tip come in; frozen
@@ -9,10 +10,12 @@ from anywhere but the caller (the default branch's ``.kilolock.yml``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from runner.bot import markdown
 from runner.bot.github import PullInfo, Review
+from runner.bot.owners import IsMember, OwnedGlob, groups_of, missing_groups, shown
 
 # Reviews that change a reviewer's verdict; COMMENTED and PENDING leave the earlier verdict standing,
 # as they do on GitHub.
@@ -73,6 +76,34 @@ def last_push_problem(reviews: Iterable[Review], *, head_sha: str, writers: froz
             "ask someone else to approve it")
 
 
+def head_approvers(reviews: Iterable[Review], *, author: str, head_sha: str, writers: frozenset[str]) -> set[str]:
+    """Writers other than the author whose latest verdict approves ``head_sha`` itself (after the last push)."""
+    return {login for login, r in latest_verdicts(reviews).items() if login in writers and login != author
+            and r.state.upper() == "APPROVED" and r.commit_id == head_sha}
+
+
+def owners_problem(owned: Sequence[OwnedGlob], reviews: Iterable[Review], *, author: str, head_sha: str,
+                   writers: frozenset[str], is_member: IsMember,
+                   quote: Callable[[str], str] = markdown.code) -> str | None:
+    """None when every owner group a write glob needs has an approval of the head by one of its members
+    with write access (not the author); otherwise which groups are missing, for which globs. ``quote``
+    makes handles and globs inert where the reason is shown (Markdown inline code by default; the identity
+    for a reason that becomes an error, which is shown in a code block)."""
+    approvers = head_approvers(reviews, author=author, head_sha=head_sha, writers=writers)
+    missing = missing_groups(groups_of(owned), approvers, is_member)
+    if not missing:
+        return None
+    parts = []
+    for group in missing:
+        globs = [o.glob for o in owned if group in o.groups]
+        parts.append(f"{quote(shown(group))} (for {', '.join(quote(g) for g in globs)})")
+    unparsable = [o.glob for o in owned if o.unparsable]
+    extra = (f"; {', '.join(quote(g) for g in unparsable)} cannot be parsed, so every owner must approve"
+             if unparsable else "")
+    return (f"no approval of the head {head_sha[:7]} by a member of " + "; ".join(parts) + extra +
+            ": ask one member with write access of each to approve the current head")
+
+
 def mergeable_problem(pr: PullInfo) -> str | None:
     if pr.mergeable is None:
         return "GitHub has not finished checking whether it can be merged: comment again in a moment"
@@ -85,9 +116,11 @@ def mergeable_problem(pr: PullInfo) -> str | None:
 
 
 def unmet(requirements: Sequence[str], pr: PullInfo, *, reviews: Sequence[Review], contains_base_tip: bool,
-          writers: frozenset[str] = frozenset(), pushers: frozenset[str] = frozenset()) -> tuple[Unmet, ...]:
+          writers: frozenset[str] = frozenset(), pushers: frozenset[str] = frozenset(),
+          owners: str | None = None) -> tuple[Unmet, ...]:
     """The requirements among ``requirements`` that ``pr`` fails, in their order. ``writers`` are the
-    reviewers with write access; ``pushers`` the logins behind the head commit."""
+    reviewers with write access; ``pushers`` the logins behind the head commit; ``owners`` the caller's
+    :func:`owners_problem` (it needs the footprint and team memberships)."""
     found: list[Unmet] = []
     for name in requirements:
         problem: str | None = None
@@ -95,6 +128,8 @@ def unmet(requirements: Sequence[str], pr: PullInfo, *, reviews: Sequence[Review
             problem = approval_problem(reviews, author=pr.author, head_sha=pr.head_sha, writers=writers)
         elif name == "last_push_approved":
             problem = last_push_problem(reviews, head_sha=pr.head_sha, writers=writers, pushers=pushers)
+        elif name == "owners_approved":
+            problem = owners
         elif name == "mergeable":
             problem = mergeable_problem(pr)
         elif name == "undiverged" and not contains_base_tip:

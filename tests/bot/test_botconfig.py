@@ -83,7 +83,7 @@ def test_every_problem_is_listed_at_once_with_what_to_change(repo: Path):
 
     assert caught.value.problems == (
         "unknown key 'aply_on_merge' (known: apply_branch, apply_on_comment, apply_on_merge, apply_on_push, "
-        "apply_requirements, drift, env, hold_expiry, merge_wait, projects, untrusted_previews, version)",
+        "apply_requirements, drift, env, hold_expiry, merge_wait, owners, projects, untrusted_previews, version)",
         "version must be 1, got 2",
         "merge_wait must be a duration between 0 and 6h such as 600, 90s, 10m or 1h, got 'forever'",
         "projects[0]: dir 'nowhere' does not exist in this commit",
@@ -174,8 +174,8 @@ def test_unknown_requirements_and_non_boolean_apply_on_comment_are_listed(repo: 
 
     assert caught.value.problems == (
         "apply_on_comment must be true or false, got 'yes please'",
-        "apply_requirements: unknown requirement(s) 'green' (known: approved, last_push_approved, mergeable, "
-        "undiverged)",
+        "apply_requirements: unknown requirement(s) 'green' (known: approved, last_push_approved, owners_approved, "
+        "mergeable, undiverged)",
         "projects[0]: apply_on_comment must be true or false, got 1",
     )
 

@@ -382,15 +382,15 @@ def _write(
             principal.tenant_id, state_id, serial, locked.lineage or parsed.lineage,
             parsed.terraform_version or locked.terraform_version or "", locked.actor, run_id, principal.token_name,
             *resources.output_columns(outputs), serial, state_id))
-        if closing and delta.upserts:
-            history.record_changed_names(conn, state_id=state_id, serial=serial,
-                                         keys=[(r.address, r.deposed) for r in delta.upserts])
         conn.execute(_FINISH, (serial, now, json.dumps(counters), run_id))
         conn.execute(_KEEP_GLOBS, (json.dumps(_written_globs(locked.reserved)), run_id))
         conn.execute(_RELEASE, (run_id,))
         events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
                       serial=serial, holder=locked.actor, **counters, addresses=list(delta.addresses)[:200])
         conn.commit()  # in the pipeline: the writes and COMMIT are one round trip
+    if closing:
+        history.record_changed_names_after_commit(conn, state_id=state_id, serial=serial,
+                                                  keys=[(r.address, r.deposed) for r in delta.upserts])
     return CommitResult(run_id, serial, delta.created, delta.updated, len(delta.deletes), delta.addresses,
                         outputs_changed)
 

@@ -4,11 +4,13 @@ change touched.
 
 Everything is read from indexes: lifecycle rows by (state, address), the versions at the serials those
 rows name, and the runs that committed them. The changed attribute names are computed once, when a
-write opens a row that replaces an earlier lifecycle (``record_changed_names``), inside Postgres.
+write opens a row that replaces an earlier lifecycle (``record_changed_names``), inside Postgres, just after
+that write commits.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +21,8 @@ import psycopg
 from app.domain.attributes import SECRET_NAME_PATTERN
 from app.domain.durations import format_duration
 from app.domain.runkinds import RunKind, run_kind
+
+log = logging.getLogger("kilolock.store")
 
 # For each key (address, deposed) a write opened at ``serial``: the attribute names that differ from the
 # row it closed at the same serial. A name Terraform lists as sensitive (first step of a
@@ -63,6 +67,23 @@ def record_changed_names(
     if keys:
         conn.execute(_CHANGED_NAMES, {"secret": SECRET_NAME_PATTERN, "state": state_id, "serial": serial,
                                       "addresses": [a for a, _ in keys], "deposed": [d for _, d in keys]})
+
+
+def record_changed_names_after_commit(
+    conn: psycopg.Connection, *, state_id: int, serial: int, keys: Sequence[tuple[str, str]]
+) -> None:
+    """:func:`record_changed_names` in a transaction of its own, once the write that opened the rows has
+    committed and released the state's row lock (the rows it compares no longer change). The write is
+    already durable, so a failure here only leaves that change without names: logged, never raised."""
+    if not keys:
+        return
+    try:
+        record_changed_names(conn, state_id=state_id, serial=serial, keys=keys)
+        conn.commit()
+    except psycopg.Error as exc:
+        conn.rollback()
+        log.warning("changed attribute names not recorded for serial %s of state %s: %s", serial, state_id,
+                    type(exc).__name__)
 
 
 def record_token(conn: psycopg.Connection, *, version_id: int, token_name: str) -> None:

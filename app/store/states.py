@@ -207,6 +207,7 @@ def write_state(
     """
     parsed = parse_body(body)  # CPU work before taking the row lock
     digest = hashlib.sha256(body).hexdigest()
+    changed: list[tuple[str, str]] = []
     with db.transaction() as conn:
         row = locked_row(conn, principal, name, create=True)
         assert row is not None  # _ENSURE guarantees the row
@@ -235,8 +236,7 @@ def write_state(
                 outputs=parsed.outputs,
             )
             if delta.close_ids:
-                history.record_changed_names(conn, state_id=row.id, serial=parsed.serial,
-                                             keys=[(r.address, r.deposed) for r in delta.inserts])
+                changed = [(r.address, r.deposed) for r in delta.inserts]
             opened, closed = len(delta.inserts), len(delta.close_ids)
         history.record_token(conn, version_id=version_id, token_name=principal.token_name)
         conn.execute(_SET_HEAD, (parsed.lineage, parsed.serial, version_id, row.id))
@@ -248,6 +248,11 @@ def write_state(
         events.record(conn, principal, "state_write", state_id=row.id, state_name=name,
                       serial=parsed.serial, lock_id=lock_id, **detail)
         result = WriteResult(serial=parsed.serial, replay=False, opened=opened, closed=closed)
+    if changed:
+        # The changed attribute names are derived from rows that no longer change: after the row lock, so a
+        # write that replaces every row does not hold the state for the comparison.
+        with db.transaction() as conn:
+            history.record_changed_names_after_commit(conn, state_id=row.id, serial=parsed.serial, keys=changed)
     if opened >= BULK_ROWS:
         refresh_statistics(db)
     return result

@@ -5,7 +5,9 @@ Run from the repository root:
 
     .venv/bin/python -m bench.scale_bench                          # 50k, 200k and 500k; rewrites its section
     .venv/bin/python -m bench.scale_bench --sizes 50000,200000     # chosen sizes
-    .venv/bin/python -m bench.scale_bench --sizes 5000 --out /tmp/s.md   # a smoke run, written elsewhere
+    .venv/bin/python -m bench.scale_bench --sizes 50000,200000 --skip-vanilla   # without vanilla Terraform
+    .venv/bin/python -m bench.scale_bench --vanilla-timeout 30     # give vanilla plans 30 minutes each
+    .venv/bin/python -m bench.scale_bench --sizes 500 --skip-vanilla --reps 1 --out /tmp/s.md   # a smoke run
 
 For each size it builds the state with the project's generator (``bench.states.counted_state``: one
 ``terraform_data``-shaped resource with N instances), creates a scratch database (``bench.backend_bench``'s
@@ -15,8 +17,16 @@ HTTP: the first whole-state POST (every row new), a POST that changes one instan
 raw bytes are stored: the raw-GET floor), 12 one-instance row-level commits through the engine lane
 (``bench.commit_bench.commit_cycle``; the commit request is what is timed), the first GET after them (the
 version is assembled from rows) and the GET after that (cached). The POST floor is ``json.loads`` +
-``hashlib.sha256`` of the same body in the benchmark process, best of 3. Every answer is checked (status,
-rows, bytes); a wrong one stops the run with exit status 1 and writes nothing.
+``hashlib.sha256`` of the same body in the benchmark process, best of 3.
+
+Then, on the shape of ``bench.filescoped_bench`` (N ``terraform_data`` resources of one instance, 100 per
+file, served by the in-process ``Harness``) and with its code: ``kl plan -f`` of one file with 100 edited
+resources, cold and warm parse cache (``filescoped_bench.SizeBench``); a one-instance ``kl apply -f``
+(``apply_flat_bench.measure_apply``); and, unless ``--skip-vanilla``, vanilla ``terraform plan
+-refresh=false`` over the whole configuration, killed past ``--vanilla-timeout`` minutes (reported as not
+finished). Every answer is checked (status, rows, bytes, planned addresses, serials); a wrong one stops the
+run with exit status 1 and writes nothing. The report shows each measure beside its floor or peer, the
+ratio, the target and whether it is met.
 """
 
 from __future__ import annotations
@@ -24,25 +34,35 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
 
 from bench import common
+from bench.apply_flat_bench import install_request_times, measure_apply
 from bench.backend_bench import Harness
 from bench.body_memory_bench import Sampler, _status, start_server, stop_server
 from bench.commit_bench import STATE, commit_cycle
 from bench.common import BenchError, log, table
-from bench.filescoped_bench import PER_FILE, state_body
+from bench.filescoped_bench import PER_FILE, SizeBench, TimedOut, state_body
 from bench.states import counted_state
 
 SECTION = "## States of 50,000 to 500,000 instances"
 COMMITS = 12
 DEFAULT_SIZES = "50000,200000,500000"
+DEFAULT_VANILLA_MINUTES = 20.0
+# The targets each measure is judged against (Kilolock / its floor or peer, at most).
+POST_TARGET = 2.5            # whole-state POST / (json.loads + sha256 of the body)
+FIRST_GET_TARGET = 2.0       # first GET after row commits / raw GET of the same state
+FIRST_GET_RSS_TARGET = 1.5   # server RSS growth during the first GET / the state's size
+APPLY_GROWTH_TARGET = 1.25   # kl apply -f at the largest size / at the smallest (50,000) size
 perf = time.perf_counter
 
 
@@ -65,6 +85,13 @@ class SizeResult:
     wide_floor: float = 0.0
     wide_first_post: float = 0.0
     wide_change_post: float = 0.0
+    # kl plan -f / kl apply -f / vanilla plan on the wide shape (bench.filescoped_bench)
+    plan_cold: list[float] = field(default_factory=list)
+    plan_warm: list[float] = field(default_factory=list)
+    apply: list[float] = field(default_factory=list)
+    vanilla: float | None = None           # seconds; None: not run, or did not finish (vanilla_note says which)
+    vanilla_note: str = ""
+    slice_load: str = ""
 
 
 def best_of(runs: int, fn: Callable[[], object]) -> float:
@@ -128,6 +155,39 @@ def measure(database_url: str, n: int) -> SizeResult:
     return res
 
 
+def measure_slices(database_url: str, res: SizeResult, reps: int, vanilla_timeout: float | None) -> None:
+    """``kl plan -f`` (cold and warm) and ``kl apply -f`` of one file, and the time-boxed vanilla plan, on a state
+    of ``res.instances`` resources of one instance, 100 per file."""
+    files = max(1, res.instances // PER_FILE)
+    res.slice_load = common.load_average()
+    work = Path(tempfile.mkdtemp(prefix="kl-bench-scale-"))
+    try:
+        with Harness(database_url) as h:
+            times = install_request_times(h)
+            (work / "plan").mkdir()
+            plan = SizeBench(h, times, work / "plan", files, log)
+            plan.setup(check_vanilla=False)
+            for _ in range(reps):
+                res.plan_cold.append(plan.kl_plan(cold=True)[1].seconds)
+                res.plan_warm.append(plan.kl_plan()[1].seconds)
+            log(f"  {res.instances}: kl plan -f cold {statistics.median(res.plan_cold):.2f}s, "
+                f"warm {statistics.median(res.plan_warm):.2f}s")
+            (work / "apply").mkdir()
+            res.apply = measure_apply(h, work / "apply", files, reps, times=times).seconds
+            log(f"  {res.instances}: kl apply -f {statistics.median(res.apply):.2f}s")
+            if vanilla_timeout is None:
+                res.vanilla_note = "not run (--skip-vanilla)"
+                return
+            try:
+                res.vanilla = plan.vanilla(timeout=vanilla_timeout).seconds
+                log(f"  {res.instances}: vanilla terraform plan {res.vanilla:.1f}s")
+            except TimedOut:
+                res.vanilla_note = f"did not finish within {vanilla_timeout / 60:g} min"
+                log(f"  {res.instances}: vanilla terraform plan {res.vanilla_note}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def wide_posts(session: requests.Session, base: str, res: SizeResult) -> None:
     """The two POSTs again on a state of as many resources of one instance each, the shape of
     ``bench.filescoped_bench`` (each resource's header is read per instance)."""
@@ -151,59 +211,115 @@ def s(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.0f} ms"
 
 
-def render(command: str, machine: list[tuple[str, str]], results: Sequence[SizeResult]) -> str:
-    mb = lambda b: f"{b / 1e6:,.0f} MB"  # noqa: E731
+def mb(n: float) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def spread(values: Sequence[float]) -> str:
+    return f"{s(statistics.median(values))} ({s(min(values))}-{s(max(values))})" if values else "-"
+
+
+def ratio(x: float) -> str:
+    return f"{x:.2f}x" if x >= 0.1 else f"1/{1 / x:.0f}"
+
+
+def verdict(value: float, target: float) -> str:
+    return f"<= {target:g}x: {'met' if value <= target else 'MISSED'}"
+
+
+def size_rows(r: SizeResult) -> list[list[str]]:
+    """One size: each measure, its floor or peer, the ratio of the two, and the target if there is one."""
     rows: list[list[str]] = []
-    header = ["measure", *(f"{r.instances:,} ({mb(r.body_bytes)})" for r in results)]
+    med = statistics.median
+    vanilla = s(r.vanilla) if r.vanilla is not None else r.vanilla_note
+    for label, runs in (("`kl plan -f` one file (100 resources edited), warm parse cache", r.plan_warm),
+                        ("`kl plan -f` one file, cold parse cache", r.plan_cold)):
+        rows.append([label, spread(runs), f"vanilla `terraform plan -refresh=false`: {vanilla}",
+                     ratio(med(runs) / r.vanilla) if r.vanilla and runs else "-", "-"])
+    rows.append([f"one-instance commit at the store (median of {COMMITS})", s(med(r.commits)), "-", "-", "-"])
+    rows.append(["`kl apply -f` one instance", spread(r.apply), "-", "-", "see below"])
+    posts = (("whole-state POST, every row new", r.first_post, r.floor, r.body_bytes),
+             ("whole-state POST, one instance changed", r.change_post, r.floor, r.body_bytes),
+             ("whole-state POST, N resources, every row new", r.wide_first_post, r.wide_floor, r.wide_bytes),
+             ("whole-state POST, N resources, one changed", r.wide_change_post, r.wide_floor, r.wide_bytes))
+    for label, seconds, floor, size in posts:
+        rows.append([f"{label} ({mb(size)})", s(seconds), f"`json.loads` + sha256 of the body: {s(floor)}",
+                     ratio(seconds / floor), verdict(seconds / floor, POST_TARGET)])
+    rows.append([f"**first GET after {COMMITS} commits** (assembled from rows)", s(r.first_get),
+                 f"raw GET of the stored bytes: {s(r.raw_get)}", ratio(r.first_get / r.raw_get),
+                 verdict(r.first_get / r.raw_get, FIRST_GET_TARGET)])
+    rows.append(["GET after that (cached)", s(r.cached_get), f"raw GET: {s(r.raw_get)}",
+                 ratio(r.cached_get / r.raw_get), "-"])
+    growth = (r.rss_first_get - r.rss_idle) / r.body_bytes
+    rows.append(["server peak RSS during the first GET", f"{mb(r.rss_first_get)} (+{mb(r.rss_first_get - r.rss_idle)})",
+                 f"the state: {mb(r.body_bytes)} (idle worker {mb(r.rss_idle)})", f"{growth:.1f}x growth",
+                 verdict(growth, FIRST_GET_RSS_TARGET)])
+    growth = (r.rss_post - r.rss_idle) / r.body_bytes
+    rows.append(["server peak RSS during the first POST", f"{mb(r.rss_post)} (+{mb(r.rss_post - r.rss_idle)})",
+                 f"the state: {mb(r.body_bytes)}", f"{growth:.1f}x growth", "-"])
+    return rows
 
-    def row(label: str, cell: Callable[[SizeResult], str]) -> None:
-        rows.append([label, *(cell(r) for r in results)])
 
-    row("floor: json.loads + sha256 of the body (best of 3)", lambda r: s(r.floor))
-    row("whole-state POST, every row new", lambda r: f"{s(r.first_post)} ({r.first_post / r.floor:.1f}x floor)")
-    row("whole-state POST, one instance changed",
-        lambda r: f"{s(r.change_post)} ({r.change_post / r.floor:.1f}x floor)")
-    row("N resources of one instance each: body", lambda r: mb(r.wide_bytes))
-    row("  floor: json.loads + sha256", lambda r: s(r.wide_floor))
-    row("  whole-state POST, every row new",
-        lambda r: f"{s(r.wide_first_post)} ({r.wide_first_post / r.wide_floor:.1f}x floor)")
-    row("  whole-state POST, one instance changed",
-        lambda r: f"{s(r.wide_change_post)} ({r.wide_change_post / r.wide_floor:.1f}x floor)")
-    row("one-instance commit at the store (median of 12)", lambda r: s(statistics.median(r.commits)))
-    row("raw GET (stored bytes): the GET floor", lambda r: s(r.raw_get))
-    row("first GET after 12 commits (assembled from rows)",
-        lambda r: f"{s(r.first_get)} ({r.first_get / r.raw_get:.1f}x raw GET)")
-    row("GET after that (cached)", lambda r: f"{s(r.cached_get)} ({r.cached_get / r.raw_get:.1f}x raw GET)")
-    row("server RSS idle (worker)", lambda r: mb(r.rss_idle))
-    row("server peak RSS during the first POST",
-        lambda r: f"{mb(r.rss_post)} ({(r.rss_post - r.rss_idle) / r.body_bytes:.1f}x body growth)")
-    row("server peak RSS during the first GET",
-        lambda r: f"{mb(r.rss_first_get)} ({(r.rss_first_get - r.rss_idle) / r.body_bytes:.1f}x body growth)")
-    row("load average before the size", lambda r: r.load)
-    return "\n".join([
+def apply_growth(results: Sequence[SizeResult]) -> list[str]:
+    """The median one-instance ``kl apply -f`` at each larger size against the smallest size of the run."""
+    small = results[0]
+    lines = []
+    for r in results[1:]:
+        g = statistics.median(r.apply) / statistics.median(small.apply)
+        lines.append(f"- `kl apply -f` one instance, {r.instances:,} / {small.instances:,} instances: "
+                     f"{statistics.median(r.apply):.2f} s / {statistics.median(small.apply):.2f} s = {g:.2f}x "
+                     f"(target {verdict(g, APPLY_GROWTH_TARGET)}).")
+    return lines
+
+
+def targets(results: Sequence[SizeResult]) -> list[str]:
+    """Each target, at each size: met or missed."""
+    lines = []
+    for r in results:
+        missed = [row[0].replace("**", "") for row in size_rows(r) if row[4].endswith("MISSED")]
+        lines.append(f"- {r.instances:,} instances: " + (f"missed: {'; '.join(missed)}." if missed
+                                                          else "every target met."))
+    return lines + apply_growth(results)
+
+
+def render(command: str, machine: list[tuple[str, str]], results: Sequence[SizeResult]) -> str:
+    parts = [
         SECTION, "",
         f"Produced by `bench/scale_bench.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
-        "(see `bench/README.md`): gunicorn with one worker over a scratch database, driven over HTTP; the state "
-        "is one `terraform_data`-shaped resource with N instances. Ratios are to floors measured in the same "
-        "run on the same body.", "",
+        "(see `bench/README.md`). The HTTP rows: gunicorn with one worker over a scratch database, driven over "
+        "HTTP; the state is one `terraform_data`-shaped resource with N instances (the N-resources POST rows: "
+        "N resources of one instance each). The `kl plan -f`, `kl apply -f` and vanilla rows: N "
+        "`terraform_data` resources, 100 per file, served in process (`bench/filescoped_bench.py`'s shape). "
+        "Floors and peers are measured in the same run on the same body; ratio = Kilolock / floor.", "",
         "### Machine", "", table(["", "value"], [list(m) for m in machine]), "",
         "### Command", "", "```", command, "```", "",
-        "### Results", "", table(header, rows), "",
-        "Not measured by this script yet: `kl plan -f` and `kl apply -f` on one file of the state, and vanilla "
-        "`terraform plan -refresh=false` over the whole configuration (`bench/filescoped_bench.py` measures "
-        "the plans at its sizes).", "",
-    ])
+    ]
+    for r in results:
+        parts += [f"### {r.instances:,} instances ({mb(r.body_bytes)}; {mb(r.wide_bytes)} as N resources)", "",
+                  f"Load average before the HTTP rows {r.load}; before the `kl` rows {r.slice_load}.", "",
+                  table(["measure", "Kilolock", "floor / peer", "ratio", "target"], size_rows(r)), ""]
+    parts += ["### Targets", "", *targets(results), ""]
+    return "\n".join(parts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = common.bench_parser("scale_bench", __doc__ or "", section=SECTION, json_help=None)
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="instance counts, comma separated (default: %(default)s)")
+    p.add_argument("--reps", type=int, default=3, help="kl plan -f and kl apply -f runs per size (default: 3)")
+    p.add_argument("--vanilla-timeout", type=float, default=DEFAULT_VANILLA_MINUTES, metavar="MINUTES",
+                   help="kill a vanilla terraform plan past this many minutes (default: %(default)g)")
+    p.add_argument("--skip-vanilla", action="store_true", help="do not run vanilla terraform plan")
     args = p.parse_args(argv)
+    vanilla_timeout = None if args.skip_vanilla else args.vanilla_timeout * 60
     out, command = common.start_run(args, "scale_bench", argv)
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     try:
         machine = common.machine_info(args.database_url)
-        results = [measure(args.database_url, n) for n in sizes]
+        results = []
+        for n in sizes:
+            res = measure(args.database_url, n)
+            measure_slices(args.database_url, res, args.reps, vanilla_timeout)
+            results.append(res)
         machine.append(("Load average at end", common.load_average()))
     except BenchError as exc:
         log(f"scale_bench: {exc}")

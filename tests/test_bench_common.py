@@ -4,6 +4,7 @@ and a timing shim whose target moved stops the bench naming it."""
 from __future__ import annotations
 
 import ast
+import re
 import types
 from pathlib import Path
 
@@ -70,3 +71,37 @@ def test_the_shared_options_and_where_a_run_writes() -> None:
 def test_the_recorded_command_repeats_the_run() -> None:
     command = command_line("x_bench", ["--quick", "--out", "a b.md"])
     assert command == ".venv/bin/python -m bench.x_bench --quick --out 'a b.md'"
+
+
+def test_a_time_boxed_process_is_killed_with_its_children(tmp_path: Path) -> None:
+    from bench.filescoped_bench import TimedOut, run
+
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 60 & echo $! > {pid_file}; wait"
+    with pytest.raises(TimedOut, match=r"slow: did not finish within 1 s"):
+        run(["sh", "-c", script], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, label="slow", timeout=1.0)
+    child = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    assert not child.exists() or child.read_text().split(") ")[1].startswith(("Z", "X"))
+    assert run(["sh", "-c", "echo done"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout=30).output == "done\n"
+
+
+def test_the_scale_report_judges_each_row_against_its_target() -> None:
+    from bench.scale_bench import SizeResult, render
+
+    def sized(n: int, *, first_get: float, apply: float) -> SizeResult:
+        return SizeResult(instances=n, body_bytes=100_000_000, floor=2.0, first_post=4.0, change_post=6.0,
+                          raw_get=1.0, commits=[0.01] * 12, first_get=first_get, cached_get=1.1,
+                          rss_idle=60_000_000, rss_post=200_000_000, rss_first_get=190_000_000, load="1, 1, 1",
+                          wide_bytes=130_000_000, wide_floor=2.0, wide_first_post=4.5, wide_change_post=5.0,
+                          plan_cold=[5.0, 6.0, 5.5], plan_warm=[3.0, 2.5, 2.8], apply=[apply] * 3,
+                          vanilla=None, vanilla_note="did not finish within 20 min", slice_load="1, 1, 1")
+
+    text = render("cmd", [("Cores", "2")], [sized(50_000, first_get=1.5, apply=2.0),
+                                             sized(200_000, first_get=14.5, apply=2.6)])
+    assert "vanilla `terraform plan -refresh=false`: did not finish within 20 min" in text
+    assert re.search(r"warm parse cache\s*\|\s*2\.80 s \(2\.50 s-3\.00 s\)\s*\|", text)
+    assert "- 50,000 instances: missed: whole-state POST, one instance changed (100 MB)." in text
+    assert ("- 200,000 instances: missed: whole-state POST, one instance changed (100 MB); first GET after 12 "
+            "commits (assembled from rows).") in text
+    assert "2.60 s / 2.00 s = 1.30x (target <= 1.25x: MISSED)" in text
+    assert re.search(r"first GET\s*\|\s*190 MB \(\+130 MB\).*\|\s*1\.3x growth\s*\|\s*<= 1\.5x: met", text)

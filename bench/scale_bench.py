@@ -178,6 +178,7 @@ def measure_slices(database_url: str, res: SizeResult, reps: int, vanilla_timeou
             if vanilla_timeout is None:
                 res.vanilla_note = "not run (--skip-vanilla)"
                 return
+            plan.init()
             try:
                 res.vanilla = plan.vanilla(timeout=vanilla_timeout).seconds
                 log(f"  {res.instances}: vanilla terraform plan {res.vanilla:.1f}s")

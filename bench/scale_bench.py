@@ -34,6 +34,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -51,7 +52,7 @@ from bench.backend_bench import Harness
 from bench.body_memory_bench import Sampler, _status, start_server, stop_server
 from bench.commit_bench import STATE, commit_cycle
 from bench.common import BenchError, log, table
-from bench.filescoped_bench import PER_FILE, SizeBench, TimedOut, state_body
+from bench.filescoped_bench import PER_FILE, VENV_BIN, SizeBench, TimedOut, run, state_body
 from bench.states import counted_state
 
 SECTION = "## States of 50,000 to 500,000 instances"
@@ -316,6 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     try:
         machine = common.machine_info(args.database_url)
+        tf = run([str(VENV_BIN / "kl-terraform"), "version"], cwd=common.REPO, env=dict(os.environ)).output
+        version = next((line for line in tf.splitlines() if line.startswith("Terraform v")), "unknown")
+        machine.insert(4, ("Terraform", f"{version} (embedded kl-terraform)"))
         results = []
         for n in sizes:
             res = measure(args.database_url, n)

@@ -21,6 +21,17 @@ process holds a batch of rows and a few pieces, never the state, and the sha256 
 A reader that goes away mid-stream rolls the transaction back: nothing is cached and the next reader
 assembles again.
 
+When an earlier apply version of the state has bytes cached in the current layout
+(``assembly_format``), the assembly splices them instead (``analyzer.state_splice``): it reads the
+objects whose rows opened or closed between that serial and this one (through the ``create_serial`` and
+``delete_serial`` indexes), the rows alive now among them, and the earlier bytes, then writes the new
+header, the earlier text of everything unchanged and the new text of what changed, so rows are read and
+encoded in proportion to the change. The earlier bytes are read in slices into one buffer: the process
+holds them (about the state's size) while it writes, never a parsed state. Whenever something is not as
+expected (no such base, more changed objects than ``SPLICE_MAX_CHANGED``, a resource whose provider
+changed, a base whose text is not where the layout puts it) it assembles from all rows instead, before
+sending a byte. Bytes Terraform wrote are never a base: their layout is Terraform's.
+
 A version whose bytes retention removed (``pruned_at`` set) is still assembled on read, from the rows,
 but not cached again: retention would otherwise undo itself.
 """
@@ -33,7 +44,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from analyzer.state_assembly import stream_state
+from analyzer.state import InstanceRow, OutputRow
+from analyzer.state_assembly import ASSEMBLY_FORMAT, header_prefix, stream_state
+from analyzer.state_splice import ResourceChange, ResourceKey, SpliceError, instance_order, pieces, splice
 from app.errors import NotFoundError
 from app.store import resources
 from app.store.db import Database
@@ -57,9 +70,26 @@ _COPY_PIECES = "COPY kl_assembly_pieces (seq, data) FROM STDIN (FORMAT BINARY)"
 _CACHE = """
 UPDATE state_versions
 SET raw_state = (SELECT string_agg(data, ''::bytea ORDER BY seq) FROM kl_assembly_pieces),
-    sha256 = %s, size_bytes = %s, assembled_at = now()
+    sha256 = %s, size_bytes = %s, assembled_at = now(), assembly_format = %s
 WHERE id = %s AND raw_state IS NULL
 """
+# The newest earlier version whose bytes this process's assembly wrote.
+_BASE = """
+SELECT id, serial, size_bytes FROM state_versions
+WHERE state_id = %s AND serial < %s AND source = 'apply' AND NOT encrypted AND raw_state IS NOT NULL
+  AND pruned_at IS NULL AND assembly_format = %s AND size_bytes IS NOT NULL
+ORDER BY serial DESC LIMIT 1
+"""
+# The base's bytes in slices, decompressed once (the subquery is evaluated once; each slice is cut from
+# its result rather than from the stored value).
+_BASE_SLICES = """
+SELECT g, substring(b.raw FROM g FOR %(slice)s)
+FROM (SELECT raw_state || ''::bytea AS raw FROM state_versions WHERE id = %(id)s OFFSET 0) b,
+     LATERAL generate_series(1, length(b.raw), %(slice)s) g
+"""
+_BASE_SLICE_BYTES = 1 << 20
+# Above this many changed instance objects the assembly reads all rows: the change is most of the state.
+SPLICE_MAX_CHANGED = 20_000
 _CLEAR_PIECES = "TRUNCATE kl_assembly_pieces"
 # Pieces sent to the temporary table at once.
 _FLUSH_BYTES = 8 << 20
@@ -70,6 +100,7 @@ class Materialised:
     raw: bytes
     assembled: bool  # built from rows by this call (False: the stored bytes)
     cached: bool  # stored for later readers by this call
+    spliced: bool = False  # assembled from an earlier version's bytes and the changed rows
 
 
 def materialise(db: Database, version_id: int) -> Materialised | None:
@@ -88,17 +119,18 @@ def materialise_in(conn: psycopg.Connection, version_id: int) -> Materialised | 
         raw += piece
     if not found.exists:
         return None
-    return Materialised(bytes(raw), assembled=found.assembled, cached=found.cached)
+    return Materialised(bytes(raw), assembled=found.assembled, cached=found.cached, spliced=found.spliced)
 
 
 class Found:
     """What ``pieces_in`` found, filled in as it runs."""
 
-    __slots__ = ("assembled", "cached", "exists")
+    __slots__ = ("assembled", "cached", "exists", "spliced")
 
     def __init__(self) -> None:
         self.exists = False
         self.assembled = False
+        self.spliced = False  # assembled from an earlier version's bytes and the changed rows
         self.cached = False
 
 
@@ -135,19 +167,80 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
         before_assembly(0 if expected is None else int(expected[0]))
     found.assembled = True
     outputs = resources.outputs_of(conn, version_id=version_id)
-    pieces = stream_state(
-        serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs, plain_numbers=True,
-        instances=resources.stream_instances_at(conn, state_id=state_id, serial=serial),
-    )
+    text = None if source != "apply" else _spliced(conn, state_id, serial, lineage, terraform_version, outputs)
+    if text is not None:
+        found.spliced = True
+    else:
+        text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
     if source != "apply" or pruned:
-        yield from pieces
+        yield from text
         return
     writer = _CacheWriter(conn)
-    for piece in pieces:
+    for piece in text:
         writer.add(piece)
         yield piece
     writer.finish(version_id)
     found.cached = True
+
+
+def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
+              outputs: list[OutputRow]) -> Iterator[bytes]:
+    """The state at ``serial`` assembled from all its rows, as pieces."""
+    return stream_state(
+        serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs, plain_numbers=True,
+        instances=resources.stream_instances_at(conn, state_id=state_id, serial=serial),
+    )
+
+
+def _spliced(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
+             outputs: list[OutputRow]) -> Iterator[bytes] | None:
+    """The state at ``serial`` spliced from an earlier assembly's bytes and the changed rows, or None when
+    there is no usable base or the splice refuses it (the caller then assembles from all rows). Everything
+    that can refuse runs before the first piece."""
+    base = conn.execute(_BASE, (state_id, serial, ASSEMBLY_FORMAT)).fetchone()
+    if base is None:
+        return None
+    base_id, base_serial, base_size = base
+    objects = resources.changed_between(conn, state_id=state_id, after=base_serial, upto=serial,
+                                        limit=SPLICE_MAX_CHANGED + 1)
+    if len(objects) > SPLICE_MAX_CHANGED:
+        return None
+    changed: dict[ResourceKey, set[tuple[int, int, str, str]]] = {}
+    try:
+        for o in objects:
+            changed.setdefault((o.module, o.mode, o.type, o.name), set()).add(instance_order(o.index_key, o.deposed))
+        alive = resources.instances_among_at(conn, state_id=state_id, serial=serial, objects=objects)
+        by_resource: dict[ResourceKey, list[InstanceRow]] = {}
+        for row in alive:
+            by_resource.setdefault((row.module, row.mode, row.type, row.name), []).append(row)
+        changes = {key: ResourceChange(frozenset(orders), tuple(by_resource.get(key, ())))
+                   for key, orders in changed.items()}
+        if by_resource.keys() - changes.keys():
+            return None
+        buffer = _base_bytes(conn, base_id, int(base_size))
+        if buffer is None:
+            return None
+        header = header_prefix(serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs)
+        parts = splice(buffer, header, changes, plain_numbers=True)
+    except (SpliceError, ValueError, TypeError):
+        return None  # the assembly from all rows decides, and raises what is wrong with the rows
+    return pieces(parts)
+
+
+def _base_bytes(conn: psycopg.Connection, base_id: int, size: int) -> bytearray | None:
+    """The base's bytes, read in slices into one buffer of its size; None when they are not its
+    recorded size (or went away meanwhile)."""
+    buffer = bytearray(size)
+    filled = 0
+    with conn.cursor("kl_splice_base", binary=True) as cur:
+        cur.itersize = 8
+        cur.execute(_BASE_SLICES.encode(), {"id": base_id, "slice": _BASE_SLICE_BYTES})
+        for start, data in cur:
+            if start != filled + 1 or filled + len(data) > size:
+                return None
+            buffer[filled:filled + len(data)] = data
+            filled += len(data)
+    return buffer if filled == size else None
 
 
 class _CacheWriter:
@@ -184,7 +277,7 @@ class _CacheWriter:
 
     def finish(self, version_id: int) -> None:
         self._flush()
-        self._conn.execute(_CACHE, (self._digest.hexdigest(), self._size, version_id))
+        self._conn.execute(_CACHE, (self._digest.hexdigest(), self._size, ASSEMBLY_FORMAT, version_id))
         self._conn.execute(_CLEAR_PIECES)
 def apply_version_bytes(conn: psycopg.Connection, version_id: int) -> bytes | None:
     """The bytes of an apply version, assembled and cached on first read (what GET serves for it); None

@@ -32,7 +32,7 @@ from analyzer.state_assembly import (
     resource_core,
 )
 
-__all__ = ["InstanceOrder", "ResourceChange", "ResourceKey", "SpliceError", "instance_order", "pieces", "splice"]
+__all__ = ["InstanceOrder", "Part", "ResourceChange", "ResourceKey", "SpliceError", "instance_order", "pieces", "splice"]
 
 ResourceKey = tuple[str, str, str, str]  # module, mode, type, name
 InstanceOrder = tuple[int, int, str, str]  # row_order's instance part
@@ -73,21 +73,35 @@ def instance_order(index_key: Any, deposed: str) -> InstanceOrder:
     return (2, 0, index_key, deposed)
 
 
+# A part of a spliced file: new text, or the base's bytes [start, end).
+Part = bytes | tuple[int, int]
+
+
 def splice(base: bytes | bytearray, header: bytes, changes: Mapping[ResourceKey, ResourceChange], *,
-           plain_numbers: bool = False) -> list[bytes | memoryview]:
-    """The new file as parts to write in order (slices of ``base`` and new text), given the new version's
+           plain_numbers: bool = False) -> list[Part]:
+    """The new file as parts to write in order (ranges of ``base`` and new text), given the new version's
     ``header`` (``header_prefix``) and the changes by resource. Raises SpliceError when the base is not
     an assembled state's layout, ValueError as ``stream_state`` does for the new rows."""
-    return _Splicer(base, plain_numbers).splice(header, changes)
+    parts = _Splicer(base, plain_numbers).splice(header, changes)
+    merged: list[Part] = []
+    for part in parts:  # adjacent ranges of the base as one
+        if isinstance(part, tuple) and merged and isinstance(merged[-1], tuple) and merged[-1][1] == part[0]:
+            merged[-1] = (merged[-1][0], part[1])
+        elif isinstance(part, bytes) and merged and isinstance(merged[-1], bytes) and len(merged[-1]) < 1 << 16:
+            merged[-1] += part
+        elif not isinstance(part, tuple) or part[1] > part[0]:
+            merged.append(part)
+    return merged
 
 
-def pieces(parts: Sequence[bytes | memoryview], piece_bytes: int = 1 << 20) -> Iterator[bytes]:
-    """The parts as pieces of at most about ``piece_bytes``."""
+def pieces(base: bytes | bytearray, parts: Sequence[Part], piece_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The file the parts make, in pieces of at most about ``piece_bytes``."""
+    view = memoryview(base)
     pending = bytearray()
     for part in parts:
-        view = memoryview(part)
-        for start in range(0, len(view), piece_bytes):
-            pending += view[start:start + piece_bytes]
+        data = view[part[0]:part[1]] if isinstance(part, tuple) else memoryview(part)
+        for start in range(0, len(data), piece_bytes):
+            pending += data[start:start + piece_bytes]
             if len(pending) >= piece_bytes:
                 yield bytes(pending)
                 pending.clear()
@@ -103,7 +117,7 @@ class _Splicer:
         self.view = memoryview(base)
         self.plain_numbers = plain_numbers
 
-    def splice(self, header: bytes, changes: Mapping[ResourceKey, ResourceChange]) -> list[bytes | memoryview]:
+    def splice(self, header: bytes, changes: Mapping[ResourceKey, ResourceChange]) -> list[Part]:
         base = self.base
         opened = base.find(RESOURCES_OPEN)
         if opened < 0:
@@ -115,7 +129,7 @@ class _Splicer:
             end = len(base) - len(CLOSE_TAIL)
         else:
             raise SpliceError("the base does not end as an assembled state does")
-        cores: list[list[bytes | memoryview]] = []
+        cores: list[list[Part]] = []
         pos = start
         for key in sorted(changes):
             found = self._first(pos, end, _RESOURCE, self._head_key, key)
@@ -134,7 +148,7 @@ class _Splicer:
             if core is not None:
                 cores.append(core)
         self._run(cores, pos, end, end)
-        parts: list[bytes | memoryview] = [header]
+        parts: list[Part] = [header]
         for i, core in enumerate(cores):
             if i:
                 parts.append(RESOURCE_SEP)
@@ -142,15 +156,15 @@ class _Splicer:
         parts.append(CLOSE_TAIL if cores else EMPTY_TAIL)
         return parts
 
-    def _run(self, cores: list[list[bytes | memoryview]], pos: int, upto: int, end: int) -> None:
+    def _run(self, cores: list[list[Part]], pos: int, upto: int, end: int) -> None:
         """The unchanged resources from ``pos`` to the resource starting at ``upto`` as one part."""
         run_end = upto - len(RESOURCE_SEP) if upto < end else end
         if run_end > pos:
             if upto < end and self.base[run_end:upto] != RESOURCE_SEP:
                 raise SpliceError("resources are not separated as an assembled state's are")
-            cores.append([self.view[pos:run_end]])
+            cores.append([(pos, run_end)])
 
-    def _changed_core(self, start: int, end: int, change: ResourceChange) -> list[bytes | memoryview] | None:
+    def _changed_core(self, start: int, end: int, change: ResourceChange) -> list[Part] | None:
         """The parts of a changed resource's new core (its head and items kept from the base, new items
         encoded), or None when no instance is left."""
         base = self.base
@@ -164,7 +178,7 @@ class _Splicer:
             if row.provider != provider:
                 raise SpliceError("a changed instance's provider differs from its resource's")
             new[instance_order(row.index_key, row.deposed)] = row
-        items: list[bytes | memoryview] = []
+        items: list[Part] = []
         pos = items_start
         for order in sorted(change.changed):
             found = self._first(pos, end, _ITEM, self._item_order, order)
@@ -172,7 +186,7 @@ class _Splicer:
             if run_end > pos:
                 if found < end and base[run_end:found] != b",":
                     raise SpliceError("instances are not separated as an assembled state's are")
-                items.append(self.view[pos:run_end])
+                items.append((pos, run_end))
             pos = found
             if found < end and self._item_order(found) == order:
                 closed = base.find(_ITEM_END, found, end)
@@ -189,10 +203,10 @@ class _Splicer:
             if row is not None:
                 items.append(self._item(row))
         if end > pos:
-            items.append(self.view[pos:end])
+            items.append((pos, end))
         if not items:
             return None
-        parts: list[bytes | memoryview] = [self.view[start:items_start]]
+        parts: list[Part] = [(start, items_start)]
         for i, item in enumerate(items):
             if i:
                 parts.append(b",")

@@ -46,7 +46,7 @@ import psycopg
 
 from analyzer.state import InstanceRow, OutputRow
 from analyzer.state_assembly import ASSEMBLY_FORMAT, header_prefix, stream_state
-from analyzer.state_splice import ResourceChange, ResourceKey, SpliceError, instance_order, pieces, splice
+from analyzer.state_splice import Part, ResourceChange, ResourceKey, SpliceError, instance_order, pieces, splice
 from app.errors import NotFoundError
 from app.store import resources
 from app.store.db import Database
@@ -62,16 +62,32 @@ _EXPECTED_SIZE = """
 SELECT size_bytes FROM state_versions
 WHERE state_id = %s AND serial < %s AND size_bytes IS NOT NULL ORDER BY serial DESC LIMIT 1
 """
+# A piece is new text (``data``) or a range of a base version's stored bytes (``base_start``, ``base_length``).
 _PIECES_TABLE = """
-CREATE TEMPORARY TABLE IF NOT EXISTS kl_assembly_pieces (seq integer NOT NULL, data bytea NOT NULL)
+CREATE TEMPORARY TABLE IF NOT EXISTS kl_spliced_pieces (seq integer NOT NULL, data bytea, base_start integer,
+                                                       base_length integer)
 ON COMMIT DELETE ROWS
 """
-_COPY_PIECES = "COPY kl_assembly_pieces (seq, data) FROM STDIN (FORMAT BINARY)"
+_COPY_PIECES = "COPY kl_spliced_pieces (seq, data, base_start, base_length) FROM STDIN (FORMAT BINARY)"
 _CACHE = """
 UPDATE state_versions
-SET raw_state = (SELECT string_agg(data, ''::bytea ORDER BY seq) FROM kl_assembly_pieces),
-    sha256 = %s, size_bytes = %s, assembled_at = now(), assembly_format = %s
-WHERE id = %s AND raw_state IS NULL
+SET raw_state = (SELECT string_agg(data, ''::bytea ORDER BY seq) FROM kl_spliced_pieces),
+    sha256 = %(sha256)s, size_bytes = %(size)s, assembled_at = now(), assembly_format = %(format)s
+WHERE id = %(id)s AND raw_state IS NULL
+"""
+# The same with ranges of a base's bytes, decompressed once (an uncorrelated subquery runs once). The
+# length check leaves the version uncached should the base's bytes have been pruned meanwhile.
+_CACHE_SPLICED = """
+UPDATE state_versions v
+SET raw_state = n.raw, sha256 = %(sha256)s, size_bytes = %(size)s, assembled_at = now(),
+    assembly_format = %(format)s
+FROM (SELECT string_agg(
+        CASE WHEN p.data IS NOT NULL THEN p.data
+             ELSE substring((SELECT raw_state || ''::bytea FROM state_versions WHERE id = %(base)s)
+                            FROM p.base_start + 1 FOR p.base_length) END,
+        ''::bytea ORDER BY p.seq) AS raw
+      FROM kl_spliced_pieces p) n
+WHERE v.id = %(id)s AND v.raw_state IS NULL AND octet_length(n.raw) = %(size)s
 """
 # The newest earlier version whose bytes this process's assembly wrote.
 _BASE = """
@@ -87,10 +103,10 @@ SELECT g, substring(b.raw FROM g FOR %(slice)s)
 FROM (SELECT raw_state || ''::bytea AS raw FROM state_versions WHERE id = %(id)s OFFSET 0) b,
      LATERAL generate_series(1, length(b.raw), %(slice)s) g
 """
-_BASE_SLICE_BYTES = 1 << 20
+_BASE_SLICE_BYTES = 1 << 18
 # Above this many changed instance objects the assembly reads all rows: the change is most of the state.
 SPLICE_MAX_CHANGED = 20_000
-_CLEAR_PIECES = "TRUNCATE kl_assembly_pieces"
+_CLEAR_PIECES = "TRUNCATE kl_spliced_pieces"
 # Pieces sent to the temporary table at once.
 _FLUSH_BYTES = 8 << 20
 
@@ -167,11 +183,13 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
         before_assembly(0 if expected is None else int(expected[0]))
     found.assembled = True
     outputs = resources.outputs_of(conn, version_id=version_id)
-    text = None if source != "apply" else _spliced(conn, state_id, serial, lineage, terraform_version, outputs)
-    if text is not None:
+    spliced = None if source != "apply" else _spliced(conn, state_id, serial, lineage, terraform_version, outputs)
+    if spliced is not None:
         found.spliced = True
-    else:
-        text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
+        yield from _write_spliced(conn, version_id, spliced, cache=not pruned)
+        found.cached = not pruned
+        return
+    text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
     if source != "apply" or pruned:
         yield from text
         return
@@ -181,6 +199,35 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
         yield piece
     writer.finish(version_id)
     found.cached = True
+
+
+@dataclass(frozen=True, slots=True)
+class _Splice:
+    base_id: int
+    base: bytearray
+    parts: list[Part]
+
+
+def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, *, cache: bool) -> Iterator[bytes]:
+    """The spliced file to the reader in pieces; to the cache as its new text and the ranges of the base
+    it keeps, which Postgres copies from the base's stored bytes itself."""
+    if not cache:
+        yield from pieces(spliced.base, spliced.parts)
+        return
+    writer = _CacheWriter(conn)
+    view = memoryview(spliced.base)
+    for part in spliced.parts:
+        if isinstance(part, bytes):
+            writer.add(part)
+            yield part
+            continue
+        start, end = part
+        writer.add_base(start, end - start)
+        for at in range(start, end, _BASE_SLICE_BYTES):
+            piece = bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
+            writer.digest(piece)
+            yield piece
+    writer.finish(version_id, base_id=spliced.base_id)
 
 
 def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
@@ -193,7 +240,7 @@ def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str
 
 
 def _spliced(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
-             outputs: list[OutputRow]) -> Iterator[bytes] | None:
+             outputs: list[OutputRow]) -> _Splice | None:
     """The state at ``serial`` spliced from an earlier assembly's bytes and the changed rows, or None when
     there is no usable base or the splice refuses it (the caller then assembles from all rows). Everything
     that can refuse runs before the first piece."""
@@ -224,7 +271,7 @@ def _spliced(conn: psycopg.Connection, state_id: int, serial: int, lineage: str,
         parts = splice(buffer, header, changes, plain_numbers=True)
     except (SpliceError, ValueError, TypeError):
         return None  # the assembly from all rows decides, and raises what is wrong with the rows
-    return pieces(parts)
+    return _Splice(int(base_id), buffer, parts)
 
 
 def _base_bytes(conn: psycopg.Connection, base_id: int, size: int) -> bytearray | None:
@@ -233,7 +280,7 @@ def _base_bytes(conn: psycopg.Connection, base_id: int, size: int) -> bytearray 
     buffer = bytearray(size)
     filled = 0
     with conn.cursor("kl_splice_base", binary=True) as cur:
-        cur.itersize = 8
+        cur.itersize = 2
         cur.execute(_BASE_SLICES.encode(), {"id": base_id, "slice": _BASE_SLICE_BYTES})
         for start, data in cur:
             if start != filled + 1 or filled + len(data) > size:
@@ -251,16 +298,28 @@ class _CacheWriter:
         self._digest = hashlib.sha256()
         self._size = 0
         self._seq = 0
-        self._pending: list[bytes] = []
+        self._pending: list[tuple[bytes | None, int | None, int | None]] = []
         self._pending_bytes = 0
         conn.execute(_PIECES_TABLE)
         conn.execute(_CLEAR_PIECES)  # a rolled-back assembly on this session left none, but be sure
 
     def add(self, piece: bytes) -> None:
+        self.digest(piece)
+        self._queue((piece, None, None), len(piece))
+
+    def add_base(self, start: int, length: int) -> None:
+        """A range of the base's bytes; the caller passes the bytes themselves to ``digest``."""
+        self._size += length
+        self._queue((None, start, length), 64)
+
+    def digest(self, piece: bytes) -> None:
         self._digest.update(piece)
-        self._size += len(piece)
-        self._pending.append(piece)
-        self._pending_bytes += len(piece)
+
+    def _queue(self, row: tuple[bytes | None, int | None, int | None], weight: int) -> None:
+        if row[0] is not None:
+            self._size += len(row[0])
+        self._pending.append(row)
+        self._pending_bytes += weight
         if self._pending_bytes >= _FLUSH_BYTES:
             self._flush()
 
@@ -268,16 +327,18 @@ class _CacheWriter:
         if not self._pending:
             return
         with self._conn.cursor() as cur, cur.copy(_COPY_PIECES) as copy:
-            copy.set_types(["int4", "bytea"])
-            for piece in self._pending:
-                copy.write_row((self._seq, piece))
+            copy.set_types(["int4", "bytea", "int4", "int4"])
+            for row in self._pending:
+                copy.write_row((self._seq, *row))
                 self._seq += 1
         self._pending.clear()
         self._pending_bytes = 0
 
-    def finish(self, version_id: int) -> None:
+    def finish(self, version_id: int, base_id: int | None = None) -> None:
         self._flush()
-        self._conn.execute(_CACHE, (self._digest.hexdigest(), self._size, ASSEMBLY_FORMAT, version_id))
+        params = {"sha256": self._digest.hexdigest(), "size": self._size, "format": ASSEMBLY_FORMAT,
+                  "id": version_id, "base": base_id}
+        self._conn.execute(_CACHE if base_id is None else _CACHE_SPLICED, params)
         self._conn.execute(_CLEAR_PIECES)
 def apply_version_bytes(conn: psycopg.Connection, version_id: int) -> bytes | None:
     """The bytes of an apply version, assembled and cached on first read (what GET serves for it); None

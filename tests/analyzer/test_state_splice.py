@@ -48,7 +48,8 @@ def _changes(before: ParsedState, after: ParsedState) -> dict[Key, ResourceChang
 def _spliced(base: bytes, parsed: ParsedState, changes: dict[Key, ResourceChange]) -> bytes:
     header = header_prefix(serial=parsed.serial, lineage=parsed.lineage,
                            terraform_version=parsed.terraform_version, outputs=parsed.outputs)
-    return b"".join(pieces(splice(bytearray(base), header, changes), piece_bytes=97))
+    buffer = bytearray(base)
+    return b"".join(pieces(buffer, splice(buffer, header, changes), piece_bytes=97))
 
 
 @pytest.mark.parametrize("seed", range(12))

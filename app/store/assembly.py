@@ -186,8 +186,7 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     spliced = None if source != "apply" else _spliced(conn, state_id, serial, lineage, terraform_version, outputs)
     if spliced is not None:
         found.spliced = True
-        yield from _write_spliced(conn, version_id, spliced, cache=not pruned)
-        found.cached = not pruned
+        yield from _write_spliced(conn, version_id, spliced, found, cache=not pruned)
         return
     text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
     if source != "apply" or pruned:
@@ -197,8 +196,7 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     for piece in text:
         writer.add(piece)
         yield piece
-    writer.finish(version_id)
-    found.cached = True
+    found.cached = writer.finish(version_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +206,8 @@ class _Splice:
     parts: list[Part]
 
 
-def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, *, cache: bool) -> Iterator[bytes]:
+def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, found: Found, *,
+                   cache: bool) -> Iterator[bytes]:
     """The spliced file to the reader in pieces; to the cache as its new text and the ranges of the base
     it keeps, which Postgres copies from the base's stored bytes itself."""
     if not cache:
@@ -227,7 +226,7 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
             piece = bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
             writer.digest(piece)
             yield piece
-    writer.finish(version_id, base_id=spliced.base_id)
+    found.cached = writer.finish(version_id, base_id=spliced.base_id)
 
 
 def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
@@ -334,12 +333,14 @@ class _CacheWriter:
         self._pending.clear()
         self._pending_bytes = 0
 
-    def finish(self, version_id: int, base_id: int | None = None) -> None:
+    def finish(self, version_id: int, base_id: int | None = None) -> bool:
+        """Store the pieces as the version's bytes; whether they were stored."""
         self._flush()
         params = {"sha256": self._digest.hexdigest(), "size": self._size, "format": ASSEMBLY_FORMAT,
                   "id": version_id, "base": base_id}
-        self._conn.execute(_CACHE if base_id is None else _CACHE_SPLICED, params)
+        stored = self._conn.execute(_CACHE if base_id is None else _CACHE_SPLICED, params).rowcount == 1
         self._conn.execute(_CLEAR_PIECES)
+        return stored
 def apply_version_bytes(conn: psycopg.Connection, version_id: int) -> bytes | None:
     """The bytes of an apply version, assembled and cached on first read (what GET serves for it); None
     for a version Terraform wrote, whose rebuilt state the caller assembles itself."""

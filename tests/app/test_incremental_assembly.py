@@ -131,3 +131,25 @@ def test_pruned_bases_and_bases_of_another_layout_are_not_spliced_from(client: A
     fifth, addresses = _changed(client, walk, addresses, fourth)
     fifth_read = _read(db, clean_db, fifth)
     assert fifth_read.spliced and fifth_read.raw == _from_rows(db, clean_db, fifth)
+
+
+def test_a_base_pruned_while_the_splice_is_written_leaves_the_version_uncached(client: Any, db: Database,
+                                                                              clean_db: str) -> None:
+    walk = RandomStates(11, provider_changes=False)
+    assert client.post(STATE, data=json.dumps(walk.doc())).status_code == 200
+    base, addresses = _changed(client, walk, walk.addresses(), 1)
+    _read(db, clean_db, base)
+    serial, _ = _changed(client, walk, addresses, base)
+    version_id = _version(clean_db, serial)[0]
+    found = assembly.Found()
+    with db.transaction() as conn:
+        pieces = assembly.pieces_in(conn, version_id, found)
+        first = next(pieces)  # the splice is planned and the base read before the first piece
+        assert found.spliced
+        with psycopg.connect(clean_db, autocommit=True) as other:
+            other.execute("UPDATE state_versions SET raw_state = NULL, pruned_at = now() WHERE serial = %s", (base,))
+        raw = first + b"".join(pieces)
+    assert raw == _from_rows(db, clean_db, serial) and not found.cached
+    with psycopg.connect(clean_db) as conn:
+        assert conn.execute("SELECT raw_state IS NULL FROM state_versions WHERE id = %s", (version_id,)).fetchone() == (
+            True,)

@@ -32,7 +32,8 @@ from analyzer.state_assembly import (
     resource_core,
 )
 
-__all__ = ["InstanceOrder", "Part", "ResourceChange", "ResourceKey", "SpliceError", "instance_order", "pieces", "splice"]
+__all__ = ["InstanceOrder", "Part", "ResourceChange", "ResourceKey", "SpliceError", "instance_order", "pieces",
+           "splice"]
 
 ResourceKey = tuple[str, str, str, str]  # module, mode, type, name
 InstanceOrder = tuple[int, int, str, str]  # row_order's instance part
@@ -173,11 +174,14 @@ class _Splicer:
             raise SpliceError("a resource head has no instances array")
         items_start = items_at + len(_INSTANCES)
         provider = self._head(start)["provider"]
-        new = {}
-        for row in change.rows:
-            if row.provider != provider:
+        new: dict[InstanceOrder, InstanceRow] = {}
+        for changed_row in change.rows:
+            if changed_row.provider != provider:
                 raise SpliceError("a changed instance's provider differs from its resource's")
-            new[instance_order(row.index_key, row.deposed)] = row
+            order = instance_order(changed_row.index_key, changed_row.deposed)
+            if order in new or order not in change.changed:
+                raise SpliceError(f"{changed_row.address}: not one row per changed instance object")
+            new[order] = changed_row
         items: list[Part] = []
         pos = items_start
         for order in sorted(change.changed):

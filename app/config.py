@@ -8,7 +8,9 @@ is checked against the table both ways. The ``kl`` client's own variables are ``
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
@@ -45,6 +47,21 @@ def resolve_data_dir(configured: Path | None) -> Path:
 
 
 @dataclass(frozen=True, slots=True)
+class BotProjectToken:
+    """One entry of ``KL_BOT_PROJECT_TOKENS``: the engine token the bot presents for ``project`` of ``repo``
+    (``*``: every project of the repository without an entry of its own). The token stays out of ``repr``."""
+
+    repo: str
+    project: str
+    token: str = field(repr=False)
+
+    @property
+    def key(self) -> str:
+        """The entry as the operator wrote it (what errors and logs name; never the token)."""
+        return self.repo if self.project == "*" else f"{self.repo}:{self.project}"
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """The service's configuration. Field docs live in docs/configuration.md (a test checks)."""
 
@@ -78,6 +95,7 @@ class Settings:
     github_repositories: tuple[str, ...] = ()
     github_untrusted_previews: tuple[str, ...] = ()
     bot_token: str | None = field(default=None, repr=False)
+    bot_project_tokens: tuple[BotProjectToken, ...] = field(default=(), repr=False)
     repo_cache_dir: Path | None = None
     job_timeout: int = 3600
     webhook_max_bytes: int = 25 * 1024 * 1024
@@ -100,6 +118,7 @@ class Settings:
         """The configured secrets (every field kept out of ``repr``, and the database and Redis URLs), for
         redaction of what leaves the process (``app.domain.redaction``)."""
         values = [getattr(self, f.name) for f in fields(self) if not f.repr]
+        values += [entry.token for entry in self.bot_project_tokens]
         values += [self.database_url, self.redis_url]
         return tuple(v for v in values if isinstance(v, str) and v)
 
@@ -157,6 +176,50 @@ def _clone_urls(raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+MAX_BOT_PROJECT_TOKENS = 10_000
+_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+
+
+class _Pairs(list[tuple[str, object]]):
+    """A JSON object's members in file order, duplicates kept (``json.loads``' ``object_pairs_hook``)."""
+
+
+def _bot_project_tokens(raw: str) -> tuple[BotProjectToken, ...]:
+    """The JSON file ``raw`` names: an object of ``"owner/repo:project"`` (or ``"owner/repo"``, every project of
+    it) to a token. Every problem names its entry, never a token."""
+    path = Path(raw.strip()).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        raise ValueError(f"names {str(path)!r}, which cannot be read ({reason})") from None
+    try:
+        document = json.loads(text, object_pairs_hook=_Pairs)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"file {str(path)!r} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(document, _Pairs):
+        raise ValueError(f"file {str(path)!r} must hold a JSON object of \"owner/repo:project\": \"TOKEN\" entries")
+    if len(document) > MAX_BOT_PROJECT_TOKENS:
+        raise ValueError(f"file {str(path)!r} has {len(document)} entries; at most {MAX_BOT_PROJECT_TOKENS}")
+    found: dict[tuple[str, str], BotProjectToken] = {}
+    bad: list[str] = []
+    for key, token in document:
+        repo, sep, project = key.strip().partition(":")
+        entry = BotProjectToken(repo.strip(), project.strip() or "*", token if isinstance(token, str) else "")
+        if not _REPO.fullmatch(entry.repo) or ":" in project or (sep and not project.strip()):
+            bad.append(f"entry {key!r}: the key must be owner/repo:project, or owner/repo for every project of it")
+        elif not isinstance(token, str) or not token.strip() or token != token.strip() or any(
+                c.isspace() for c in token):
+            bad.append(f"entry {key!r}: the value must be the token's secret, one word of text")
+        elif (entry.repo.lower(), entry.project) in found:
+            bad.append(f"entry {key!r} is given twice (repository names are compared without case)")
+        else:
+            found[(entry.repo.lower(), entry.project)] = entry
+    if bad:
+        raise ValueError(*bad)
+    return tuple(found.values())
+
+
 def _repositories(raw: str) -> tuple[str, ...]:
     return parse_patterns(comma_list(raw))
 
@@ -212,6 +275,9 @@ TABLE: tuple[Setting, ...] = (
     Setting("github_untrusted_previews", "KL_GITHUB_UNTRUSTED_PREVIEWS", _repositories, (),
             "repositories whose fork and outside pull requests get credential-free plan previews", shown="unset"),
     Setting("bot_token", "KL_BOT_TOKEN", text, None, "the token the bot's jobs present to the engine lane"),
+    Setting("bot_project_tokens", "KL_BOT_PROJECT_TOKENS", _bot_project_tokens, (),
+            "a JSON file of owner/repo:project to the bot's token for that project", shown="unset: `KL_BOT_TOKEN` "
+            "for every project"),
     Setting("repo_cache_dir", "KL_REPO_CACHE_DIR", envtable.path, None, "where workers keep repository mirrors",
             shown="`KL_DATA_DIR/repos`"),
     Setting("job_timeout", "KL_JOB_TIMEOUT", whole(10), 3600, "seconds a bot job may run"),

@@ -152,7 +152,7 @@ def _run(ctx: Context, repo: str, name: str, window: int, sha: str,
             request = DriftRequest(state=project.state, config_dir=root / project.dir,
                                    actor=f"github:{repo}@{sha[:12]}/{name}:drift", data_dir=ctx.bench.data_dir,
                                    lease_seconds=flow.LEASE_SECONDS)
-            result = check_drift(flow.engine_client(ctx.bench, root, project),
+            result = check_drift(flow.engine_client(ctx.bench, repo, root, project),
                                  flow.terraform_context(ctx.bench, project), request)
     except (KlExit, EngineError, ClientConfigError, git.GitError) as exc:
         return JobStatus.FAILED, replace(outcome, error=ctx.bench.redact(safe_error(str(exc))))

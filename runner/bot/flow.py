@@ -5,7 +5,7 @@ commit, against the trunk on the Kilolock server.
 Owns the orchestration only: the checkout (``runner.git``), the project mapping (``runner.bot.config``),
 and the very functions ``kl plan --changed-from`` / ``kl apply -f --confirm-scope`` use
 (``runner.filescoped``: ``changed_selection``, ``derive_footprint``, ``plan_files``, ``apply_files``), with
-the engine client authenticated by ``KL_BOT_TOKEN``. Results are the outcome types of ``runner.bot.outcomes``.
+the engine client authenticated by the project's token (``runner.bot.credentials``). Results are the outcome types of ``runner.bot.outcomes``.
 
 Must not: talk to GitHub, RQ or the database (``runner.bot.jobs`` does: it claims, stores and posts), or read
 the environment (``runner.config.process_env`` does, once per job).
@@ -28,6 +28,7 @@ from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
 from runner import childenv, git
 from runner.apply import ApplyOptions
 from runner.bot.config import BotConfig, BotConfigError, Project, load, projects_for, read_raw
+from runner.bot.credentials import engine_token
 from runner.bot.outcomes import ApplyResult, LiveConflict, ProjectFootprint, ProjectPreview
 from runner.config import ClientConfig, ClientConfigError, data_dir, process_env, split_backend_address
 from runner.engine_client import EngineClient, EngineError
@@ -114,16 +115,18 @@ def checkout(bench: Bench, repo: str, sha: str, token: str | None, *, want: Sequ
         yield root
 
 
-def engine_client(bench: Bench, root: Path, project: Project) -> EngineClient:
+def engine_client(bench: Bench, repo: str, root: Path, project: Project) -> EngineClient:
     """The server of a trusted project (its default-branch backend block, else KL_PUBLIC_URL), as the bot
-    (KL_BOT_TOKEN). Nothing under ``root`` is read: a pull request's files never choose where the token goes."""
+    with the project's token (``runner.bot.credentials``). Nothing under ``root`` is read: a pull request's
+    files never choose where the token goes."""
     address = project.address or bench.settings.public_url
     if not address:
         raise ClientConfigError(f"project {project.name!r} names no Kilolock server: give its directory a backend "
                                 "\"http\" block on the default branch, or set KL_PUBLIC_URL on the worker")
     base, _ = split_backend_address(address)
-    return EngineClient(ClientConfig(base_url=base, state=project.state, username=None, token=bench.settings.bot_token,
-                                     token_source="KL_BOT_TOKEN"))
+    token = engine_token(bench.settings, repo, project.name)
+    return EngineClient(ClientConfig(base_url=base, state=project.state, username=None, token=token.secret,
+                                     token_source=token.source))
 
 
 def terraform_context(bench: Bench, project: Project) -> TerraformContext:
@@ -185,7 +188,7 @@ def changed_for(config: BotConfig, root: Path, base: str, head: str) -> dict[str
 # --- the footprint (no Terraform) ------------------------------------------------------------------
 
 
-def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str, *,
+def footprint(bench: Bench, repo: str, root: Path, config: BotConfig, base: str, head: str, *,
               trusted: BotConfig | None) -> tuple[ProjectFootprint, ...]:
     """Per triggered project: the files, the predicted reservations, diagnostics and the live reservations
     they would conflict with now. A project whose change cannot be scoped carries the reason in ``error``.
@@ -209,7 +212,7 @@ def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str,
             found.append(_with(shown, error=bench.redact(str(exc))))
             continue
         try:
-            client = engine_client(bench, root, project)
+            client = engine_client(bench, repo, root, project)
             # The parse cache is read, not written: the preview's plan_files saves (and prunes) it.
             scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
                                       load_cache(bench.data_dir))
@@ -254,7 +257,7 @@ def _with(shown: ProjectFootprint, **changes: object) -> ProjectFootprint:
 # --- the plan preview --------------------------------------------------------------------------------
 
 
-def preview(bench: Bench, root: Path, config: BotConfig, base: str, head: str, *,
+def preview(bench: Bench, repo: str, root: Path, config: BotConfig, base: str, head: str, *,
             trusted: BotConfig | None) -> tuple[ProjectPreview, ...]:
     """Per triggered project: a file-scoped plan (``kl plan --changed-from``) and its per-address actions;
     state, server and environment from ``trusted``, the default branch's configuration."""
@@ -266,7 +269,7 @@ def preview(bench: Bench, root: Path, config: BotConfig, base: str, head: str, *
             project = anchored(project, trusted)
             selection = changed_selection(root / project.dir, base, against=head)
             ctx = terraform_context(bench, project)
-            spec = plan_files(engine_client(bench, root, project), ctx, state=project.state,
+            spec = plan_files(engine_client(bench, repo, root, project), ctx, state=project.state,
                               config_dir=root / project.dir, selection=selection, var_args=(),
                               data_dir=bench.data_dir)
         except NothingToDo:
@@ -310,14 +313,14 @@ def merge_diff_base(root: Path, merge_sha: str, base_sha: str, head_sha: str) ->
 BeforeApply = Callable[[ScopedFootprint], float]
 
 
-def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: str, *, actor: str,
+def apply_project(bench: Bench, repo: str, root: Path, project: Project, base: str, sha: str, *, actor: str,
                   wait_seconds: float, before_apply: BeforeApply | None = None) -> ApplyResult:
     """``kl apply --changed-from BASE --confirm-scope`` for one project on a checkout of ``sha``. The
     footprint is derived once: ``before_apply`` sees it, the plan and the apply's workspace reuse it."""
     client: EngineClient | None = None
     try:
         selection = changed_selection(root / project.dir, base, against=sha)
-        client = engine_client(bench, root, project)
+        client = engine_client(bench, repo, root, project)
         remaining, waited = wait_seconds, 0.0
         scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
                                   load_cache(bench.data_dir))
@@ -382,10 +385,10 @@ def latest_run(client: EngineClient | None, state: str, actor: str) -> str | Non
     return str(mine[0]["id"]) if mine else None
 
 
-def end_live_runs(bench: Bench, root: Path, project: Project, actor: str, reason: str) -> list[str]:
+def end_live_runs(bench: Bench, repo: str, root: Path, project: Project, actor: str, reason: str) -> list[str]:
     """Close (as failed) every live run ``actor`` holds on the project's state, so its reservations end now
     rather than at lease expiry (a job that timed out)."""
-    client = engine_client(bench, root, project)
+    client = engine_client(bench, repo, root, project)
     ended: list[str] = []
     try:
         runs = client.list_runs(project.state)

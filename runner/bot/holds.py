@@ -30,6 +30,7 @@ from app.config import AuthMode, Settings
 from app.domain.commands import ApplyArgs
 from app.domain.jobs import ClosedArgs, JobKind, MergeArgs, ReconcileArgs, job_id
 from app.domain.principal import Principal, default_principal
+from app.domain.scopes import scope_set
 from app.errors import BadRequestError, ReservationConflictError
 from app.store import Database, tenancy
 from app.store import bot as bot_store
@@ -41,6 +42,7 @@ from runner.bot import flow, holdtext, markdown, render
 from runner.bot import requirements as apply_requirements
 from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig, Project
+from runner.bot.credentials import engine_token
 from runner.bot.github import GitHub, PullInfo, Review
 from runner.bot.outcomes import ApplyResult
 from runner.bot.owners import OwnedGlob, owned_globs
@@ -57,14 +59,17 @@ RECONCILE_EVERY = 300  # seconds between two reconciliations of one repository's
 APPLIED_BEFORE = "applied_before_merge"
 
 
-def bot_principal(settings: Settings, db: Database) -> Principal:
-    """Whom the bot's holds belong to: the tenant and scope of ``KL_BOT_TOKEN`` (database auth), else the
-    built-in tenant."""
+def bot_principal(settings: Settings, db: Database, repo: str, project: str) -> Principal:
+    """Whom the bot's holds of ``project`` belong to: the tenant, environment and address scopes of the
+    project's token (``runner.bot.credentials``; database auth), else the built-in tenant."""
     if settings.auth_mode is AuthMode.DATABASE:
-        token = tenancy.authenticate(db, settings.bot_token or "")
+        credential = engine_token(settings, repo, project)
+        token = tenancy.authenticate(db, credential.secret or "")
         if token is None:
-            raise Failed("KL_BOT_TOKEN is unknown or revoked: the bot cannot hold reservations with it")
-        return Principal(tenant_id=token.tenant_id, actor=token.name, scope=token.scope, token_name=token.name)
+            raise Failed(f"the token of {credential.source} is unknown or revoked: the bot cannot hold "
+                         "reservations with it")
+        return Principal.for_token(tenant_id=token.tenant_id, name=token.name, scope=token.scope,
+                                   token_id=token.id, scopes=scope_set(tuple(token.scopes)))
     return default_principal(actor="kilolock-bot")
 
 
@@ -103,12 +108,13 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
         if unmet:
             return CommentResult(reply=holdtext.requirements_refused(login, unmet, branch), command="apply",
                                  unmet=tuple(u.name for u in unmet))
-        principal = bot_principal(ctx.settings, ctx.db)
+        # Every project's holder first: an unknown token refuses the comment before anything is applied.
+        principals = {name: bot_principal(ctx.settings, ctx.db, repo, name) for name in names}
         results: list[ApplyResult] = []
         for name in names:
             project = config.project(name)
             assert project is not None
-            results.append(_apply_project(ctx, gh, head_root, project, base, pr, repo, principal,
+            results.append(_apply_project(ctx, gh, head_root, project, base, pr, repo, principals[name],
                                           config.apply_requirements))
     held = holds_store.of_pull_request(ctx.db, repo, number)
     # Other open pull requests on these states re-render: their comments show the new hold.
@@ -271,7 +277,7 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
     for hold in previous:
         holds_store.release(ctx.db, hold, "re-applied from a new kilolock apply comment")
     actor = f"github:{repo}#{number}@{sha[:12]}/{project.name}"
-    result = flow.apply_project(ctx.bench, root, project, base, sha, actor=actor, wait_seconds=0.0,
+    result = flow.apply_project(ctx.bench, repo, root, project, base, sha, actor=actor, wait_seconds=0.0,
                                    before_apply=before_apply)
     if result.failed:
         hint = holdtext.OWNERS_HINT if "owners" in footprint else \

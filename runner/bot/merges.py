@@ -122,7 +122,7 @@ def push(ctx: Context, args: PushArgs) -> Outcome:
         if config is None:
             outcome = FootprintOutcome(after, before, config_errors=errors, config_source=flow.config_source(root))
             return JobStatus.FAILED, FanOutResult(footprint=outcome, before=before)
-        found = flow.footprint(ctx.bench, root, config, before, after, trusted=config)  # the default branch
+        found = flow.footprint(ctx.bench, repo, root, config, before, after, trusted=config)  # the default branch
         outcome = FootprintOutcome(after, before, found, config_source=config.source)
         touched = {p.name: p.changed for p in outcome.projects}
     children, skipped = _fan_out(ctx, config, repo, 0, after, before, touched, config.apply_on_push,
@@ -182,14 +182,14 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
             return _wait_for_earlier_merges(root, repo, sha, state, scoped, deadline)
 
         try:
-            result = flow.apply_project(ctx.bench, root, project, args.base, sha, actor=actor,
+            result = flow.apply_project(ctx.bench, repo, root, project, args.base, sha, actor=actor,
                                         wait_seconds=config.merge_wait, before_apply=before_apply)
             if gate is not None and result.failed and (result.error or "").startswith("owners_approved: "):
                 result = replace(result, hint="ask a member of each owner group named above to approve the pull "
                                               "request, then re-run the kilolock/apply check; nothing was reserved "
                                               "or committed")
         except JobTimeoutException:
-            ended = flow.end_live_runs(ctx.bench, root, project, actor, "the bot job timed out")
+            ended = flow.end_live_runs(ctx.bench, repo, root, project, actor, "the bot job timed out")
             result = ApplyResult(name, project.state, sha, "failed", run_id=ended[0] if ended else None,
                                  error=f"the apply job timed out after {ctx.settings.job_timeout} s; Terraform "
                                        "was interrupted and nothing was committed",

@@ -72,7 +72,7 @@ def _footprint_outcome(ctx: Context, gh: GitHub, repo: str, pr: PullInfo) -> Foo
         if config is None:
             return FootprintOutcome(pr.head_sha, base, config_errors=errors, config_source=flow.config_source(root))
         _, trusted, _ = flow.default_config(ctx.bench, repo, root, gh.default_branch(), token)
-        projects = flow.footprint(ctx.bench, root, config, base, pr.head_sha, trusted=trusted)
+        projects = flow.footprint(ctx.bench, repo, root, config, base, pr.head_sha, trusted=trusted)
         if trusted is not None:
             projects = _with_owners(gh, trusted, pr, projects)
         return FootprintOutcome(pr.head_sha, base, projects, config_source=config.source)
@@ -145,7 +145,7 @@ def preview(ctx: Context, args: PreviewArgs) -> Outcome:
         projects: tuple[ProjectPreview, ...] = ()
         if config is not None:
             base = git.merge_base(root, pr.base_sha, head_sha)
-            projects = flow.preview(bench, root, config, base, head_sha, trusted=trusted)
+            projects = flow.preview(bench, repo, root, config, base, head_sha, trusted=trusted)
     outcome = PreviewOutcome(head_sha, projects, errors)
     return (JobStatus.FAILED if outcome.failed else JobStatus.SUCCEEDED), PreviewResult(preview=outcome)
 

@@ -30,7 +30,6 @@ from app.config import AuthMode, Settings
 from app.domain.commands import ApplyArgs
 from app.domain.jobs import ClosedArgs, JobKind, MergeArgs, ReconcileArgs, job_id
 from app.domain.principal import Principal, default_principal
-from app.domain.scopes import scope_set
 from app.errors import BadRequestError, ReservationConflictError
 from app.store import Database, tenancy
 from app.store import bot as bot_store
@@ -60,16 +59,16 @@ APPLIED_BEFORE = "applied_before_merge"
 
 
 def bot_principal(settings: Settings, db: Database, repo: str, project: str) -> Principal:
-    """Whom the bot's holds of ``project`` belong to: the tenant, environment and address scopes of the
-    project's token (``runner.bot.credentials``; database auth), else the built-in tenant."""
+    """Whom the bot's holds of ``project`` belong to: the tenant and environment of the project's token
+    (``runner.bot.credentials``; database auth), else the built-in tenant. A hold covers only what the
+    project's apply committed, which that token's scopes already allowed."""
     if settings.auth_mode is AuthMode.DATABASE:
         credential = engine_token(settings, repo, project)
         token = tenancy.authenticate(db, credential.secret or "")
         if token is None:
             raise Failed(f"the token of {credential.source} is unknown or revoked: the bot cannot hold "
                          "reservations with it")
-        return Principal.for_token(tenant_id=token.tenant_id, name=token.name, scope=token.scope,
-                                   token_id=token.id, scopes=scope_set(tuple(token.scopes)))
+        return Principal(tenant_id=token.tenant_id, actor=token.name, scope=token.scope, token_name=token.name)
     return default_principal(actor="kilolock-bot")
 
 

@@ -20,6 +20,7 @@ from app.errors import ConfigError
 from runner.bot import jobs
 from runner.bot.credentials import engine_token
 from tests.bot.botworld import FILES, REPO, World, fast_github, world_factory  # noqa: F401
+from tests.bot.test_apply_before_merge import comment, holds_of, replies
 
 SECRET_A, SECRET_B, FALLBACK = "kl_" + "a" * 40, "kl_" + "b" * 40, "kl_" + "f" * 40
 
@@ -73,7 +74,7 @@ def test_a_bad_project_tokens_file_stops_the_start_naming_the_entry_never_a_toke
 CONTROL = "ctl-bot-tokens"
 CTL = {"Authorization": f"Bearer {CONTROL}"}
 DB = ("terraform_data.db", "terraform_data.db.*", "terraform_data.db_backup", "terraform_data.db_backup.*")
-KILOLOCK_YML = ('apply_requirements: []\nowners:\n  "terraform_data.net": "@octo-org/platform"\n'
+KILOLOCK_YML = ('apply_requirements: []\napply_on_comment: true\nowners:\n  "terraform_data.net": "@octo-org/platform"\n'
                 'projects:\n  - dir: .\n    name: infra\n    owners:\n'
                 + "".join(f'      "{glob}": "@octo-org/dba"\n' for glob in DB)
                 + '      "terraform_data.queue": []\n')
@@ -154,12 +155,24 @@ def test_the_bot_applies_a_project_with_its_owners_scoped_token_and_the_server_r
                         headers={"Authorization": f"Bearer {admin['secret']}"}, timeout=10).json()["runs"]
     assert [r["status"] for r in runs if "#2@" in r["actor"]] in ([], ["failed"]), runs
 
+    # A comment apply inside the scopes commits with the project's token, and its hold is that token's.
+    w.open_pr(3, "db-v3", {"db.tf": inside.replace("db-v2", "db-v3")})
+    w.run_jobs()
+    comment(w, 3, "kilolock apply")
+    w.run_jobs()
+    assert serial() == 3, replies(w, 3)
+    [hold] = holds_of(w, 3)
+    assert (hold.state_name, hold.token_name) == (f"{admin['scope']}/infra", "bot-infra"), hold
+    live = requests.get(f"{w.server_url}/v1/engine/reservations", params={"state": f"{admin['scope']}/infra"},
+                        headers={"Authorization": f"Bearer {admin['secret']}"}, timeout=10).json()["reservations"]
+    assert {r["glob"] for r in live if r["run_id"] == hold.run_id} == set(hold.write_globs), live
+
     events = requests.get(f"{state}/events", headers={"Authorization": f"Bearer {admin['secret']}"},
                           timeout=10).json()["events"]
     # The refusal is audited under the project's token, naming the glob and the nearest scope.
     [refused] = [e for e in events if e["actor"] == "bot-infra" and e["detail"].get("glob") == "terraform_data.queue"]
     assert refused["detail"].get("nearest_scope") == "*:read", refused
-    said = [str(c["body"]) for n in (1, 2) for c in w.sim.pr_comments(n)]
+    said = [str(c["body"]) for n in (1, 2, 3) for c in w.sim.pr_comments(n)]
     said += [json.dumps(r.get("output")) for r in w.sim.runs("kilolock/apply")]
     for secret_text in (secret, admin["secret"]):
         assert not any(secret_text in text for text in said)

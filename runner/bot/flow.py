@@ -5,7 +5,8 @@ commit, against the trunk on the Kilolock server.
 Owns the orchestration only: the checkout (``runner.git``), the project mapping (``runner.bot.config``),
 and the very functions ``kl plan --changed-from`` / ``kl apply -f --confirm-scope`` use
 (``runner.filescoped``: ``changed_selection``, ``derive_footprint``, ``plan_files``, ``apply_files``), with
-the engine client authenticated by the project's token (``runner.bot.credentials``). Results are the outcome types of ``runner.bot.outcomes``.
+the engine client authenticated by the project's token (``runner.bot.credentials``). Results are the outcome
+types of ``runner.bot.outcomes``.
 
 Must not: talk to GitHub, RQ or the database (``runner.bot.jobs`` does: it claims, stores and posts), or read
 the environment (``runner.config.process_env`` does, once per job).

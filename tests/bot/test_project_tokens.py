@@ -74,7 +74,8 @@ def test_a_bad_project_tokens_file_stops_the_start_naming_the_entry_never_a_toke
 CONTROL = "ctl-bot-tokens"
 CTL = {"Authorization": f"Bearer {CONTROL}"}
 DB = ("terraform_data.db", "terraform_data.db.*", "terraform_data.db_backup", "terraform_data.db_backup.*")
-KILOLOCK_YML = ('apply_requirements: []\napply_on_comment: true\nowners:\n  "terraform_data.net": "@octo-org/platform"\n'
+KILOLOCK_YML = ('apply_requirements: []\napply_on_comment: true\n'
+                'owners:\n  "terraform_data.net": "@octo-org/platform"\n'
                 'projects:\n  - dir: .\n    name: infra\n    owners:\n'
                 + "".join(f'      "{glob}": "@octo-org/dba"\n' for glob in DB)
                 + '      "terraform_data.queue": []\n')
@@ -91,8 +92,8 @@ def database_world(world_factory) -> tuple[World, dict[str, str], str]:  # noqa:
 
     def backend(server) -> tuple[str, dict[str, str]]:  # type: ignore[no-untyped-def]
         assert requests.post(f"{server.url}/v1/api/tenants", json={"slug": "acme"}, headers=CTL, timeout=10).ok
-        made = requests.post(f"{server.url}/v1/api/tenants/acme/tokens", json={"name": "admin", "environment": "prod"},
-                             headers=CTL, timeout=10)
+        made = requests.post(f"{server.url}/v1/api/tenants/acme/tokens", headers=CTL, timeout=10,
+                             json={"name": "admin", "environment": "prod"})
         assert made.status_code == 201, made.text
         body = made.json()
         admin.update(secret=body["token_secret"], scope=f"{body['workspace_id']}/{body['environment_id']}",

@@ -304,7 +304,7 @@ def time_parts(world: World) -> Parts:
         project = config.projects[0]
         selection = timed("changed files → selection (as --changed-from)",
                           lambda: changed_selection(root / project.dir, base, against=pr["head_sha"]))
-        client = botflow.engine_client(bench, root, project)
+        client = botflow.engine_client(bench, REPO, root, project)
         files = timed("read the configuration", lambda: read_configuration(root / project.dir))
         scoped = timed("footprint + trunk edges (cold parse cache)",
                        lambda: derive_footprint(client, project.state, files, selection, ParseCache()))

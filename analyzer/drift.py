@@ -30,6 +30,7 @@ class DriftedInstance:
     address: str
     attributes: tuple[str, ...]  # top-level attribute names whose values changed, sorted
     gone: bool                   # the object no longer exists remotely
+    last_change: str = ""        # the server's words for the last change it recorded here (not sent back)
 
     def to_json(self) -> dict[str, Any]:
         return {"address": self.address, "attributes": list(self.attributes), "gone": self.gone}

@@ -77,8 +77,11 @@ def deletions(deleted: Mapping[str, str], files: Mapping[str, str]) -> Deletions
     """What the ``deleted`` texts (deleted files, and the earlier texts of changed ones) declared that none of
     ``files`` (the configuration now) declares: a block moved to another file is not deleted. Ephemeral
     resources and actions never have state rows. A ``.tf.json`` text that does not parse counts as declaring
-    nothing now (the footprint fails closed on it), and as nothing deleted."""
+    nothing now (the footprint fails closed on it), and as nothing deleted. Without deleted texts nothing
+    is deleted, and the configuration is not scanned at all (its cost would follow its size)."""
     before_addresses, before_outputs = _declared(deleted)
+    if not before_addresses and not before_outputs:
+        return Deletions()
     now_addresses, now_outputs = _declared(files)
     globs = sorted(a + ".*" for a in before_addresses - now_addresses)
     return Deletions(tuple(globs), tuple(sorted(before_outputs - now_outputs)))

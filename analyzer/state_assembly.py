@@ -4,18 +4,37 @@ Owns the assembly: resources sorted the way Terraform sorts them, instance objec
 Terraform's order, indented and escaped the way Terraform's Go encoder writes them, so a state assembled
 from rows is byte-comparable with one Terraform wrote. The row shapes and their parsing are
 ``analyzer.state``'s. Must not do I/O.
+
+``stream_state`` writes the file as a sequence of byte pieces from rows that arrive already in
+Terraform's order (``row_order``), one resource and one instance at a time, so a caller reading rows from
+a database cursor never holds the parsed state: only the current instance's tree and one piece of text.
+``assemble_state`` sorts rows given in any order and joins the pieces. Both write exactly the text of
+``json.dumps(document, indent=2)`` with Go's escapes: each instance object is encoded on its own and
+indented to its depth (a JSON string never holds a raw newline, so indenting the lines of a value is the
+same as encoding it in place).
+
+The optional ``orjson`` (see ``analyzer.state``) encodes an instance when it is sure to write the same text
+as ``json``: no number that could be an integer beyond 64 bits or a float below 1e-4 or from 1e16 in
+magnitude, no ``\\u`` escape of a surrogate, and no nesting orjson refuses. ``_may_differ`` spots those in
+the instance's text (conservatively: a match inside a string only costs the ``json`` path).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from analyzer.gcpause import gc_paused
 from analyzer.state import STATE_VERSION, InstanceRow, OutputRow
 
-__all__ = ["assemble_state"]
+try:
+    import orjson
+except ImportError:  # json alone writes every piece; orjson only makes it faster
+    orjson = None  # type: ignore[assignment]
+
+__all__ = ["assemble_state", "row_order", "stream_state"]
 
 # Terraform's instanceObjectStateV4 field order, so an assembled state reads like one Terraform wrote.
 _INSTANCE_FIELD_ORDER = (
@@ -33,14 +52,30 @@ _INSTANCE_FIELD_ORDER = (
     "create_before_destroy",
 )
 # Go's encoding/json escapes these inside strings. None of them can occur outside a JSON string, so a plain
-# text replacement after dumping escapes them exactly where Terraform would.
+# replacement in the encoded text (one character each, so piece by piece as well as on the whole file)
+# escapes them exactly where Terraform would.
 _GO_ESCAPES = (
-    ("<", "\\u003c"),
-    (">", "\\u003e"),
-    ("&", "\\u0026"),
-    ("\u2028", "\\u2028"),
-    ("\u2029", "\\u2029"),
+    (b"<", b"\\u003c"),
+    (b">", b"\\u003e"),
+    (b"&", b"\\u0026"),
+    ("\u2028".encode(), b"\\u2028"),
+    ("\u2029".encode(), b"\\u2029"),
 )
+# Text where orjson's numbers or escapes could differ from json's: a run of 16 digits (an integer beyond
+# 64 bits, or a float of 1e16 and more in plain notation), a plain decimal below 1e-3, a number with an
+# exponent, a surrogate escape. Postgres writes jsonb numbers in plain notation, so its text needs no
+# exponent check (``plain_numbers``), which would match many hexadecimal identifiers.
+_MAY_DIFFER = re.compile(r"[0-9]{16}|0\.000|[0-9][eE][-+]?[0-9]|\\u[dD][89abAB]")
+_MAY_DIFFER_PLAIN = re.compile(r"[0-9]{16}|0\.000|\\u[dD][89abAB]")
+_PIECE_BYTES = 1 << 20
+_INSTANCE_INDENT = b"\n        "  # an instance object is an item of an array four levels down
+_RESOURCE_INDENT = b"\n    "
+
+
+def row_order(row: InstanceRow) -> tuple[str, str, str, str, int, int, str, str]:
+    """The order of rows in an assembled state: resources by module, mode, type and name; instances by key
+    (none, then integers, then strings), the current object before deposed ones."""
+    return (row.module, row.mode, row.type, row.name, *_instance_order(row))
 
 
 def assemble_state(
@@ -51,64 +86,140 @@ def assemble_state(
     instances: Iterable[InstanceRow],
     outputs: Iterable[OutputRow],
 ) -> bytes:
-    """Build a v4 state file from rows, ordered, indented and escaped the way Terraform writes one.
+    """Build a v4 state file from rows in any order, ordered, indented and escaped the way Terraform writes
+    one. Resources without rows are not written (Terraform prunes them).
 
-    Resources sort by module, mode, type and name; instances by key (none, then ints, then strings), the
-    current object before deposed ones. Resources without rows are not written (Terraform prunes them).
     Raises ValueError when rows contradict each other: one resource with two providers, an
     (address, deposed) pair given twice, or an ``instance_json`` whose key or deposed field disagrees with
     its row.
     """
     with gc_paused():
-        resources = _resources(instances)
-        doc = {
-            "version": STATE_VERSION,
-            "terraform_version": terraform_version,
-            "serial": serial,
-            "lineage": lineage,
-            "outputs": {output.name: _output_object(output) for output in sorted(outputs, key=_output_name)},
-            "resources": resources,
-            "check_results": None,
-        }
+        rows = sorted(instances, key=row_order)
+        kept_outputs = list(outputs)
+        fields: dict[str, Any] = {"serial": serial, "lineage": lineage, "terraform_version": terraform_version}
         try:
-            return _dump_like_terraform(doc, ensure_ascii=False).encode()
+            return b"".join(stream_state(**fields, instances=rows, outputs=kept_outputs))
         except UnicodeEncodeError:
             # Only a lone surrogate gets here; escaping all non-ASCII beats writing invalid UTF-8.
-            return _dump_like_terraform(doc, ensure_ascii=True).encode()
+            return b"".join(stream_state(**fields, instances=rows, outputs=kept_outputs, ensure_ascii=True))
 
 
-def _resources(instances: Iterable[InstanceRow]) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, str, str, str], tuple[str, list[InstanceRow]]] = {}
+def stream_state(
+    *,
+    serial: int,
+    lineage: str,
+    terraform_version: str,
+    instances: Iterable[InstanceRow],
+    outputs: Iterable[OutputRow],
+    ensure_ascii: bool = False,
+    plain_numbers: bool = False,
+    piece_bytes: int = _PIECE_BYTES,
+) -> Iterator[bytes]:
+    """The state file ``assemble_state`` builds, as pieces of about ``piece_bytes`` each, from rows already
+    sorted by ``row_order`` and consumed one at a time.
+
+    ``plain_numbers`` says no instance text writes a number with an exponent (Postgres's jsonb text).
+    Raises ValueError as ``assemble_state`` does, and also for rows out of order; UnicodeEncodeError for
+    a lone surrogate unless ``ensure_ascii``. A caller that sent some pieces already must treat either as
+    a failed file.
+    """
+    encoder = _Encoder(ensure_ascii=ensure_ascii, plain_numbers=plain_numbers)
+    header = {
+        "version": STATE_VERSION,
+        "terraform_version": terraform_version,
+        "serial": serial,
+        "lineage": lineage,
+        "outputs": {o.name: _output_object(o) for o in sorted(outputs, key=_output_name)},
+    }
+    out = bytearray(encoder.dump(header)[:-2])  # without the closing "\n}"
+    out += b',\n  "resources": ['
+    group: tuple[str, str, str, str] | None = None
+    provider = ""
+    previous: tuple[int, int, str, str] | None = None
     for row in instances:
-        group_key = (row.module, row.mode, row.type, row.name)
-        group = groups.get(group_key)
-        if group is None:
-            groups[group_key] = (row.provider, [row])
-        elif group[0] != row.provider:
-            raise ValueError(
-                f"{row.resource_address} has instances with two providers: {group[0]} and {row.provider}"
-            )
+        key = (row.module, row.mode, row.type, row.name)
+        order = _instance_order(row)
+        if key != group:
+            if group is not None:
+                if key < group:
+                    raise ValueError(f"{row.resource_address}: rows are not in the state's resource order")
+                out += b"\n      ]\n    },"
+            group, provider, previous = key, row.provider, None
+            out += _RESOURCE_INDENT
+            out += _resource_head(row, encoder)
+        elif row.provider != provider:
+            raise ValueError(f"{row.resource_address} has instances with two providers: {provider} and {row.provider}")
         else:
-            group[1].append(row)
+            out += b","
+        if previous is not None and order <= previous:
+            if order == previous:
+                raise ValueError(f"{row.address} (deposed {row.deposed!r}) appears twice among the rows")
+            raise ValueError(f"{row.address}: rows are not in the state's instance order")
+        previous = order
+        out += _INSTANCE_INDENT
+        out += encoder.instance(row).replace(b"\n", _INSTANCE_INDENT)
+        if len(out) >= piece_bytes:
+            yield _go_escaped(out)
+            out = bytearray()
+    out += b"\n      ]\n    }\n  ]," if group is not None else b"],"
+    out += b'\n  "check_results": null\n}\n'
+    yield _go_escaped(out)
 
-    resources: list[dict[str, Any]] = []
-    for (module, mode, type_, name), (provider, rows) in sorted(groups.items(), key=lambda item: item[0]):
-        rows.sort(key=_instance_order)
-        resource: dict[str, Any] = {}
-        if module:
-            resource["module"] = module
-        resource.update(mode=mode, type=type_, name=name, provider=provider)
-        resource["instances"] = _instance_objects(rows)
-        resources.append(resource)
-    return resources
+
+class _Encoder:
+    """One value in, ``json.dumps(value, indent=2)`` out (as UTF-8, or ASCII with ``ensure_ascii``), by
+    orjson where it writes the same text."""
+
+    __slots__ = ("ensure_ascii", "may_differ")
+
+    def __init__(self, *, ensure_ascii: bool, plain_numbers: bool) -> None:
+        self.ensure_ascii = ensure_ascii
+        self.may_differ = None if orjson is None or ensure_ascii else (
+            _MAY_DIFFER_PLAIN if plain_numbers else _MAY_DIFFER)
+
+    def load(self, text: str) -> tuple[Any, bool]:
+        """The value of ``text``, and whether orjson may encode it."""
+        if self.may_differ is not None and self.may_differ.search(text) is None:
+            try:
+                return orjson.loads(text), True
+            except orjson.JSONDecodeError:  # nested too deeply for orjson: json decides
+                pass
+        return json.loads(text), False
+
+    def dump(self, value: Any, fast: bool = False) -> bytes:
+        if fast:
+            try:
+                return orjson.dumps(value, option=orjson.OPT_INDENT_2)
+            except orjson.JSONEncodeError:
+                pass
+        return json.dumps(value, indent=2, ensure_ascii=self.ensure_ascii).encode()
+
+    def instance(self, row: InstanceRow) -> bytes:
+        instance, fast = self.load(row.instance_json)
+        if instance.get("index_key") != row.index_key or (instance.get("deposed") or "") != row.deposed:
+            raise ValueError(f"{row.address}: instance_json disagrees with the row's index_key or deposed")
+        ordered = {field: instance[field] for field in _INSTANCE_FIELD_ORDER if field in instance}
+        ordered.update(instance)
+        return self.dump(ordered, fast)
 
 
-def _dump_like_terraform(doc: dict[str, Any], *, ensure_ascii: bool) -> str:
-    text = json.dumps(doc, indent=2, ensure_ascii=ensure_ascii) + "\n"
+def _resource_head(row: InstanceRow, encoder: _Encoder) -> bytes:
+    """A resource object up to the opening of its ``instances`` array, indented as an item of
+    ``resources``."""
+    head: dict[str, Any] = {}
+    if row.module:
+        head["module"] = row.module
+    head.update(mode=row.mode, type=row.type, name=row.name, provider=row.provider)
+    text = encoder.dump(head)[:-2].replace(b"\n", _RESOURCE_INDENT)
+    return text + b',\n      "instances": ['
+
+
+def _go_escaped(text: bytearray) -> bytes:
+    data = bytes(text)
     for raw, escaped in _GO_ESCAPES:
-        if raw in text:
-            text = text.replace(raw, escaped)
-    return text
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
 
 
 def _instance_order(row: InstanceRow) -> tuple[int, int, str, str]:
@@ -118,23 +229,6 @@ def _instance_order(row: InstanceRow) -> tuple[int, int, str, str]:
     if isinstance(key, int):
         return (1, key, "", row.deposed)
     return (2, 0, key, row.deposed)
-
-
-def _instance_objects(rows: list[InstanceRow]) -> list[dict[str, Any]]:
-    objects = []
-    previous: tuple[str, str] | None = None
-    for row in rows:
-        identity = (row.address, row.deposed)
-        if identity == previous:
-            raise ValueError(f"{row.address} (deposed {row.deposed!r}) appears twice among the rows")
-        previous = identity
-        instance = json.loads(row.instance_json)
-        if instance.get("index_key") != row.index_key or (instance.get("deposed") or "") != row.deposed:
-            raise ValueError(f"{row.address}: instance_json disagrees with the row's index_key or deposed")
-        ordered = {field: instance[field] for field in _INSTANCE_FIELD_ORDER if field in instance}
-        ordered.update(instance)
-        objects.append(ordered)
-    return objects
 
 
 def _output_object(output: OutputRow) -> dict[str, Any]:

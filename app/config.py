@@ -17,6 +17,14 @@ from enum import StrEnum
 from pathlib import Path
 
 from app import envtable
+from app.domain.manualholds import (
+    DEFAULT_HOLD_SECONDS,
+    DEFAULT_MAX_HOLDS_PER_STATE,
+    DEFAULT_MAX_HOLDS_PER_TOKEN,
+    MAX_HOLD_SECONDS,
+    MIN_HOLD_SECONDS,
+    HoldPolicy,
+)
 from app.domain.repositories import parse_patterns
 from app.domain.reservations import DEFAULT_MAX_GLOBS_PER_REQUEST, DEFAULT_MAX_GLOBS_PER_RUN
 from app.domain.throttle import parse_networks
@@ -81,6 +89,12 @@ class Settings:
     wait_ticket_seconds: int = 10
     max_globs_per_request: int = DEFAULT_MAX_GLOBS_PER_REQUEST
     max_globs_per_run: int = DEFAULT_MAX_GLOBS_PER_RUN
+    # Manual holds (docs/reservations.md, "Manual holds").
+    max_holds_per_token: int = DEFAULT_MAX_HOLDS_PER_TOKEN
+    max_holds_per_state: int = DEFAULT_MAX_HOLDS_PER_STATE
+    hold_default_seconds: int = DEFAULT_HOLD_SECONDS
+    hold_max_seconds: int = MAX_HOLD_SECONDS
+    hold_until_released: tuple[str, ...] = ()
     session_secret: str | None = field(default=None, repr=False)
     log_format: str = "text"
     metrics_token: str | None = field(default=None, repr=False)
@@ -109,6 +123,16 @@ class Settings:
     retain_versions: int = 0
     retain_days: int = 0
     prune_interval_seconds: int = 3600
+    # Outgoing events (docs/events.md).
+    event_retry_seconds: tuple[int, ...] = (10, 60, 300, 1800, 7200)
+    event_poll_seconds: int = 5
+    event_timeout_seconds: int = 10
+
+    @property
+    def hold_policy(self) -> HoldPolicy:
+        return HoldPolicy(default_seconds=self.hold_default_seconds, max_seconds=self.hold_max_seconds,
+                          max_per_token=self.max_holds_per_token, max_per_state=self.max_holds_per_state,
+                          until_released=self.hold_until_released)
 
     @property
     def github_enabled(self) -> bool:
@@ -233,6 +257,13 @@ def _proxies(raw: str) -> tuple[str, ...]:
     return proxies
 
 
+def _seconds_list(raw: str) -> tuple[int, ...]:
+    values = tuple(whole(0)(item) for item in comma_list(raw))
+    if not values or len(values) > 20:
+        raise ValueError("must list 1 to 20 whole numbers of seconds")
+    return values
+
+
 DATA_DIR = Setting("data_dir", "KL_DATA_DIR", envtable.path, None,
                    "where embedded servers and kl keep their data", shown="the per-user data folder")
 
@@ -258,6 +289,17 @@ TABLE: tuple[Setting, ...] = (
             "most globs one request names"),
     Setting("max_globs_per_run", "KL_MAX_GLOBS_PER_RUN", whole(), DEFAULT_MAX_GLOBS_PER_RUN,
             "most globs one apply run holds"),
+    Setting("max_holds_per_token", "KL_MAX_HOLDS_PER_TOKEN", whole(), DEFAULT_MAX_HOLDS_PER_TOKEN,
+            "most live manual holds one token has"),
+    Setting("max_holds_per_state", "KL_MAX_HOLDS_PER_STATE", whole(), DEFAULT_MAX_HOLDS_PER_STATE,
+            "most live manual holds on one state"),
+    Setting("hold_default_seconds", "KL_HOLD_DEFAULT_SECONDS", whole(MIN_HOLD_SECONDS), DEFAULT_HOLD_SECONDS,
+            "how long a manual hold lasts without --until"),
+    Setting("hold_max_seconds", "KL_HOLD_MAX_SECONDS", whole(MIN_HOLD_SECONDS), MAX_HOLD_SECONDS,
+            "the longest --until a manual hold may ask for"),
+    Setting("hold_until_released", "KL_HOLD_UNTIL_RELEASED", comma_list, (),
+            "token names that may take manual holds without expiry (--until-released); * for every caller",
+            shown="unset: nobody"),
     Setting("session_secret", "KL_SESSION_SECRET", _session_secret, None, "signs the dashboard's sessions"),
     Setting("log_format", "KL_LOG_FORMAT", one_of(LOG_FORMATS), "text", "text or json log lines"),
     Setting("metrics_token", "KL_METRICS_TOKEN", text, None, "the bearer token /metrics requires"),
@@ -290,6 +332,10 @@ TABLE: tuple[Setting, ...] = (
     Setting("retain_versions", "KL_RETAIN_VERSIONS", whole(0), 0, "keep the raw bytes of the newest N versions"),
     Setting("retain_days", "KL_RETAIN_DAYS", whole(0), 0, "keep the raw bytes of versions younger than N days"),
     Setting("prune_interval_seconds", "KL_PRUNE_INTERVAL_SECONDS", whole(0), 3600, "how often retention runs"),
+    Setting("event_retry_seconds", "KL_EVENT_RETRY_SECONDS", _seconds_list, (10, 60, 300, 1800, 7200),
+            "waits between an event's delivery attempts", shown="`10,60,300,1800,7200`"),
+    Setting("event_poll_seconds", "KL_EVENT_POLL_SECONDS", whole(1), 5, "how often workers look for new events"),
+    Setting("event_timeout_seconds", "KL_EVENT_TIMEOUT_SECONDS", whole(1), 10, "seconds one event delivery may take"),
 )
 
 # Rules over several settings, checked once the table is read: (is it missing?, the variable, what to say).

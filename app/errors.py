@@ -194,3 +194,15 @@ class AddressScopeError(ForbiddenError):
     def __init__(self, message: str, *, glob: str, mode: str, nearest_scope: str, state: str) -> None:
         super().__init__(message, glob=glob, mode=mode, nearest_scope=nearest_scope, state=state)
         self.glob, self.mode, self.nearest_scope, self.state = glob, mode, nearest_scope, state
+
+
+class HoldLimitError(ConflictError):
+    """A manual hold would pass the holds a token or a state may have (KL_MAX_HOLDS_PER_TOKEN/STATE)."""
+
+
+class HoldNotFoundError(NotFoundError):
+    """No live manual hold of that id for this credential."""
+
+
+class HoldForbiddenError(ForbiddenError):
+    """The caller may not take a hold without expiry, or release a hold another credential took."""

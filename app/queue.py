@@ -32,6 +32,7 @@ JOBS: dict[JobKind, str] = {
     JobKind.PULL_REQUEST_REVIEW: "runner.bot.jobs.pull_request_review",
     JobKind.DRIFT_TICK: "runner.bot.jobs.drift_tick",
     JobKind.DRIFT_CHECK: "runner.bot.jobs.drift_check",
+    JobKind.EVENTS_TICK: "runner.bot.jobs.events_tick",
 }
 # A job in one of these is still to run (or running): enqueueing its id again is a no-op.
 LIVE = frozenset({JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED})

@@ -55,6 +55,8 @@ class ApplyOptions:
     data_dir: Path
     supplied_vars: Mapping[str, str]  # sensitive values given again at apply time
     lease_seconds: float = DEFAULT_LEASE.total_seconds()
+    # Where a bot apply comes from (repository, pull_request, merge_commit), kept in the run's info as "bot".
+    origin: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +247,8 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
         opened = client.open_run(
             spec.state, actor=options.actor, reservations=spec.reservations, wait_seconds=options.wait_seconds,
             lease_seconds=options.lease_seconds, base_serial=spec.base_serial,
-            info=run_info(spec.config_hash, options.dry_run, config_dir),
+            info={**run_info(spec.config_hash, options.dry_run, config_dir),
+                  **({"bot": dict(options.origin)} if options.origin else {})},
         )
     except EngineError as exc:
         if exc.code in REFUSALS:

@@ -16,7 +16,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -218,8 +218,8 @@ def _checked_count(chosen: Slice, scope: Scope) -> int:
 
 
 def _record(client: EngineClient, request: DriftRequest, result: DriftResult, *, source: str,
-            refreshed: int = 0) -> None:
-    client.record_drift(request.state, {
+            refreshed: int = 0) -> dict[str, Any]:
+    return client.record_drift(request.state, {
         "source": source, "globs": list(result.globs), "checked": result.checked, "serial": result.serial,
         "run_id": result.run_id, "actor": request.actor, "refreshed": refreshed,
         "drifted": [] if source == "refresh" else [d.to_json() for d in result.drifted]})
@@ -247,8 +247,16 @@ def check_drift(client: EngineClient, ctx: TerraformContext, request: DriftReque
     _close(client, run_id, request.actor, "aborted", "drift check (read only): reservations released")
     result = DriftResult(request.state, chosen.serial, _checked_count(chosen, scope), scope.checked,
                          _drifted(plan, scope), run_id)
-    _record(client, request, result, source="drift")
-    return result
+    answer = _record(client, request, result, source="drift")
+    return replace(result, drifted=_named(result.drifted, answer))
+
+
+def _named(drifted: tuple[DriftedInstance, ...], answer: dict[str, Any]) -> tuple[DriftedInstance, ...]:
+    """``drifted`` with the last change the server recorded for each instance, from its answer."""
+    report = answer.get("report") if isinstance(answer, dict) else None
+    found = report.get("found") if isinstance(report, dict) else None
+    said = {e.get("address"): e.get("last_change") for e in found or () if isinstance(e, dict)}
+    return tuple(replace(d, last_change=str(said.get(d.address) or "")) for d in drifted)
 
 
 def _refreshed_state(after: ParsedState, before: ParsedState, scope: Scope) -> bytes:
@@ -333,6 +341,8 @@ def describe(result: DriftResult) -> list[str]:
             lines.append(f"  gone     {item.address} (deleted outside Terraform)")
         else:
             lines.append(f"  drifted  {item.address}: {', '.join(item.attributes)}")
+        if item.last_change:
+            lines.append(f"           last change Kilolock recorded: {item.last_change}")
     if result.drifted:
         lines.append(f"{len(result.drifted)} drifted instance(s): kl refresh (with the same -f/--target) commits "
                      "what the objects are now; kl apply puts them back as configured")

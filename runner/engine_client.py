@@ -119,6 +119,15 @@ class EngineClient:
         result: list[dict[str, Any]] = body["lifecycles"]
         return result
 
+    def blame(self, state: str, glob: str, *, after: str = "", limit: int = 100,
+              changes: int = 20) -> dict[str, Any]:
+        """One page of the history of the addresses under ``glob``: ``instances`` and ``next_after``."""
+        params: dict[str, Any] = {"glob": glob, "limit": limit, "changes": changes}
+        if after:
+            params["after"] = after
+        result: dict[str, Any] = self._get(self._state_path(state) + "/history", params).json()
+        return result
+
     def dependencies(self, state: str, *, serial: int | None = None) -> list[dict[str, Any]]:
         params = {"serial": serial} if serial is not None else None
         result: list[dict[str, Any]] = self._get(self._state_path(state) + "/dependencies", params).json()["edges"]
@@ -229,6 +238,23 @@ class EngineClient:
     def list_reservations(self, state: str | None = None) -> list[dict[str, Any]]:
         params = {"state": state} if state else None
         result: list[dict[str, Any]] = self._get("/reservations", params).json()["reservations"]
+        return result
+
+    def take_hold(self, state: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._post(self._state_path(state) + "/holds", body)["hold"]
+        return result
+
+    def list_holds(self, state: str | None = None) -> list[dict[str, Any]]:
+        params = {"state": state} if state else None
+        result: list[dict[str, Any]] = self._get("/holds", params).json()["holds"]
+        return result
+
+    def release_hold(self, hold_id: str) -> dict[str, Any]:
+        try:
+            response = self._session.delete(self._url(f"/holds/{quote(hold_id, safe='')}"), timeout=self.timeout)
+        except requests.ConnectionError as exc:
+            raise self._unreachable() from exc
+        result: dict[str, Any] = self._decode(response)["hold"]
         return result
 
     def get_run(self, run_id: str) -> dict[str, Any]:

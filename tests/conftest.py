@@ -85,7 +85,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 
 _TRUNCATE = (
     "TRUNCATE states, state_versions, resources, outputs, events, api_tokens, environments, workspaces, "
-    "webhook_deliveries, pull_request_footprints, bot_jobs, auth_throttle RESTART IDENTITY CASCADE; "
+    "webhook_deliveries, pull_request_footprints, bot_jobs, auth_throttle, event_endpoints, event_deliveries "
+    "RESTART IDENTITY CASCADE; "
     "DELETE FROM tenants WHERE id <> 1"
 )
 

@@ -21,7 +21,8 @@ Path = tuple[Step, ...]
 MAX_VALUE_CHARS = 300
 # Defence in depth for providers whose schema marks secrets only in the provider: names that
 # hold credentials are masked even when the state does not list them as sensitive.
-_SECRET_NAME = re.compile(r"password|passwd|secret|token|private_key|api_key|access_key|credential", re.I)
+SECRET_NAME_PATTERN = "password|passwd|secret|token|private_key|api_key|access_key|credential"
+_SECRET_NAME = re.compile(SECRET_NAME_PATTERN, re.I)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from app.domain import durations
+
 COMMAND_WORD = "kilolock"
 
 
@@ -19,6 +21,8 @@ class CommandName(StrEnum):
     PLAN = "plan"
     APPLY = "apply"
     UNLOCK = "unlock"
+    HOLD = "hold"
+    RELEASE = "release"
     HELP = "help"
 
 
@@ -32,6 +36,19 @@ class ApplyArgs:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldArgs:
+    """``kilolock hold GLOB… --reason TEXT [-p NAME] [--until DURATION]`` and ``kilolock release HOLD``:
+    ``problem`` when not understood."""
+
+    globs: tuple[str, ...] = ()
+    reason: str = ""
+    project: str | None = None
+    until_seconds: float | None = None
+    hold_id: str = ""
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Command:
     """A comment addressed to Kilolock. ``word`` is the command as written (lower case); ``name`` is
     None when it is not a command Kilolock knows."""
@@ -39,6 +56,7 @@ class Command:
     word: str
     name: CommandName | None
     apply: ApplyArgs = ApplyArgs(None)
+    hold: HoldArgs = HoldArgs()
 
 
 HELP = """Kilolock commands (comment on the pull request; you need write access to the repository):
@@ -48,6 +66,8 @@ HELP = """Kilolock commands (comment on the pull request; you need write access 
   `apply_on_comment` is on and the `apply_requirements` hold (both read from the default branch); the pull
   request then holds what it applied until it is merged or closed.
 - `kilolock unlock` releases this pull request's holds.
+- `kilolock hold GLOB… --reason TEXT [-p NAME] [--until DURATION]` holds address globs of a project's state
+  by hand (a change freeze, out-of-band work) until `kilolock release HOLD` or its expiry.
 - `kilolock help` shows this list.
 
 Kilolock also comments on its own: the predicted reservations when the pull request opens or changes,
@@ -65,7 +85,51 @@ def parse(body: str) -> Command | None:
     name = CommandName(word) if word in CommandName._value2member_map_ else None
     if name is CommandName.APPLY:
         return Command(word, name, parse_apply_args(words[2:]))
+    if name is CommandName.HOLD:
+        return Command(word, name, hold=parse_hold_args(body.split(None, 2)[2] if len(words) > 2 else ""))
+    if name is CommandName.RELEASE:
+        ok = len(words) == 3 and len(words[2]) <= 40
+        return Command(word, name, hold=HoldArgs(hold_id=words[2] if ok else "", problem=None if ok else (
+            "kilolock release needs one hold id, e.g. kilolock release ar_0123456789abcdef")))
     return Command(word, name)
+
+
+_HOLD_USAGE = "use kilolock hold GLOB… --reason TEXT [-p NAME] [--until DURATION]"
+
+
+def parse_hold_args(text: str) -> HoldArgs:
+    """The words after ``kilolock hold``: globs, then options; ``--reason`` takes the rest of the line up to the
+    next option (quotes are kept as written)."""
+    words = text.split()
+    globs: list[str] = []
+    reason: list[str] = []
+    project: str | None = None
+    until: float | None = None
+    i = 0
+    try:
+        while i < len(words):
+            word = words[i]
+            if word in ("-p", "--project"):
+                project, i = words[i + 1], i + 2
+            elif word == "--until":
+                until, i = durations.parse_duration(words[i + 1]), i + 2
+            elif word == "--reason":
+                i += 1
+                while i < len(words) and words[i] not in ("-p", "--project", "--until"):
+                    reason.append(words[i])
+                    i += 1
+            elif reason or word.startswith("-"):
+                raise ValueError(f"{word} is not understood")
+            else:
+                globs.append(word)
+                i += 1
+    except (IndexError, ValueError) as exc:
+        return HoldArgs(problem=f"kilolock hold: {exc if isinstance(exc, ValueError) else 'an option lacks its value'}"
+                                f": {_HOLD_USAGE}")
+    text_reason = " ".join(reason).strip("\"'")
+    if not globs or not text_reason:
+        return HoldArgs(problem=f"kilolock hold needs address globs and a reason: {_HOLD_USAGE}")
+    return HoldArgs(globs=tuple(globs), reason=text_reason, project=project, until_seconds=until)
 
 
 def parse_apply_args(words: Sequence[str]) -> ApplyArgs:

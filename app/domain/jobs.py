@@ -33,6 +33,7 @@ class JobKind(StrEnum):
     PULL_REQUEST_REVIEW = "pull_request_review"
     DRIFT_TICK = "drift_tick"
     DRIFT_CHECK = "drift_check"
+    EVENTS_TICK = "events_tick"  # deliver pending outgoing events to every endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,12 @@ class DriftTickArgs(JobArgs):
 
 
 @dataclass(frozen=True, slots=True)
+class EventsTickArgs(JobArgs):
+    kind: ClassVar[JobKind] = JobKind.EVENTS_TICK
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
 class DriftCheckArgs(RepoArgs):
     """The scheduled drift check of one project for the window starting at ``window`` (epoch seconds)."""
 
@@ -175,7 +182,8 @@ TICK_REPO = "-"  # drift ticks belong to no repository
 
 ARGS: dict[JobKind, type[JobArgs]] = {
     cls.kind: cls for cls in (PullRequestArgs, PreviewArgs, ReviewArgs, ClosedArgs, MergeArgs, ApplyProjectArgs,
-                              PushArgs, RerunArgs, CommentArgs, ReconcileArgs, DriftTickArgs, DriftCheckArgs)
+                              PushArgs, RerunArgs, CommentArgs, ReconcileArgs, DriftTickArgs, DriftCheckArgs,
+                              EventsTickArgs)
 }
 
 

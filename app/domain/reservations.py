@@ -19,6 +19,7 @@ from analyzer.globs import Glob, GlobError, canonical, parse_glob, stored_glob
 from app.domain.durations import format_duration as format_duration  # re-exported: its old home
 from app.domain.globindex import GlobIndex
 from app.domain.locking import LockInfo, lock_holder, rfc3339
+from app.domain.manualholds import is_manual_holder
 from app.errors import BadRequestError
 
 DEFAULT_LEASE = timedelta(minutes=15)
@@ -253,6 +254,8 @@ def _lease_text(held: Held, now: datetime) -> str:
     if held.expires_at is None:
         return "no lease"
     if held.expires_at - now > _HOLD_THRESHOLD:
+        if is_manual_holder(held.holder):
+            return "no expiry: held until released"
         return ("a pull-request hold, no lease: it ends when the pull request is merged or closed, "
                 "or at `kilolock unlock`")
     return f"expires in {format_duration(held.expires_at - now)}"

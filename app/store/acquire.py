@@ -292,6 +292,10 @@ def _enqueue(conn: psycopg.Connection, principal: Principal, attempt: Attempt, s
         (attempt.waiter_id,) = conn.execute(_WAITER_INSERT, (
             state_id, attempt.holder, _wanted_json(attempt.wanted), now, now, principal.credential,
             attempt.wait_until, attempt.run_id)).fetchone() or (0,)
+        events.record(conn, principal, "reservation_wait", state_id=state_id, state_name=attempt.state_name,
+                      holder=attempt.holder, run_id=attempt.run_id,
+                      globs=[[w.text, w.mode.value] for w in attempt.wanted[:200]],
+                      wait_until=attempt.wait_until.isoformat() if attempt.wait_until else None)
     else:
         conn.execute(_WAITER_TOUCH, (now, attempt.waiter_id))
 

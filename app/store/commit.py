@@ -34,7 +34,7 @@ from app.domain import commit as rules
 from app.domain import scopes
 from app.domain.principal import Principal
 from app.errors import BadRequestError, RunNotFoundError, StateLockedError, WriteOutsideReservationError
-from app.store import events, holds, resources, runs, states
+from app.store import events, history, holds, resources, runs, states
 from app.store.db import Database
 
 # Read before the lock: the run, its state and the head serial as of now (the staleness check re-reads
@@ -83,8 +83,9 @@ WHERE resources.state_id = %s AND resources.delete_serial IS NULL
 # outputs, and the state's head, in one statement.
 _INSERT_VERSION = """
 WITH v AS (
-    INSERT INTO state_versions (tenant_id, state_id, serial, lineage, terraform_version, encrypted, source, actor)
-    VALUES (%s, %s, %s, %s, %s, false, 'apply', %s)
+    INSERT INTO state_versions (tenant_id, state_id, serial, lineage, terraform_version, encrypted, source, actor,
+                                run_id, token_name)
+    VALUES (%s, %s, %s, %s, %s, false, 'apply', %s, %s, %s)
     RETURNING id, tenant_id, state_id
 ), o AS (
     INSERT INTO outputs (state_version_id, state_id, tenant_id, name, value, type, sensitive)
@@ -379,7 +380,7 @@ def _write(
                                      rows=delta.upserts)
         conn.execute(_INSERT_VERSION, (
             principal.tenant_id, state_id, serial, locked.lineage or parsed.lineage,
-            parsed.terraform_version or locked.terraform_version or "", locked.actor,
+            parsed.terraform_version or locked.terraform_version or "", locked.actor, run_id, principal.token_name,
             *resources.output_columns(outputs), serial, state_id))
         conn.execute(_FINISH, (serial, now, json.dumps(counters), run_id))
         conn.execute(_KEEP_GLOBS, (json.dumps(_written_globs(locked.reserved)), run_id))
@@ -387,6 +388,9 @@ def _write(
         events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
                       serial=serial, holder=locked.actor, **counters, addresses=list(delta.addresses)[:200])
         conn.commit()  # in the pipeline: the writes and COMMIT are one round trip
+    if closing:
+        history.record_changed_names_after_commit(conn, state_id=state_id, serial=serial,
+                                                  keys=[(r.address, r.deposed) for r in delta.upserts])
     return CommitResult(run_id, serial, delta.created, delta.updated, len(delta.deletes), delta.addresses,
                         outputs_changed)
 

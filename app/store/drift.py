@@ -8,8 +8,8 @@ checks finishing together fold their findings into ``outstanding`` one after the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from analyzer.globs import parse_glob
@@ -18,7 +18,7 @@ from app.domain import scopes
 from app.domain.principal import Principal
 from app.domain.reservations import Mode
 from app.errors import StateNotFoundError
-from app.store import events, states
+from app.store import events, history, states
 from app.store.db import Database
 
 # /metrics labels drift series by state: at most this many states (the most recently checked) get their
@@ -65,12 +65,27 @@ class Report:
     checked: int
     found: tuple[rules.DriftEntry, ...]        # what this check found inside its globs
     drifted: tuple[rules.DriftEntry, ...]      # the state's outstanding drift after it
+    # The last change Kilolock recorded for each drifted address, in words (history.describe).
+    last_changes: dict[str, str] = field(default_factory=dict)
+
+    def entry_json(self, entry: rules.DriftEntry) -> dict[str, Any]:
+        return {**entry.to_json(), "last_change": self.last_changes.get(entry.address)}
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "state": self.state, "serial": self.serial, "checked_at": self.checked_at.isoformat(),
                 "source": self.source, "outcome": self.outcome, "actor": self.actor, "run_id": self.run_id,
-                "globs": list(self.globs), "checked": self.checked, "found": [e.to_json() for e in self.found],
-                "drifted": [e.to_json() for e in self.drifted]}
+                "globs": list(self.globs), "checked": self.checked, "found": [self.entry_json(e) for e in self.found],
+                "drifted": [self.entry_json(e) for e in self.drifted]}
+
+
+def _with_last_changes(conn: Any, state_id: int, report: Report) -> Report:
+    """``report`` naming, for each drifted instance, the last change Kilolock recorded for it."""
+    addresses = [e.address for e in (*report.found, *report.drifted)]
+    if not addresses:
+        return report
+    now = datetime.now(UTC)
+    found = history.last_changes(conn, state_id=state_id, addresses=addresses)
+    return replace(report, last_changes={a: history.describe(c, now) for a, c in found.items()})
 
 
 def _report(state: str, row: tuple[Any, ...]) -> Report:
@@ -99,10 +114,12 @@ def record(db: Database, principal: Principal, name: str, submitted: rules.Submi
             json.dumps([e.to_json() for e in submitted.drifted]), json.dumps([e.to_json() for e in after]), len(after)))
         events.record(conn, principal, "drift_check", state_id=row.id, state_name=name, serial=serial,
                       source=submitted.source.value, outcome=outcome.value, checked=submitted.checked,
-                      drifted=len(submitted.drifted), outstanding=len(after), run_id=submitted.run_id)
+                      drifted=len(submitted.drifted), outstanding=len(after), outstanding_before=len(before),
+                      run_id=submitted.run_id, addresses=[e.address for e in submitted.drifted[:200]])
         latest = conn.execute(_LATEST, (row.id, 1)).fetchone()
-    assert latest is not None
-    return readable_part(principal, _report(name, latest))
+        assert latest is not None
+        report = readable_part(principal, _report(name, latest))
+        return _with_last_changes(conn, row.id, report)
 
 
 def reports(db: Database, principal: Principal, name: str, *, limit: int = 1) -> list[Report]:
@@ -110,7 +127,7 @@ def reports(db: Database, principal: Principal, name: str, *, limit: int = 1) ->
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
         found = conn.execute(_LATEST, (row.id, limit)).fetchall()
-    return [readable_part(principal, _report(name, r)) for r in found]
+        return [_with_last_changes(conn, row.id, readable_part(principal, _report(name, r))) for r in found]
 
 
 def readable_part(principal: Principal, report: Report) -> Report:

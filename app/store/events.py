@@ -67,6 +67,11 @@ def record_refused(db: Database, principal: Principal, kind: str, *, state_name:
         record(conn, principal, kind, state_id=None, state_name=state_name, **detail)
 
 
+def record_alone(db: Database, principal: Principal, kind: str, *, state_name: str, **detail: Any) -> None:
+    """Audit something that changes no row of its own (a bot job starting or ending) in its own transaction."""
+    record_refused(db, principal, kind, state_name=state_name, **detail)
+
+
 def list_events(
     conn: psycopg.Connection, principal: Principal, state_name: str | None = None, limit: int = 100
 ) -> list[Event]:

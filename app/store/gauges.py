@@ -22,8 +22,10 @@ FROM resource_reservations
 # it is counted apart, so that a days-old hold never looks like a stuck apply.
 _RUNS = f"""
 SELECT status, count(*), min(created_at) FILTER (WHERE status IN {LIVE_STATUSES_SQL})
-FROM apply_runs WHERE NOT info ? 'pr_hold' GROUP BY status
+FROM apply_runs WHERE NOT info ? 'pr_hold' AND NOT info ? 'manual_hold' GROUP BY status
 """
+# Manual holds (app.store.manual_holds) are counted apart too: a freeze is no stuck apply.
+_MANUAL_HOLDS = f"SELECT count(*) FROM apply_runs WHERE info ? 'manual_hold' AND status IN {LIVE_STATUSES_SQL}"
 _HOLDS = "SELECT count(*), min(created_at) FROM pull_request_holds"
 _LOCKS = "SELECT count(*), min(locked_at) FROM states WHERE lock_id IS NOT NULL"
 _WAITERS = "SELECT count(*) FROM reservation_waiters WHERE seen_at > %(fresh)s"
@@ -42,6 +44,7 @@ class Gauges:
     waiters: int
     pr_holds: int = 0
     oldest_pr_hold_seconds: float = 0.0
+    manual_holds: int = 0
 
 
 def _age(since: datetime | None, now: datetime) -> float:
@@ -57,11 +60,12 @@ def read_gauges(db: Database, *, now: datetime, waiter_fresh: datetime) -> Gauge
         (waiters,) = conn.execute(_WAITERS, {"fresh": waiter_fresh}).fetchone() or (0,)
         (state_count,) = conn.execute(_STATES).fetchone() or (0,)
         holds, oldest_hold = conn.execute(_HOLDS).fetchone() or (0, None)
+        (manual,) = conn.execute(_MANUAL_HOLDS).fetchone() or (0,)
     oldest_runs = [started for _, _, started in runs if started is not None]
     return Gauges(
         states=int(state_count), live_reservations=int(live), lapsed_reservations=int(lapsed),
         runs_by_status=tuple(sorted((status, int(count)) for status, count, _ in runs)),
         oldest_live_run_seconds=_age(min(oldest_runs) if oldest_runs else None, now),
         state_locks=int(locks), oldest_state_lock_seconds=_age(oldest_lock, now), waiters=int(waiters),
-        pr_holds=int(holds), oldest_pr_hold_seconds=_age(oldest_hold, now),
+        pr_holds=int(holds), oldest_pr_hold_seconds=_age(oldest_hold, now), manual_holds=int(manual),
     )

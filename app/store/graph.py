@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
 from analyzer.addresses import AddressError, has_prefix, parse_instance_address
 from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
 from analyzer.state import InstanceRow
-from analyzer.state_assembly import assemble_state
+from analyzer.state_assembly import assemble_state, row_order, stream_state
 from app.domain import scopes
 from app.domain.principal import Principal
 from app.domain.reservations import Mode
 from app.errors import BadRequestError, NotFoundError, StateNotFoundError
-from app.store import assembly, resources, states
+from app.store import assembly, history, resources, states
 from app.store.db import Database
 from app.store.resources import Edge, ResourceRow
 
@@ -197,9 +198,10 @@ def _rows_under(conn: psycopg.Connection, state_id: int, lookup: GlobLookup) -> 
     return [resources.instance_row(r) for r in unique.values()]
 
 
-def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> bytes:
+def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[bytes]:
     """A v4 state holding the head's instances under ``globs`` (and the head's outputs), at the
-    head's serial and lineage: what a file-scoped workspace starts from."""
+    head's serial and lineage: what a file-scoped workspace starts from. The file comes as its pieces
+    (never joined: the slice of a whole state is as large as the state)."""
     parsed = _parse_globs(globs)
     with db.transaction() as conn:
         row = states.find_state(conn, principal, name)
@@ -208,17 +210,17 @@ def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[s
         if version is None or version.encrypted:
             raise BadRequestError(f"state {name!r} has no readable head version to slice")
         lookup = glob_lookup(parsed)
-        if lookup.everything:
-            instances = resources.instances_at(conn, state_id=row.id, serial=head)
-        else:
-            instances = _rows_under(conn, row.id, lookup)
         outputs = resources.outputs_of(conn, version_id=version.id)
-    wanted = [i for i in instances if any(matches(g, i.address) for g in parsed)]
-    if principal.scopes is not None:  # a scoped token's slice holds only what its read scopes cover
-        wanted = [i for i in wanted if scopes.can_read(principal.scopes, i.address)]
-        outputs = [o for o in outputs if scopes.can_read_output(principal.scopes, o.name)]
-    return assemble_state(serial=version.serial, lineage=version.lineage,
-                          terraform_version=version.terraform_version, instances=wanted, outputs=outputs)
+        if principal.scopes is not None:  # a scoped token's slice holds only what its read scopes cover
+            outputs = [o for o in outputs if scopes.can_read_output(principal.scopes, o.name)]
+        if lookup.everything:  # the whole state: streamed from the cursor, never all rows at once
+            rows: Iterable[InstanceRow] = resources.stream_instances_at(conn, state_id=row.id, serial=head)
+        else:
+            rows = sorted(_rows_under(conn, row.id, lookup), key=row_order)
+        wanted = (i for i in rows if any(matches(g, i.address) for g in parsed)
+                  and (principal.scopes is None or scopes.can_read(principal.scopes, i.address)))
+        return list(stream_state(serial=version.serial, lineage=version.lineage, plain_numbers=True,
+                                 terraform_version=version.terraform_version, instances=wanted, outputs=outputs))
 
 
 def edges_touching(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[tuple[str, str]]:
@@ -237,7 +239,7 @@ def edges_touching(db: Database, principal: Principal, name: str, globs: Sequenc
             found.update((r.address, d) for d in r.dependencies)
         # Dependencies name resources without instance keys: a glob's keyless stem is such a name.
         names = sorted({_keyless(e) for e in lookup.exact})
-        dependents = conn.execute(_DEPENDENTS, {"state": row.id, "names": names}).fetchall() if names else []
+        dependents = _dependents(conn, row.id, names) if names else []
         module_prefixes = [p for p in lookup.prefixes if p.startswith("module.")]
         if module_prefixes:
             dependents += conn.execute(_DEPENDENTS_BY_PREFIX,
@@ -246,6 +248,18 @@ def edges_touching(db: Database, principal: Principal, name: str, globs: Sequenc
     # Resource-level ends (no instance key) match a glob when the glob covers any of their instances.
     return sorted((a, d) for a, d in found if any(_touches(g, a) or _touches(g, d) for g in parsed)
                   and _readable_edge(principal, a, d))
+
+
+def _dependents(conn: psycopg.Connection, state_id: int, names: list[str]) -> list[Any]:
+    """The live rows whose dependencies name any of ``names``, through the GIN index on dependencies. The
+    planner estimates ``&&`` against a long array as matching a large share of the table and would scan every
+    row of every state instead (its cost then follows the table, not the answer); the index lookup costs one
+    probe per name. The setting is local to the transaction and restored right after (a failed query aborts
+    the transaction, which discards it)."""
+    conn.execute("SET LOCAL enable_seqscan = off")
+    rows = list(conn.execute(_DEPENDENTS, {"state": state_id, "names": names}).fetchall())
+    conn.execute("SET LOCAL enable_seqscan = on")
+    return rows
 
 
 def _keyless(address: str) -> str:
@@ -257,3 +271,34 @@ def _touches(glob: Glob, address: str) -> bool:
         return matches(glob, address) or intersects(glob, parse_glob(address + ".*"))
     except (GlobError, AddressError):
         return False
+
+
+BLAME_PAGE_MAX = 1000  # addresses per page
+BLAME_CHANGES_MAX = 200  # lifecycles per address
+
+
+def blame(
+    db: Database, principal: Principal, name: str, glob: str, *, after: str = "", limit: int = 100,
+    changes: int = 20,
+) -> history.Page:
+    """The history of every address the state ever held under ``glob`` (a parsed glob; an exact address is one
+    too), a page of ``limit`` addresses after ``after``, each with its newest ``changes`` lifecycles. A scoped
+    token sees only the addresses its read scopes cover."""
+    parsed = _parse_globs([glob])[0]
+    if not 1 <= limit <= BLAME_PAGE_MAX:
+        raise BadRequestError(f"limit must be 1 to {BLAME_PAGE_MAX}")
+    if not 1 <= changes <= BLAME_CHANGES_MAX:
+        raise BadRequestError(f"changes must be 1 to {BLAME_CHANGES_MAX}")
+    if parsed.is_exact:
+        scopes.check_readable(principal.scopes, name, canonical(parsed))
+    lookup = glob_lookup([parsed])
+    with db.transaction() as conn:
+        row = states.find_state(conn, principal, name)
+        # The lookup over-selects; what the structured match or the scopes drop still advances the cursor.
+        scanned = history.addresses_under(conn, state_id=row.id, exact=lookup.exact, prefixes=lookup.prefixes,
+                                          everything=lookup.everything, after=after, limit=limit)
+        wanted = [a for a in scanned if matches(parsed, a) and scopes.can_read(principal.scopes, a)]
+        found = history.histories(conn, state_id=row.id, addresses=wanted, per_address=changes)
+    if parsed.is_exact and not found:
+        raise NotFoundError(f"state {name!r} has never held {glob!r}")
+    return history.Page(found, scanned[-1] if len(scanned) == limit else None)

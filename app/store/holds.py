@@ -33,7 +33,7 @@ _EXPIRE_RUN = f"""
 UPDATE apply_runs SET status = 'expired', finished_at = %s,
        error_summary = coalesce(error_summary, 'lease expired; reservations reclaimed')
 WHERE id = %s AND status IN {LIVE_STATUSES_SQL}
-RETURNING actor
+RETURNING actor, info->'manual_hold'
 """
 _DROP_RUN_RESERVATIONS = "DELETE FROM resource_reservations WHERE run_id = %s"
 
@@ -77,6 +77,12 @@ def reclaim(
         if expired is not None:
             events.record(conn, principal, "reservation_expired", state_id=state_id, state_name=state_name,
                           run_id=run_id, holder=expired[0], status=RunStatus.EXPIRED.value)
+            if expired[1] is not None:  # a manual hold (app.store.manual_holds) ran out
+                hold = expired[1]
+                events.record(conn, principal, "hold_expired", state_id=state_id, state_name=state_name,
+                              run_id=run_id, hold_id=run_id, globs=hold.get("globs", []),
+                              reason=hold.get("reason", ""), holder=hold.get("holder", ""),
+                              until=hold.get("until"))
 
 
 def live_for_state(

@@ -24,7 +24,7 @@ from app.domain.names import split_scoped_path
 from app.domain.principal import Principal
 from app.domain.reservations import HOLD_LEASE, Mode, RunStatus, Wanted, parse_wanted
 from app.errors import BadRequestError, RunClosedError, RunNotFoundError
-from app.store import runs
+from app.store import events, runs
 from app.store.db import LIVE_STATUSES_SQL, Database
 
 # Holds end by events, not by time: a lease this long never lapses in practice, and still fits the
@@ -117,6 +117,9 @@ def take(db: Database, principal: Principal, *, repo: str, number: int, project:
             conn.execute(_INSERT, (repo, number, project, principal.tenant_id, principal.scope, principal.token_name,
                                    state_name, run.id, head_sha, applied_serial, applied_run_id,
                                    [w.text for w in wanted]))
+            events.record(conn, principal, "pr_hold_taken", state_id=run.state_id, state_name=state_name,
+                          run_id=run.id, holder=holder, repo=repo, number=number, project=project,
+                          sha=head_sha, globs=[w.text for w in wanted[:200]])
     except Exception:
         _end_run(db, principal, run.id, holder, "the hold could not be recorded")
         raise
@@ -132,7 +135,11 @@ def release(db: Database, hold: PrHold, reason: str) -> None:
     principal = Principal(tenant_id=hold.tenant_id, actor=hold.holder, scope=hold.scope, token_name=hold.token_name)
     _end_run(db, principal, hold.run_id, hold.holder, reason)
     with db.transaction() as conn:
-        conn.execute(_DROP, (hold.repo, hold.number, hold.project, hold.run_id))
+        dropped = conn.execute(_DROP + " RETURNING run_id", (hold.repo, hold.number, hold.project, hold.run_id))
+        if dropped.fetchone() is not None:
+            events.record(conn, principal, "pr_hold_released", state_id=None, state_name=hold.state_name,
+                          run_id=hold.run_id, holder=hold.holder, repo=hold.repo, number=hold.number,
+                          project=hold.project, reason=reason[:200], globs=list(hold.write_globs[:200]))
 
 
 def _end_run(db: Database, principal: Principal, run_id: str, holder: str, reason: str) -> None:

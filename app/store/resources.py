@@ -8,7 +8,7 @@ from ``opencache`` when it holds the state's exact head, else from the table.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +96,17 @@ SELECT address, resource_address, module, mode, type, name, index_key, deposed, 
        instance::text AS instance_json, attributes_hash, dependencies, status
 FROM resources WHERE state_id = %(state_id)s AND {_ALIVE_AT}
 """
+# The same rows in the order of an assembled state (``analyzer.state_assembly.row_order``): "C" collation
+# compares UTF-8 text by code point, as Python compares strings.
+_ORDER_FOR_ASSEMBLY = """
+ORDER BY module COLLATE "C", mode COLLATE "C", type COLLATE "C", name COLLATE "C",
+         CASE jsonb_typeof(index_key) WHEN 'number' THEN 1 WHEN 'string' THEN 2 ELSE 0 END,
+         CASE WHEN jsonb_typeof(index_key) = 'number' THEN (index_key)::numeric END,
+         CASE WHEN jsonb_typeof(index_key) = 'string' THEN index_key #>> '{}' END COLLATE "C",
+         deposed COLLATE "C"
+"""
+# Rows a streamed assembly fetches at a time: a few megabytes of instance text.
+STREAM_BATCH = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +306,17 @@ def instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> lis
     """The rows alive at ``serial`` as analyzer rows, ready for re-assembly."""
     rows = conn.execute(_ROWS_FOR_ASSEMBLY, {"state_id": state_id, "serial": serial}).fetchall()
     return [instance_row(r) for r in rows]
+
+
+def stream_instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> Iterator[InstanceRow]:
+    """The rows alive at ``serial`` in assembly order, from a server-side cursor ``STREAM_BATCH`` rows at a
+    time, so the caller holds one batch rather than the state. The caller's transaction must stay open
+    while it iterates; other statements may run on the connection between rows."""
+    with conn.cursor("kl_assembly_rows") as cur:
+        cur.itersize = STREAM_BATCH
+        cur.execute((_ROWS_FOR_ASSEMBLY + _ORDER_FOR_ASSEMBLY).encode(), {"state_id": state_id, "serial": serial})
+        for r in cur:
+            yield instance_row(r)
 
 
 def instance_row(r: Sequence[Any]) -> InstanceRow:

@@ -258,6 +258,7 @@ def acquire_more(
     holds at most ``max_globs`` globs in all. Waits like ``open_run``."""
     policy = policy or WaitPolicy(wait=wait)
     run = get_run(db, principal, run_id)
+    _refuse_manual_hold(run.info, run_id, "widened")
     attempt = Attempt(state_name=run.state, holder=holder, wanted=wanted, lease=timedelta(seconds=run.lease_seconds),
                       run_id=run_id)
 
@@ -289,12 +290,20 @@ def renew(db: Database, principal: Principal, run_id: str, *, holder: str, clock
     now = clock()
     with db.transaction() as conn:
         state_name, state_id = locked_live_run(conn, principal, run_id, holder, now)
+        _refuse_manual_hold(get_run_in(conn, principal, run_id).info, run_id, "renewed")
         (lease_seconds,) = conn.execute(_LEASE_OF, (run_id,)).fetchone() or (0,)
         expires = now + timedelta(seconds=lease_seconds)
         conn.execute(_RENEW, (expires, run_id))
         events.record(conn, principal, "reservation_renew", state_id=state_id, state_name=state_name,
                       run_id=run_id, holder=holder, expires_at=expires.isoformat())
     return get_run(db, principal, run_id)
+
+
+def _refuse_manual_hold(info: dict[str, Any], run_id: str, what: str) -> None:
+    """A manual hold keeps the globs and expiry it was taken with (its bounds were checked then)."""
+    if "manual_hold" in info:
+        raise BadRequestError(f"{run_id} is a manual hold: it is not {what}; release it and take a new one "
+                              "(kl release, kl hold)")
 
 
 def release(

@@ -7,7 +7,9 @@ rules of ``app.domain``, writes, and appends an audit event in the same transact
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -21,7 +23,7 @@ from app.domain.principal import Principal
 from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
-from app.store import assembly, events, holds, rawwrite, resources
+from app.store import assembly, events, history, holds, rawwrite, resources
 from app.store.db import Database
 
 _ENSURE = """
@@ -129,11 +131,23 @@ def find_state(conn: psycopg.Connection, principal: Principal, name: str) -> Sta
 
 
 def read_head(db: Database, principal: Principal, name: str) -> bytes | None:
-    """The bytes of the head version, or None when the state has never been written.
+    """The bytes of the head version, or None when the state has never been written (whole, for callers
+    that need them in memory; the backend lane streams with ``head_pieces``)."""
+    pieces = head_pieces(db, principal, name)
+    return None if pieces is None else b"".join(pieces)
+
+
+def head_pieces(db: Database, principal: Principal, name: str,
+                before_assembly: Callable[[int], None] | None = None) -> Iterator[bytes] | None:
+    """The bytes of the head version as pieces, or None when the state has never been written (or was
+    deleted meanwhile).
 
     A head written by a row-level commit has no bytes until its first read, which assembles and caches
-    them (``app.store.assembly``); the head read here is the committed one, so a GET never sees an older
-    serial than a commit that finished before it started, and always a whole serial.
+    them (``app.store.assembly``) as a stream, calling ``before_assembly`` with the expected size first
+    when this reader is the one that assembles (the caller's admission check); the head read here is the
+    committed one, so a GET never sees an older serial than a commit that finished before it started, and
+    always a whole serial. The first piece is read before this
+    returns, so a refusal or a database error is raised here, not halfway through the body.
     """
     with db.transaction() as conn:
         # Binary results: a 25 MB state as hex text costs twice the bytes and a decode pass.
@@ -142,9 +156,13 @@ def read_head(db: Database, principal: Principal, name: str) -> bytes | None:
         return None
     version_id, raw = row
     if raw is not None:
-        return bytes(raw)
-    found = assembly.materialise(db, version_id)
-    return None if found is None else found.raw
+        return iter((bytes(raw),))
+    found = assembly.Found()
+    pieces = assembly.stream(db, version_id, found, before_assembly)
+    first = next(pieces, None)
+    if first is None:
+        return None
+    return itertools.chain((first,), pieces)
 
 
 def list_states(db: Database, principal: Principal) -> list[StateSummary]:
@@ -189,6 +207,7 @@ def write_state(
     """
     parsed = parse_body(body)  # CPU work before taking the row lock
     digest = hashlib.sha256(body).hexdigest()
+    changed: list[tuple[str, str]] = []
     with db.transaction() as conn:
         row = locked_row(conn, principal, name, create=True)
         assert row is not None  # _ENSURE guarantees the row
@@ -216,7 +235,10 @@ def write_state(
                 conn, tenant_id=principal.tenant_id, state_id=row.id, version_id=version_id,
                 outputs=parsed.outputs,
             )
+            if delta.close_ids:
+                changed = [(r.address, r.deposed) for r in delta.inserts]
             opened, closed = len(delta.inserts), len(delta.close_ids)
+        history.record_token(conn, version_id=version_id, token_name=principal.token_name)
         conn.execute(_SET_HEAD, (parsed.lineage, parsed.serial, version_id, row.id))
         detail: dict[str, object] = {"bytes": len(body), "opened": opened, "closed": closed, "source": source}
         if encrypted:
@@ -226,6 +248,11 @@ def write_state(
         events.record(conn, principal, "state_write", state_id=row.id, state_name=name,
                       serial=parsed.serial, lock_id=lock_id, **detail)
         result = WriteResult(serial=parsed.serial, replay=False, opened=opened, closed=closed)
+    if changed:
+        # The changed attribute names are derived from rows that no longer change: after the row lock, so a
+        # write that replaces every row does not hold the state for the comparison.
+        with db.transaction() as conn:
+            history.record_changed_names_after_commit(conn, state_id=row.id, serial=parsed.serial, keys=changed)
     if opened >= BULK_ROWS:
         refresh_statistics(db)
     return result

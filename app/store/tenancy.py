@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from app.domain.principal import Principal
-from app.domain.scopes import ScopeError, parse_scopes
+from app.domain.scopes import PLAN_ONLY, ScopeError, parse_scopes
 from app.errors import BadRequestError, ConflictError, NotFoundError
 from app.store import events
 from app.store.db import Database
@@ -26,6 +26,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 _INSERT_TENANT = "INSERT INTO tenants (slug, name) VALUES (%s, %s) ON CONFLICT (slug) DO NOTHING RETURNING id"
 _TENANT = "SELECT id, slug, name, created_at FROM tenants WHERE slug = %s"
+_TENANT_BY_ID = "SELECT id, slug, name, created_at FROM tenants WHERE id = %s"
 _TENANTS = "SELECT id, slug, name, created_at FROM tenants ORDER BY slug"
 _ENSURE_WORKSPACE = """
 INSERT INTO workspaces (tenant_id, public_id, name) VALUES (%s, %s, %s)
@@ -132,6 +133,14 @@ def create_tenant(db: Database, slug: str, name: str, *, actor: str) -> Tenant:
     return tenant
 
 
+def tenant_by_id(db: Database, tenant_id: int) -> Tenant:
+    with db.transaction() as conn, conn.cursor(row_factory=class_row(Tenant)) as cur:
+        found = cur.execute(_TENANT_BY_ID, (tenant_id,)).fetchone()
+    if found is None:
+        raise NotFoundError(f"no tenant with id {tenant_id}")
+    return found
+
+
 def list_tenants(db: Database) -> list[Tenant]:
     with db.transaction() as conn, conn.cursor(row_factory=class_row(Tenant)) as cur:
         return cur.execute(_TENANTS).fetchall()
@@ -147,6 +156,15 @@ def checked_scopes(scopes: object) -> list[str]:
         return list(parse_scopes(scopes))
     except ScopeError as exc:
         raise BadRequestError(str(exc)) from exc
+
+
+def requested_scopes(scopes: object, plan_only: object) -> object:
+    """What a request asks for: its ``scopes`` (a list of 'GLOB:MODE'), or ``plan_only`` for the preset '*:read'."""
+    if not isinstance(plan_only, bool):
+        raise BadRequestError("plan_only must be true or false")
+    if plan_only and scopes:
+        raise BadRequestError("give scopes or plan_only, not both (plan_only is the scope '*:read')")
+    return list(PLAN_ONLY) if plan_only else scopes
 
 
 def create_token(
@@ -186,6 +204,11 @@ def list_tokens(db: Database, slug: str) -> list[TokenInfo]:
         tenant = _tenant(conn, slug)
         with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
             return cur.execute(_TOKENS, (tenant.id,)).fetchall()
+
+
+def get_token(db: Database, slug: str, token_id: str) -> TokenInfo:
+    with db.transaction() as conn:
+        return _token_of(conn, _tenant(conn, slug).id, slug, token_id)
 
 
 def _token_of(conn: psycopg.Connection, tenant_id: int, slug: str, token_id: str) -> TokenInfo:

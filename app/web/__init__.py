@@ -29,6 +29,7 @@ from app.web import (
     engine,
     errors,
     exposure,
+    holds,
     inputs,
     metrics,
     openapi,
@@ -115,6 +116,7 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
         app.register_blueprint(backend.bp)
         app.register_blueprint(engine.bp)
         app.register_blueprint(runs.bp)
+        app.register_blueprint(holds.bp)
         app.register_blueprint(drift.bp)
         webhook.init_app(app, settings)  # always registered: with no secret it refuses every delivery
     if lanes in ("all", "control"):

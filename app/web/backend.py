@@ -7,7 +7,9 @@ never logged. Lock and unlock bodies are small documents and are checked like ev
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, request
+from collections.abc import Iterable
+
+from flask import Blueprint, Response, request, stream_with_context
 
 from app.domain.locking import classify_unlock
 from app.domain.reservations import Mode
@@ -39,7 +41,7 @@ def _lock_body(what: str) -> bytes | bytearray:
     return body
 
 
-def _ok(body: bytes = b"", mimetype: str = "text/plain") -> Response:
+def _ok(body: bytes | Iterable[bytes] = b"", mimetype: str = "text/plain") -> Response:
     response = Response(body, status=200, mimetype=mimetype)
     response.headers["Cache-Control"] = "no-store"
     return response
@@ -62,10 +64,10 @@ def state(name: str) -> Response:
     mode = Mode.READ if request.method == "GET" else Mode.WRITE
     check_whole_state(who.scopes, name, mode, f"Terraform's {request.method}")
     if request.method == "GET":
-        raw = states.read_head(db, who, name)
-        if raw is None:
+        pieces = states.head_pieces(db, who, name, before_assembly=inputs.large_body_slot)
+        if pieces is None:
             raise StateNotFoundError(f"no state named {name!r}")
-        return _ok(raw, "application/json")
+        return _ok(stream_with_context(pieces), "application/json")
     if request.method == "POST":
         states.write_state(db, who, name, inputs.read_body(), lock_id=lock_id)
         return _ok()

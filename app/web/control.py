@@ -13,7 +13,6 @@ from flask import Blueprint, Response, jsonify, request
 
 from app.config import AuthMode
 from app.domain.blocks import scoped_backend_block
-from app.domain.scopes import PLAN_ONLY
 from app.errors import BadRequestError, ForbiddenError, UnauthorizedError
 from app.store import tenancy
 from app.web.auth import check_throttle, credentials_of, refuse, remote_address
@@ -22,18 +21,30 @@ from app.web.context import services
 bp = Blueprint("control", __name__, url_prefix="/v1/api")
 
 
-@bp.before_request
-def _require_control_token() -> None:
+def require_control_mode() -> None:
+    """Token management exists only in database mode with KL_CONTROL_TOKEN set (the API and the dashboard)."""
     settings = services().settings
     if settings.auth_mode is not AuthMode.DATABASE or not settings.control_token:
         raise ForbiddenError("the control API needs KL_AUTH_MODE=database and KL_CONTROL_TOKEN")
-    creds = credentials_of(request)
-    if creds is None or not creds.secret:
+
+
+def check_control_token(secret: str, username: str = "") -> None:
+    """The one check of an operator's credential: KL_CONTROL_TOKEN, compared in constant time, with failures
+    throttled and audited like any refused credential."""
+    require_control_mode()
+    settings = services().settings
+    if not secret:
         raise UnauthorizedError("control token required: Authorization: Bearer $KL_CONTROL_TOKEN")
     keys = [f"addr:{remote_address(request, settings)}"]
     check_throttle(services().db, settings, keys)
-    if not hmac.compare_digest(creds.secret.encode(), settings.control_token.encode()):
-        refuse(services().db, settings, request, keys, creds.username, "invalid control token")
+    if not hmac.compare_digest(secret.encode(), str(settings.control_token).encode()):
+        refuse(services().db, settings, request, keys, username, "invalid control token")
+
+
+@bp.before_request
+def _require_control_token() -> None:
+    creds = credentials_of(request)
+    check_control_token(creds.secret if creds else "", creds.username if creds else "")
 
 
 def _body() -> dict[str, Any]:
@@ -75,12 +86,7 @@ def create_token(slug: str) -> tuple[Response, int]:
 
 def _scopes(doc: dict[str, Any]) -> object:
     """``scopes`` (a list of 'GLOB:MODE'), or ``plan_only: true`` for the preset '*:read'."""
-    plan_only = doc.get("plan_only", False)
-    if not isinstance(plan_only, bool):
-        raise BadRequestError("plan_only must be true or false")
-    if plan_only and doc.get("scopes"):
-        raise BadRequestError("give scopes or plan_only, not both (plan_only is the scope '*:read')")
-    return list(PLAN_ONLY) if plan_only else doc.get("scopes")
+    return tenancy.requested_scopes(doc.get("scopes"), doc.get("plan_only", False))
 
 
 @bp.put("/tenants/<slug>/tokens/<token_id>/scopes")

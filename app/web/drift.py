@@ -23,7 +23,8 @@ def _latest(name: str, found: list[store.Report]) -> dict[str, Any]:
                 "drifted": [], "report": None}
     latest = found[0]
     return {"ok": True, "state": name, "serial": latest.serial, "checked_at": latest.checked_at.isoformat(),
-            "checked": latest.checked, "globs": list(latest.globs), "drifted": [e.to_json() for e in latest.drifted],
+            "checked": latest.checked, "globs": list(latest.globs),
+            "drifted": [latest.entry_json(e) for e in latest.drifted],
             "report": latest.to_json()}
 
 

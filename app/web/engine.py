@@ -39,11 +39,31 @@ def resources(name: str) -> Response:
 
 @bp.get("/states/<path:name>/history")
 def history(name: str) -> Response:
+    glob = request.args.get("glob", "")
+    if glob:
+        return _blame(name, glob)
     address = request.args.get("address", "")
     if not address:
-        raise BadRequestError("query parameter address is required, e.g. ?address=terraform_data.web[0]")
+        raise BadRequestError("query parameter address or glob is required, e.g. ?address=terraform_data.web[0] "
+                              "or ?glob=module.db.*")
     rows = graph.resource_history(services().db, principal(), state_name(name), address)
     return jsonify({"ok": True, "address": address, "lifecycles": rows})
+
+
+def _short(text: str, what: str) -> str:
+    if len(text) > 2048:
+        raise BadRequestError(f"{what} is longer than 2048 characters")
+    return text
+
+
+def _blame(name: str, glob: str) -> Response:
+    """Who created, changed and destroyed each instance under a glob: a page of addresses."""
+    page = graph.blame(services().db, principal(), state_name(name), _short(glob, "glob"),
+                       after=_short(request.args.get("after", ""), "after"),
+                       limit=_int_arg("limit", 1, graph.BLAME_PAGE_MAX) or 100,
+                       changes=_int_arg("changes", 1, graph.BLAME_CHANGES_MAX) or 20)
+    return jsonify({"ok": True, "glob": glob, "count": len(page.instances), "instances": page.instances,
+                    "next_after": page.next_after})
 
 
 @bp.get("/states/<path:name>/dependencies")
@@ -53,7 +73,7 @@ def dependencies(name: str) -> Response:
     return jsonify({"ok": True, "edges": edges})
 
 
-def _state_body(body: bytes) -> Response:
+def _state_body(body: bytes | list[bytes]) -> Response:
     """A v4 state (or a slice of one) as sent: JSON, never cached."""
     response = Response(body, mimetype="application/json")
     response.headers["Cache-Control"] = "no-store"

@@ -132,6 +132,15 @@ def read_body() -> bytes | bytearray:
     return buffer
 
 
+def large_body_slot(size: int) -> None:
+    """Take a large-body slot for work on a whole state of about ``size`` bytes that is not a request body
+    (a first GET's assembly) when that is a large body: 503 + Retry-After when all are taken, released when
+    the request (or its streamed response) ends."""
+    bodies: LargeBodies = current_app.extensions[LARGE_BODIES]
+    if size >= bodies.threshold:
+        bodies.enter()
+
+
 def json_loads(raw: str | bytes | bytearray) -> Any:
     """The app JSON provider's parser: ``load_json`` with its refusals as ValueError (werkzeug's
     get_json turns them into a 400 with the message)."""

@@ -180,6 +180,8 @@ class _StoreGauges:
                                 value=snap.pr_holds)
         yield GaugeMetricFamily("kilolock_oldest_pull_request_hold_age_seconds",
                                 "Age of the oldest pull-request hold (0 when none).", value=snap.oldest_pr_hold_seconds)
+        yield GaugeMetricFamily("kilolock_manual_holds", "Live manual holds (kl hold, kilolock hold).",
+                                value=snap.manual_holds)
         yield GaugeMetricFamily("kilolock_state_locks_held", "States locked by Terraform's whole-state lock.",
                                 value=snap.state_locks)
         yield GaugeMetricFamily("kilolock_oldest_state_lock_age_seconds",

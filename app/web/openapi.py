@@ -73,7 +73,11 @@ OPERATIONS: tuple[Operation, ...] = (
     _engine_state("/resources", "get", "Resource instances alive at a serial (default: the head)",
                   Param("serial", _INT), Param("prefix", _STR), Param("instance", {"type": "string",
                                                                                    "enum": ["1", "true"]})),
-    _engine_state("/history", "get", "Every lifecycle of one instance address", Param("address", _STR, True)),
+    _engine_state("/history", "get", "Every lifecycle of one instance address (address=), or who changed each "
+                  "instance under a glob (glob=), a page at a time",
+                  Param("address", _STR), Param("glob", _STR), Param("after", _STR),
+                  Param("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                  Param("changes", {"type": "integer", "minimum": 1, "maximum": 200})),
     _engine_state("/dependencies", "get", "Recorded dependency edges at a serial", Param("serial", _INT)),
     _engine_state("/assembled", "get", "The v4 state re-assembled from rows at a serial", Param("serial", _INT)),
     _engine_state("/events", "get", "The state's audit trail, newest first",
@@ -105,6 +109,15 @@ OPERATIONS: tuple[Operation, ...] = (
         Param("state", _STR), Param("status", _STR), Param("limit", {"type": "integer", "minimum": 1,
                                                                      "maximum": 1000}))),
     Operation("get", "/v1/engine/reservations", "List live reservations", (Param("state", _STR),)),
+    _engine_state("/holds", "post", "Take a manual hold: write reservations with a reason and an owner, at once or "
+                  "not at all, expiring after until_seconds (default KL_HOLD_DEFAULT_SECONDS) unless until_released",
+                  body={"globs": {**_GLOBS, "minItems": 1}, "reason": {**_STR, "minLength": 1, "maxLength": 200},
+                        "until_seconds": {"type": "number", "minimum": 60},
+                        "until_released": {"type": "boolean"}}, required=("globs", "reason"), success=201),
+    Operation("get", "/v1/engine/holds", "List live manual holds, oldest first", (
+        Param("state", _STR), Param("limit", {"type": "integer", "minimum": 1, "maximum": 500}))),
+    Operation("delete", "/v1/engine/holds/{hold_id}", "Release a manual hold (the credential that took it)",
+              (Param("hold_id", _STR, True, "path"),)),
     Operation("get", "/v1/engine/runs/{run_id}", "One run with its reservations",
               (Param("run_id", _STR, True, "path"),)),
     _run("/reservations", "Acquire more reservations for a live run",

@@ -39,16 +39,18 @@ from werkzeug.wrappers import Response as Redirect
 
 from app.config import AuthMode, Settings
 from app.domain.attributes import AttributeChange, attribute_diff, sensitive_paths
+from app.domain.blocks import scoped_backend_block
 from app.domain.principal import Principal, default_principal
 from app.domain.reservations import format_duration
-from app.domain.scopes import scope_set
-from app.errors import BadRequestError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
-from app.store import Database, dashboard, pr_holds, runs
+from app.domain.scopes import PLAN_ONLY, scope_set
+from app.errors import BadRequestError, ConflictError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
+from app.store import Database, dashboard, graph, manual_holds, pr_holds, runs, tenancy
 from app.store import drift as drift_store
 from app.store.secrets import SESSION_SECRET, shared_secret
 from app.web import errors, metrics, timeline
 from app.web.auth import Credentials, principal_for
 from app.web.context import principal, services, state_name
+from app.web.control import check_control_token, public_base_url, require_control_mode
 
 log = logging.getLogger("kilolock.ui")
 
@@ -96,9 +98,9 @@ def init_app(app: Flask, settings: Settings) -> None:
 
 # --- sessions, CSRF and the gate ---------------------------------------------------------------------------
 
-def _fingerprint(token: str) -> str:
+def _fingerprint(token: str, purpose: bytes = b"static-token:") -> str:
     key = str(current_app.secret_key)
-    return hmac.new(key.encode(), b"static-token:" + token.encode(), hashlib.sha256).hexdigest()[:32]
+    return hmac.new(key.encode(), purpose + token.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def _csrf_token() -> str:
@@ -193,7 +195,7 @@ def _template_globals() -> dict[str, Any]:
     if request.blueprint != "ui":
         return {}
     return {"csrf_token": _csrf_token, "who": g.get("principal"), "mode": services().settings.auth_mode.value,
-            "now": g.get("now")}
+            "now": g.get("now"), "manages_tokens": "control" in current_app.blueprints}
 
 
 # --- time formatting -------------------------------------------------------------------------------------
@@ -325,8 +327,23 @@ def resource(name: str) -> str:
     head = dashboard.state_head(services().db, principal(), name)
     found = dashboard.lifecycles(services().db, principal(), name, address)
     near = dashboard.neighbourhood(services().db, principal(), name, address)
+    blamed = graph.blame(services().db, principal(), name, address, limit=1, changes=graph.BLAME_CHANGES_MAX)
+    writers = {c.serial: c.by for i in blamed.instances for c in i.changes if c.by is not None}
     return render_template("ui/resource.html", head=head, address=address, lifecycles=_lifecycle_views(found),
-                           near=near, alive=any(c.delete_serial is None for c in found), nav="states")
+                           near=near, alive=any(c.delete_serial is None for c in found), writers=writers,
+                           github=github_web_url(services().settings.github_api_url), nav="states")
+
+
+@bp.get("/states/<path:name>/blame")
+def blame(name: str) -> str:
+    """Search the state's addresses (ever held) by glob: each with its newest change, a page at a time."""
+    name = state_name(name)
+    glob = request.args.get("glob", "").strip()[:500] or "*"
+    after = request.args.get("after", "")[:2048]
+    head = dashboard.state_head(services().db, principal(), name)
+    page = graph.blame(services().db, principal(), name, glob, after=after, limit=MAX_ROWS, changes=1)
+    return render_template("ui/blame.html", head=head, glob=glob, page=page,
+                           github=github_web_url(services().settings.github_api_url), nav="states")
 
 
 @bp.get("/states/<path:name>/runs")
@@ -373,8 +390,10 @@ def abort(run_id: str) -> Redirect:
 @bp.get("/reservations")
 def reservations() -> str:
     state = request.args.get("state", "").strip()
-    found = runs.list_reservations(services().db, principal(), state=state_name(state) if state else None)
-    return render_template("ui/reservations.html", reservations=found, state=state, nav="reservations")
+    chosen = state_name(state) if state else None
+    found = runs.list_reservations(services().db, principal(), state=chosen)
+    held = manual_holds.list_holds(services().db, principal(), state=chosen)
+    return render_template("ui/reservations.html", reservations=found, holds=held, state=state, nav="reservations")
 
 
 def github_web_url(api_url: str) -> str:
@@ -397,3 +416,112 @@ def pulls() -> str:
         settings.github_api_url), bot_enabled=settings.github_enabled,
         webhook_ready=bool(settings.github_webhook_secret), holds=held,
         bot_seen=not found and dashboard.bot_has_records(services().db), nav="pulls")
+
+
+# --- tokens: the control API's rule, for operators ---------------------------------------------------------
+
+_OPERATOR = "op"
+
+
+def _operator_proof() -> str:
+    return _fingerprint(services().settings.control_token or "", b"control-token:")
+
+
+def _is_operator() -> bool:
+    presented = session.get(_OPERATOR)
+    return isinstance(presented, str) and hmac.compare_digest(presented.encode(), _operator_proof().encode())
+
+
+def _token_tenant(*, unlocked: bool = True) -> str:
+    """The slug of the tenant whose tokens this session manages. The control API's rule: database mode with
+    KL_CONTROL_TOKEN, and the control token presented (once a session, which keeps only its keyed
+    fingerprint, so rotating KL_CONTROL_TOKEN ends it). A session of a token with address scopes never
+    manages tokens: it could grant more than its own scopes. Where the control API is kept off this listener
+    (``kl serve --control-port``), neither is token management."""
+    require_control_mode()
+    if "control" not in current_app.blueprints:
+        raise ForbiddenError("this listener does not serve the control API (kl serve --control-port): manage "
+                             "tokens there, with kl tokens or the control API")
+    who = principal()
+    if who.scopes is not None:
+        raise ForbiddenError("a token with address scopes cannot manage tokens: log in with a whole-state token")
+    if unlocked and not _is_operator():
+        raise ForbiddenError("managing tokens needs the control token: enter KL_CONTROL_TOKEN on the tokens page")
+    return tenancy.tenant_by_id(services().db, who.tenant_id).slug
+
+
+def _operator_actor() -> str:
+    return f"dashboard:{principal().actor}"
+
+
+def _scope_lines(text: str) -> list[str]:
+    """The scopes textarea: one ``GLOB:MODE`` a line, blank lines ignored (validated by the store)."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _tokens_page(slug: str, *, error: KlError | None = None, form: dict[str, str] | None = None,
+                 status: int = 200) -> tuple[str, int]:
+    found = tenancy.list_tokens(services().db, slug)
+    return render_template("ui/tokens.html", tokens=found, tenant=slug, error=error, form=form or {},
+                           plan_only=list(PLAN_ONLY), nav="tokens"), status
+
+
+@bp.get("/tokens")
+def tokens() -> tuple[str, int]:
+    slug = _token_tenant(unlocked=False)
+    if not _is_operator():
+        return render_template("ui/tokens_unlock.html", error=None, nav="tokens"), 403
+    return _tokens_page(slug)
+
+
+@bp.post("/tokens/unlock")
+def tokens_unlock() -> Redirect | tuple[str, int]:
+    _token_tenant(unlocked=False)
+    try:
+        check_control_token(request.form.get("control_token", "").strip(), principal().actor)
+    except (UnauthorizedError, ForbiddenError) as refused:
+        return render_template("ui/tokens_unlock.html", error=refused, nav="tokens"), refused.status
+    session[_OPERATOR] = _operator_proof()
+    log.info("dashboard token management opened by %s", principal().actor)
+    return redirect(url_for("ui.tokens"))
+
+
+@bp.post("/tokens")
+def create_token() -> tuple[str, int]:
+    slug = _token_tenant()
+    form = {key: request.form.get(key, "") for key in ("name", "environment", "workspace", "scopes")}
+    try:
+        scopes = tenancy.requested_scopes(_scope_lines(form["scopes"]), request.form.get("plan_only") == "on")
+        secret, info = tenancy.create_token(
+            services().db, slug, name=form["name"].strip(), environment=form["environment"].strip(),
+            workspace=form["workspace"].strip() or "default", actor=_operator_actor(), scopes=scopes)
+    except (BadRequestError, ConflictError) as refused:
+        return _tokens_page(slug, error=refused, form=form, status=refused.status)
+    log.info("dashboard: token %s created by %s", info.id, principal().actor)
+    block = scoped_backend_block(public_base_url(), info.workspace_id, info.environment_id)
+    return render_template("ui/token_created.html", token=info, secret=secret, block=block, nav="tokens"), 200
+
+
+def _token_page(slug: str, token_id: str, *, error: KlError | None = None, typed: str | None = None,
+                status: int = 200) -> tuple[str, int]:
+    found = tenancy.get_token(services().db, slug, token_id)
+    text = "\n".join(found.scopes) if typed is None else typed
+    return render_template("ui/token.html", token=found, scopes_text=text, error=error, nav="tokens"), status
+
+
+@bp.get("/tokens/<token_id>")
+def token(token_id: str) -> tuple[str, int]:
+    return _token_page(_token_tenant(), token_id)
+
+
+@bp.post("/tokens/<token_id>/scopes")
+def token_scopes(token_id: str) -> Redirect | tuple[str, int]:
+    slug = _token_tenant()
+    typed = request.form.get("scopes", "")
+    try:
+        done = tenancy.set_token_scopes(services().db, slug, token_id, _scope_lines(typed), actor=_operator_actor())
+    except BadRequestError as refused:
+        return _token_page(slug, token_id, error=refused, typed=typed, status=refused.status)
+    held = f"{len(done.scopes)} scope(s)" if done.scopes else "no scopes: the whole state"
+    flash(f"token {done.name} now has {held}", "ok")
+    return redirect(url_for("ui.token", token_id=token_id))

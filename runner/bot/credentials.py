@@ -31,3 +31,12 @@ def engine_token(settings: Settings, repo: str, project: str) -> EngineToken:
     if entry is not None:
         return EngineToken(entry.token, f"KL_BOT_PROJECT_TOKENS entry {entry.key!r}")
     return EngineToken(settings.bot_token, "KL_BOT_TOKEN")
+
+
+def repository_tokens(settings: Settings, repo: str) -> tuple[EngineToken, ...]:
+    """Every token the bot may present for some project of ``repo``: its entries, then ``KL_BOT_TOKEN`` (to
+    find what one of them took when the project is not known, as a release by hold id)."""
+    wanted = repo.lower()
+    found = [EngineToken(e.token, f"KL_BOT_PROJECT_TOKENS entry {e.key!r}") for e in settings.bot_project_tokens
+             if e.repo.lower() == wanted]
+    return (*found, EngineToken(settings.bot_token, "KL_BOT_TOKEN"))

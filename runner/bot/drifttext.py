@@ -29,13 +29,13 @@ def _when(window: int) -> str:
 
 
 def _table(drifted: Sequence[DriftedInstance]) -> str:
-    lines = ["| instance | what changed outside Terraform |", "|---|---|"]
+    lines = ["| instance | what changed outside Terraform | last change Kilolock recorded |", "|---|---|---|"]
     for item in drifted[:MAX_ROWS]:
         what = ("gone: the object was deleted" if item.gone
                 else ", ".join(cell(a) for a in item.attributes) or "(attributes)")
-        lines.append(f"| {cell(item.address)} | {what} |")
+        lines.append(f"| {cell(item.address)} | {what} | {cell(item.last_change) if item.last_change else 'none'} |")
     if len(drifted) > MAX_ROWS:
-        lines.append(f"| … | {len(drifted) - MAX_ROWS} more drifted instance(s) not shown |")
+        lines.append(f"| … | {len(drifted) - MAX_ROWS} more drifted instance(s) not shown | |")
     return "\n".join(lines)
 
 

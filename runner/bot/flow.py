@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from analyzer.globs import texts_conflict
 from app.config import Settings
@@ -315,7 +316,8 @@ BeforeApply = Callable[[ScopedFootprint], float]
 
 
 def apply_project(bench: Bench, repo: str, root: Path, project: Project, base: str, sha: str, *, actor: str,
-                  wait_seconds: float, before_apply: BeforeApply | None = None) -> ApplyResult:
+                  wait_seconds: float, before_apply: BeforeApply | None = None,
+                  origin: Mapping[str, Any] | None = None) -> ApplyResult:
     """``kl apply --changed-from BASE --confirm-scope`` for one project on a checkout of ``sha``. The
     footprint is derived once: ``before_apply`` sees it, the plan and the apply's workspace reuse it."""
     client: EngineClient | None = None
@@ -331,7 +333,7 @@ def apply_project(bench: Bench, repo: str, root: Path, project: Project, base: s
             waited = time.monotonic() - waiting
         ctx = terraform_context(bench, project)
         options = ApplyOptions(actor=actor, wait_seconds=max(remaining, 0.0), dry_run=False, data_dir=bench.data_dir,
-                               supplied_vars={}, lease_seconds=LEASE_SECONDS)
+                               supplied_vars={}, lease_seconds=LEASE_SECONDS, origin=origin)
         # The plan's workspace is kept through the apply: when nothing landed on the trunk between the plan
         # and the grant, the apply runs the saved plan instead of planning again (as kl apply -f does).
         with tempfile.TemporaryDirectory(prefix="kl-bot-plan-") as kept:

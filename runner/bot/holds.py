@@ -41,7 +41,7 @@ from runner.bot import flow, holdtext, markdown, render
 from runner.bot import requirements as apply_requirements
 from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig, Project
-from runner.bot.credentials import engine_token
+from runner.bot.credentials import EngineToken, engine_token, repository_tokens
 from runner.bot.github import GitHub, PullInfo, Review
 from runner.bot.outcomes import ApplyResult
 from runner.bot.owners import OwnedGlob, owned_globs
@@ -62,8 +62,26 @@ def bot_principal(settings: Settings, db: Database, repo: str, project: str) -> 
     """Whom the bot's holds of ``project`` belong to: the tenant and environment of the project's token
     (``runner.bot.credentials``; database auth), else the built-in tenant. A hold covers only what the
     project's apply committed, which that token's scopes already allowed."""
+    return _principal_of(settings, db, engine_token(settings, repo, project))
+
+
+def bot_principals(settings: Settings, db: Database, repo: str) -> list[Principal]:
+    """The holders of every token the bot may present for some project of ``repo`` (one per environment),
+    for what is found by id rather than by project."""
+    found: dict[tuple[int, str], Principal] = {}
+    for credential in repository_tokens(settings, repo):
+        try:
+            principal = _principal_of(settings, db, credential)
+        except Failed:
+            continue
+        found.setdefault((principal.tenant_id, principal.scope), principal)
+    if not found:
+        raise Failed("no token the bot has for this repository is known to the server: it cannot release holds")
+    return list(found.values())
+
+
+def _principal_of(settings: Settings, db: Database, credential: EngineToken) -> Principal:
     if settings.auth_mode is AuthMode.DATABASE:
-        credential = engine_token(settings, repo, project)
         token = tenancy.authenticate(db, credential.secret or "")
         if token is None:
             raise Failed(f"the token of {credential.source} is unknown or revoked: the bot cannot hold "
@@ -277,7 +295,8 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
         holds_store.release(ctx.db, hold, "re-applied from a new kilolock apply comment")
     actor = f"github:{repo}#{number}@{sha[:12]}/{project.name}"
     result = flow.apply_project(ctx.bench, repo, root, project, base, sha, actor=actor, wait_seconds=0.0,
-                                   before_apply=before_apply)
+                                before_apply=before_apply, origin={"repository": repo, "pull_request": number,
+                                                                   "head_commit": sha})
     if result.failed:
         hint = holdtext.OWNERS_HINT if "owners" in footprint else \
             holdtext.BLOCKED_HINT if "blocked" in footprint else holdtext.FAILED_HINT

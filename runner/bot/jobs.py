@@ -49,7 +49,7 @@ from app.domain.redaction import redact_logs
 from app.store import Database
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus
-from runner.bot import drift, flow, holds, merges, pulls, render
+from runner.bot import drift, flow, holds, merges, outgoing, pulls, render
 from runner.bot.context import (
     APPLY_CHECK,
     FOOTPRINT_CHECK,
@@ -172,6 +172,8 @@ def work(settings: Settings, *, burst: bool = False, name: str | None = None, wi
     worker = Worker([rq_queue], connection=redis, serializer=serializer, name=name)
     if with_scheduler:  # the drift schedule: one tick stays scheduled (runner.bot.drift)
         drift.schedule_tick(redis, settings.job_timeout, time.time())
+        outgoing.schedule_tick(redis, settings.event_poll_seconds, time.time())
+    outgoing.start(redis)  # what piled up while no worker ran goes out now
     return bool(worker.work(burst=burst, with_scheduler=with_scheduler, logging_level=settings.log_level))
 
 
@@ -243,6 +245,22 @@ def drift_check(repo: str, project: str, window: int, sha: str, branch: str) -> 
         return drift.check(ctx, args)
 
 
+def events_tick(at: int) -> str:
+    """Deliver pending outgoing events to every endpoint and schedule the next tick (docs/events.md)."""
+    settings = current_settings()
+    if not settings.database_url:
+        raise RuntimeError("KL_DATABASE_URL is not set: events are read from Postgres")
+    current = get_current_job()
+    redis = current.connection if current is not None else queue.connect(settings.redis_url or "redis://")
+    db = Database(settings.database_url, pool_size=2)
+    try:
+        done = outgoing.tick(db, redis, schedule=settings.event_retry_seconds,
+                             timeout=settings.event_timeout_seconds, every=settings.event_poll_seconds)
+        return ", ".join(f"{name}: {what}" for name, what in done.items()) or "no endpoints"
+    finally:
+        db.close()
+
+
 def rerun_check(repo: str, external_id: str, head_sha: str) -> str:
     """A ``kilolock/*`` check run was re-requested: forget the stored outcome of the job its
     ``external_id`` names and run that job again, with the arguments its row kept."""
@@ -271,6 +289,7 @@ def rerun_check(repo: str, external_id: str, head_sha: str) -> str:
         db.close()
 
 
-__all__: Sequence[str] = ("apply_project", "comment_command", "configure", "drift_check", "drift_tick", "merge",
+__all__: Sequence[str] = ("apply_project", "comment_command", "configure", "drift_check", "drift_tick",
+                          "events_tick", "merge",
                           "pull_request_closed", "pull_request_footprint", "pull_request_preview",
                           "pull_request_review", "push_to_default_branch", "reconcile_holds", "rerun_check")

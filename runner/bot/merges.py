@@ -29,7 +29,9 @@ from rq.timeouts import JobTimeoutException
 from app import queue
 from app.domain.jobs import ApplyProjectArgs, JobArgs, JobKind, MergeArgs, PushArgs, args_from_json, job_id
 from app.domain.overlaps import shared_globs
+from app.domain.principal import Principal
 from app.store import bot as store
+from app.store import events
 from app.store.bot import BotJob, JobStatus, PrFootprint
 from runner import git
 from runner.bot import flow, holds, render, view
@@ -181,9 +183,14 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
                 gate(scoped)
             return _wait_for_earlier_merges(root, repo, sha, state, scoped, deadline)
 
+        # blame names the pull request's author beside its merge commit
+        author = gh.pull_request(number).author if number else None
+        _audit_apply(ctx, "pr_apply_started", args, state, actor)
         try:
             result = flow.apply_project(ctx.bench, repo, root, project, args.base, sha, actor=actor,
-                                        wait_seconds=config.merge_wait, before_apply=before_apply)
+                                        wait_seconds=config.merge_wait, before_apply=before_apply,
+                                        origin={"repository": repo, "pull_request": number or None,
+                                                "merge_commit": sha, "author": author})
             if gate is not None and result.failed and (result.error or "").startswith("owners_approved: "):
                 result = replace(result, hint="ask a member of each owner group named above to approve the pull "
                                               "request, then re-run the kilolock/apply check; nothing was reserved "
@@ -195,6 +202,8 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
                                        "was interrupted and nothing was committed",
                                  hint="raise KL_JOB_TIMEOUT or make the change smaller, then re-run the "
                                       "kilolock/apply check")
+        _audit_apply(ctx, "pr_apply_finished", args, state, actor, status="failed" if result.failed else "applied",
+                     run_id=result.run_id)
     return (JobStatus.FAILED if result.failed else JobStatus.SUCCEEDED), ApplyProjectResult(apply=result)
 
 
@@ -218,6 +227,12 @@ def _owners_gate(ctx: Context, gh: GitHub, repo: str, args: ApplyProjectArgs, co
             raise Failed(f"owners_approved: {problem}")
 
     return check
+
+
+def _audit_apply(ctx: Context, kind: str, args: ApplyProjectArgs, state: str, actor: str, **more: Any) -> None:
+    """The audit record (and so the outgoing event) of a pull request's apply starting or ending."""
+    events.record_alone(ctx.db, Principal(tenant_id=0, actor=actor), kind, state_name=state, repo=args.repo,
+                        number=args.number, project=args.project, sha=args.sha, **more)
 
 
 def crash_result(args: ApplyProjectArgs, error: str) -> ApplyProjectResult:

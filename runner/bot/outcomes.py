@@ -162,7 +162,7 @@ class DriftOutcome:
     def to_json(self) -> dict[str, Any]:
         """The JSON rows were always written in: the target's fields inline, absent ones left out."""
         doc: dict[str, Any] = {"project": self.project, "sha": self.sha, "branch": self.branch,
-                               "window": self.window, "drifted": [d.to_json() for d in self.drifted],
+                               "window": self.window, "drifted": [_drifted_json(d) for d in self.drifted],
                                "checked": self.checked, "serial": self.serial}
         if self.target is not None:
             doc.update(asdict(self.target))
@@ -217,7 +217,8 @@ def drift_from_json(doc: Mapping[str, Any]) -> DriftOutcome:
     target = (DriftTarget(str(doc["state"]), str(doc.get("dir", "")), int(doc.get("every", 0)),
                           bool(doc.get("issue"))) if "state" in doc else None)
     drifted = tuple(DriftedInstance(str(i.get("address", "")), tuple(str(a) for a in i.get("attributes", ())),
-                                    bool(i.get("gone"))) for i in doc.get("drifted", ()))
+                                    bool(i.get("gone")), str(i.get("last_change") or ""))
+                    for i in doc.get("drifted", ()))
     return DriftOutcome(str(doc.get("project", "")), str(doc.get("sha", "")), str(doc.get("branch", "")),
                         int(doc.get("window", 0)), drifted, int(doc.get("checked", 0)), int(doc.get("serial", 0)),
                         target, doc.get("error"), doc.get("skipped"), doc.get("run_id"))
@@ -225,3 +226,8 @@ def drift_from_json(doc: Mapping[str, Any]) -> DriftOutcome:
 
 def _pairs(items: Iterable[Sequence[str]]) -> tuple[tuple[str, str], ...]:
     return tuple((str(a), str(b)) for a, b in items)
+
+
+def _drifted_json(d: DriftedInstance) -> dict[str, Any]:
+    """A drifted instance as stored, with the last change the server named when there was one."""
+    return {**d.to_json(), **({"last_change": d.last_change} if d.last_change else {})}

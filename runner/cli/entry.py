@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from app.domain.reservations import format_duration
 from app.errors import BadRequestError, ConfigError, ConflictError, KlError, NotFoundError
-from runner.cli import backup, changes, completion, drift, operator, reads
+from runner.cli import backup, changes, completion, drift, events, holds, operator, reads
 from runner.cli.support import (
     EXIT_CONFLICT,
     EXIT_FAILED,
@@ -66,9 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     operator.register_service(sub)
     reads.register(sub)
     changes.register(sub)
+    holds.register(sub)
     drift.register(sub)
     operator.register_admin(sub)
     backup.register(sub)
+    events.register(sub)
     completion.register(sub)
     describe(parser)
     return parser

@@ -1,5 +1,5 @@
 """The client's read commands over a server's rows: ``kl states``, ``kl state ls``, ``kl state history``,
-``kl reservations`` and ``kl runs`` (in ``runner.cli.runs``). They reach the server through
+``kl blame``, ``kl reservations`` and ``kl runs`` (in ``runner.cli.runs``). They reach the server through
 ``runner.engine_client`` only.
 """
 
@@ -60,6 +60,52 @@ def cmd_state_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def describe_writer(by: dict[str, Any] | None) -> str:
+    """Who wrote a version, in words: "PR #12 (owner/repo, by alice, merge 1a2b3c4d5e6f)" or "token ci via
+    terraform"."""
+    if not by:
+        return "an unrecorded writer"
+    if by.get("pull_request") is not None:
+        extra = [x for x in (by.get("repository"), f"by {by['pull_request_author']}" if by.get(
+            "pull_request_author") else None, f"merge {by['merge_commit'][:12]}" if by.get("merge_commit") else None)
+            if x]
+        return f"PR #{by['pull_request']}" + (f" ({', '.join(extra)})" if extra else "")
+    who = f"token {by['token']}" if by.get("token") else by.get("actor") or "anonymous"
+    if by.get("token") and by.get("actor") and by["actor"] != by["token"]:
+        who += f" (as {by['actor']})"
+    run = f", run {by['run_id']}" if by.get("run_id") else ""
+    return f"{who} via {by['lane']}{run}"
+
+
+def cmd_blame(args: argparse.Namespace) -> int:
+    client, state = connect(args)
+    page = client.blame(state, args.glob, after=args.after or "", limit=args.limit, changes=args.changes)
+    if args.json:
+        print_json(page)
+        return EXIT_OK
+    now = datetime.now(UTC)
+    for item in page["instances"]:
+        deposed = f" (deposed {item['deposed']})" if item["deposed"] else ""
+        print(f"{item['address']}{deposed}")
+        for change in item["changes"]:
+            by = change.get("by") or {}
+            names = change.get("attributes")
+            what = ""
+            if names:
+                what = " " + ", ".join(names)
+            if change.get("sensitive"):
+                what += f" (+{change['sensitive']} sensitive)"
+            print(f"  serial {change['serial']:>6}  {change['kind']:<9}{what}  by {describe_writer(by)}, "
+                  f"{_age(by.get('at'), now)} ago")
+        if item["more"]:
+            print("  ... older changes left out (raise --changes)")
+    if not page["instances"]:
+        print(f"no instance under {args.glob!r} on this page", file=sys.stderr)
+    if page.get("next_after"):
+        print(f"# more addresses: run again with --after {page['next_after']!r}", file=sys.stderr)
+    return EXIT_OK
+
+
 def _age(moment: str | None, now: datetime) -> str:
     if not moment:
         return "-"
@@ -108,6 +154,15 @@ def register(sub: Commands) -> None:
     hist.add_argument("resource_address", metavar="ADDRESS",
                       help="an instance address, e.g. module.web.aws_instance.a[0]")
     hist.set_defaults(func=cmd_state_history)
+
+    blame = sub.add_parser("blame", help="who created, changed and destroyed the instances under an address or glob")
+    client_options(blame)
+    blame.add_argument("glob", metavar="ADDRESS_OR_GLOB", help="an instance address or a glob, e.g. module.db.*")
+    blame.add_argument("--after", help="continue after this address (printed when a page is full)")
+    blame.add_argument("--limit", type=int, default=100, help="addresses per page (1 to 1000, default 100)")
+    blame.add_argument("--changes", type=int, default=20,
+                       help="newest lifecycles shown per address (1 to 200, default 20)")
+    blame.set_defaults(func=cmd_blame)
 
     reservations = sub.add_parser("reservations", help="list live reservations (and Terraform state locks)")
     client_options(reservations)

@@ -183,6 +183,13 @@ def test_reads_show_only_covered_addresses_and_whole_state_calls_need_everything
     assert history.status_code == 403 and history.json()["code"] == "address_scope"
     assert requests.get(f"{search['engine']}/history", params={"address": "terraform_data.search[0]"}, headers=h,
                         timeout=10).status_code == 200
+    # Blame over everything names only the covered addresses, and the token that wrote them.
+    blamed = requests.get(f"{search['engine']}/history", params={"glob": "*"}, headers=h, timeout=10).json()
+    assert [i["address"] for i in blamed["instances"]] == ["terraform_data.search[0]", "terraform_data.search[1]"]
+    assert {c["by"]["token"] for i in blamed["instances"] for c in i["changes"]} == {"admin"}
+    outside = requests.get(f"{search['engine']}/history", params={"glob": "terraform_data.shared"}, headers=h,
+                           timeout=10)
+    assert outside.status_code == 403 and outside.json()["code"] == "address_scope"
     # The drift report shows only the drifted addresses the token may read, and it may record only its own.
     admin_drift = {"source": "drift", "globs": ["*"], "checked": 5, "serial": 1, "drifted": [
         {"address": "terraform_data.shared", "attributes": ["input"], "gone": False},

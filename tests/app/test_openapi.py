@@ -105,7 +105,8 @@ def _body_strategy(op: Operation) -> st.SearchStrategy[bytes | None]:
 
 
 def _path_value(name: str, run_id: str) -> st.SearchStrategy[str]:
-    known = {"name": "prod", "run_id": run_id, "slug": "acme", "token_id": "tok_none", "ticket": "wt_1"}[name]
+    known = {"name": "prod", "run_id": run_id, "slug": "acme", "token_id": "tok_none", "ticket": "wt_1",
+             "hold_id": run_id}[name]
     return st.one_of(st.just(known), _hostile_text.filter(lambda s: s != ""))
 
 

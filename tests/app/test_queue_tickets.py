@@ -100,3 +100,6 @@ def test_a_cancelled_ticket_stops_blocking_at_once_and_only_its_holder_can_cance
     assert again.status_code == 409 and again.get_json()["code"] == "wait_ticket_expired"
     events = client.get("/v1/engine/states/shared/events").get_json()["events"]
     assert any(e["kind"] == "reservation_wait_cancelled" and e["detail"]["ticket"] == ticket for e in events)
+    # Queueing is audited once per queue place (it is the run.waiting event), not on every poll.
+    waits = [e for e in events if e["kind"] == "reservation_wait"]
+    assert [(e["detail"]["holder"], e["detail"]["globs"]) for e in waits] == [("big", [["module.web.*", "write"]])]

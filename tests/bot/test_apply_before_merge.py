@@ -356,3 +356,38 @@ def test_another_pull_requests_merge_waits_for_the_hold_and_then_fails_naming_it
     check = apply_check(w, merge)
     assert check["conclusion"] == "failure" and f"held by {REPO}#1" in check["output"]["summary"]
     assert held(w) == {f"{REPO}#1": DB_HELD}
+
+
+def test_a_writer_holds_and_releases_from_a_comment_and_an_apply_meeting_the_hold_names_it(world_factory):  # noqa: F811
+    w = world_factory(kilolock_yml=OPEN)
+    w.open_pr(1, "db-v2", {"db.tf": DB_V2})
+    w.run_jobs()
+    comment(w, 1, 'kilolock hold terraform_data.db --reason "DB freeze: vendor <maintenance>" --until 1h',
+            login="mallory")
+    w.run_jobs()
+    assert replies(w, 1)[-1].startswith("@mallory only people with write access") and reservations(w) == []
+
+    comment(w, 1, 'kilolock hold terraform_data.db --reason "DB freeze: vendor <maintenance>" --until 1h')
+    w.run_jobs()
+    reply = replies(w, 1)[-1]
+    [held_row] = reservations(w)
+    hold_id = held_row["run_id"]
+    assert reply.startswith("@alice holds `terraform_data.db` on state `infra`")
+    assert f"kilolock release {hold_id}" in reply
+    assert "&lt;maintenance&gt;" in reply or "\\<maintenance\\>" in reply, reply  # escaped once, never raw HTML
+    assert held_row["holder"] == (f'@alice on {REPO}#1\'s manual hold "DB freeze: vendor <maintenance>" '
+                                  f"(release: kl release {hold_id})")
+
+    # The pull request's own apply meets the hold: refused before Terraform applies, naming holder and reason.
+    comment(w, 1, "kilolock apply")
+    w.run_jobs()
+    refused = replies(w, 1)[-1]
+    assert "manual hold" in refused and f"kl release {hold_id}" in refused and "@alice" in refused, refused
+    assert w.trunk()["terraform_data.db"] == "prod-app-db-v1"
+
+    comment(w, 1, f"kilolock release {hold_id}", login="bob")
+    w.run_jobs()
+    assert replies(w, 1)[-1].startswith(f"@bob released hold `{hold_id}`") and reservations(w) == []
+    comment(w, 1, "kilolock hold --reason nothing")
+    w.run_jobs()
+    assert "needs address globs and a reason" in replies(w, 1)[-1]

@@ -38,7 +38,7 @@ def test_stored_kinds_have_a_runner_and_a_deliverer_and_a_result_type():
 
     assert set(HANDLERS) <= set(RESULTS)
     assert set(JobKind) - set(HANDLERS) == {JobKind.RERUN, JobKind.RECONCILE_HOLDS, JobKind.DRIFT_TICK,
-                                            JobKind.DRIFT_CHECK}
+                                            JobKind.DRIFT_CHECK, JobKind.EVENTS_TICK}
 
 
 @pytest.mark.parametrize("body, word, name, project, problem", [
@@ -53,6 +53,32 @@ def test_comment_commands_are_parsed_once_into_a_typed_command(body, word, name,
     command = commands.parse(body)
     assert command is not None and (command.word, command.name) == (word, name)
     assert command.apply.project == project and bool(command.apply.problem) == problem
+
+
+@pytest.mark.parametrize("body, globs, reason, project, until, problem", [
+    ('kilolock hold module.db.* terraform_data.x --reason "change freeze" --until 2h',
+     ("module.db.*", "terraform_data.x"), "change freeze", None, 7200.0, False),
+    ("kilolock hold terraform_data.x -p prod --reason vendor window\nplease", ("terraform_data.x",),
+     "vendor window please", "prod", None, False),
+    ("kilolock hold --reason no globs", (), "", None, None, True),
+    ("kilolock hold terraform_data.x", (), "", None, None, True),
+    ("kilolock hold terraform_data.x --until", (), "", None, None, True),
+    ("kilolock hold terraform_data.x --until soon --reason r", (), "", None, None, True),
+    ("kilolock hold terraform_data.x --force --reason r", (), "", None, None, True),
+])
+def test_hold_comments_parse_globs_reason_and_options(body, globs, reason, project, until, problem):
+    command = commands.parse(body)
+    assert command is not None and command.name is CommandName.HOLD
+    args = command.hold
+    assert (args.globs, args.reason, args.project, args.until_seconds, bool(args.problem)) == (
+        globs, reason, project, until, problem)
+
+
+def test_release_comments_take_one_bounded_hold_id():
+    assert commands.parse("kilolock release ar_0123").hold.hold_id == "ar_0123"  # type: ignore[union-attr]
+    for body in ("kilolock release", "kilolock release a b", "kilolock release " + "x" * 41):
+        found = commands.parse(body)
+        assert found is not None and found.name is CommandName.RELEASE and found.hold.problem, body
 
 
 def test_comments_not_addressed_to_kilolock_are_no_command():

@@ -10,6 +10,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from app.store import Database
@@ -62,6 +63,8 @@ def test_a_merged_pull_request_is_applied_on_the_merge_commit_and_reported(world
     assert w.trunk()["terraform_data.db"] == "prod-app-db-v2" and w.serial() == 2
     [run] = [r for r in w.runs() if r["status"] == "committed"]
     assert run["actor"] == f"github:{REPO}#1@{merge[:12]}/infra" and run["committed_serial"] == 2
+    # The run records where the apply came from, so history names the pull request, its author and merge commit.
+    assert run["info"]["bot"] == {"repository": REPO, "pull_request": 1, "merge_commit": merge, "author": "alice"}
     [check] = w.sim.runs("kilolock/apply", sha=merge)
     assert check["history"] == [("in_progress", None), ("completed", "success")]
     assert check["output"]["title"] == "applied: infra at serial 2"
@@ -72,6 +75,12 @@ def test_a_merged_pull_request_is_applied_on_the_merge_commit_and_reported(world
         ("POST", f"/repos/{REPO}/check-runs"), ("PATCH", f"/repos/{REPO}/issues/comments/1002"),
         ("PATCH", f"/repos/{REPO}/check-runs/{check['id']}"), ("PATCH", f"/repos/{REPO}/issues/comments/1002")]
     assert jobs_of(w, "apply_project")[-1].result["apply"]["status"] == "committed"
+    with psycopg.connect(w.settings.database_url) as conn:  # the audit rows outgoing events are made of
+        audited = conn.execute("SELECT kind, state_name, detail FROM events WHERE kind LIKE 'pr_apply_%' "
+                               "ORDER BY id").fetchall()
+    assert [(k, s, d["number"], d["project"], d["sha"], d.get("status")) for k, s, d in audited] == [
+        ("pr_apply_started", "infra", 1, "infra", merge, None), ("pr_apply_finished", "infra", 1, "infra", merge,
+                                                                 "applied")]
     converged(w)
 
 

@@ -31,6 +31,10 @@ def test_a_hold_is_a_write_reservation_named_after_the_pull_request_that_does_no
     assert hold.live and hold.holder == f"{REPO}#1" and hold.applied_serial == 2
     run = runs.get_run(bot_db, default_principal(), hold.run_id)
     assert run.status == "reserved" and run.info["pr_hold"]["number"] == 1
+    pr_holds.release(bot_db, hold, "#1 was closed")
+    with bot_db.transaction() as conn:
+        kinds = [k for (k,) in conn.execute("SELECT kind FROM events WHERE kind LIKE 'pr_hold_%' ORDER BY id")]
+    assert kinds == ["pr_hold_taken", "pr_hold_released"]
 
 
 def test_an_intersecting_run_or_hold_is_refused_naming_the_pull_request_and_a_disjoint_one_is_not(bot_db):

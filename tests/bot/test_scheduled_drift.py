@@ -120,6 +120,7 @@ def test_drift_fails_the_check_naming_address_and_attribute_and_the_issue_follow
     assert len(world.sim.issues) == 1
     issue = next(iter(world.sim.issues.values()))
     assert issue["state"] == "open" and "fakecloud_bucket.logs" in issue["body"] and "`size`" in issue["body"]
+    assert "last change Kilolock recorded" in issue["body"] and f" at serial {serial}" in issue["body"]
     assert world.serial() == serial  # a drift check never writes the trunk
 
     # Still drifted in the next window: the same issue is edited, not a second one opened.
@@ -187,8 +188,10 @@ def test_two_forking_workers_post_the_window_check_exactly_once(world_factory: A
     assert "1 drifted instance(s) in infra" in statuses[0]["description"]
     rows = _drift_jobs(world)
     assert [(r.id, r.attempts, r.status) for r in rows] == [(check, 1, "succeeded")]
-    assert rows[0].result["drift"]["drifted"] == [{"address": "fakecloud_bucket.archive", "attributes": ["size"],
-                                                   "gone": False}]
+    (drifted,) = rows[0].result["drift"]["drifted"]
+    last = drifted.pop("last_change")  # the last change Kilolock recorded for it, in words
+    assert drifted == {"address": "fakecloud_bucket.archive", "attributes": ["size"], "gone": False}
+    assert last.startswith(("created by ", "changed by ")) and " at serial " in last
 
 
 def test_a_stale_tick_only_schedules_the_next_one(world_factory: Any, provider: Installed, tmp_path: Path) -> None:  # noqa: F811

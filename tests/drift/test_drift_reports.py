@@ -53,7 +53,10 @@ def test_a_report_is_stored_and_later_sliced_checks_fold_into_the_outstanding_dr
     # A check of item[0] only finds it clean: item[1] was not looked at again, so it still stands.
     _post(prod, ["terraform_data.item[0]"], [])
     latest = prod.get(DRIFT).get_json()
-    assert latest["drifted"] == [_entry("terraform_data.item[1]", gone=True)]
+    # each drifted instance names the last change Kilolock recorded for it: here the first POST
+    assert latest["drifted"] == [{**_entry("terraform_data.item[1]", gone=True),
+                                  "last_change": latest["drifted"][0]["last_change"]}]
+    assert latest["drifted"][0]["last_change"].startswith("created by anonymous via terraform at serial 1, ")
     assert latest["globs"] == ["terraform_data.item[0]"]
     history = prod.get(DRIFT + "/history?limit=10").get_json()["reports"]
     assert [r["outcome"] for r in history] == ["clean", "drifted"]  # per check: item[0] was clean

@@ -54,6 +54,25 @@ def test_state_history_prints_each_lifecycle(live_server, tmp_path):
     assert len(lines) == 2 and lines[0].startswith("serials [1, 2)") and lines[1].startswith("serials [2, )")
 
 
+def test_kl_blame_prints_who_changed_each_instance_and_pages_a_glob(live_server, tmp_path):
+    seed(live_server.state_url("team"))
+    url = live_server.state_url("team")
+    result = kl("blame", "terraform_data.a.*", "--address", url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "terraform_data.a[0]" and lines[3] == "terraform_data.a[1]"
+    assert "serial      2  changed   id, input, output  by anonymous via terraform" in lines[1]
+    assert "serial      1  created" in lines[2] and "serial      2  destroyed" in lines[4]
+    assert "x2" not in result.stdout  # names, never values
+    paged = kl("blame", "*", "--limit", "1", "--json", "--address", url, cwd=tmp_path)
+    page = json.loads(paged.stdout)
+    assert [i["address"] for i in page["instances"]] == ["module.web.terraform_data.b"]
+    assert page["next_after"] == "module.web.terraform_data.b"
+    rest = json.loads(kl("blame", "*", "--after", page["next_after"], "--json", "--address", url, cwd=tmp_path).stdout)
+    assert [i["address"] for i in rest["instances"]] == ["terraform_data.a[0]", "terraform_data.a[1]"]
+    assert rest["next_after"] is None
+
+
 def test_flags_and_kl_variables_override_the_backend_block(live_server, tmp_path):
     seed(live_server.state_url("other"))
     write_backend(tmp_path, live_server.state_url("missing"))

@@ -136,6 +136,29 @@ def page(client: Any, path: str, status: int = 200) -> str:
     return response.get_data(as_text=True)
 
 
+# --- database mode: tenants ----------------------------------------------------------------------------
+
+CTL = {"Authorization": f"Bearer {CONTROL}"}
+
+
+@pytest.fixture
+def tenant_app(settings: Settings) -> Iterator[Any]:
+    from app.web import create_app
+
+    application = create_app(replace(settings, auth_mode=AuthMode.DATABASE, control_token=CONTROL,
+                                     session_secret=SESSION_SECRET))
+    yield application
+    application.extensions["kilolock"].db.close()
+
+
+def make_tenant(client: Any, slug: str, **token: Any) -> tuple[str, str]:
+    """A tenant through the control API and its first token (``SLUG-ops`` in ``production``): secret and id."""
+    assert client.post("/v1/api/tenants", json={"slug": slug}, headers=CTL).status_code == 201
+    made = client.post(f"/v1/api/tenants/{slug}/tokens", headers=CTL,
+                       json={"name": f"{slug}-ops", "environment": "production", **token}).get_json()
+    return made["token_secret"], made["token"]["id"]
+
+
 # --- the browser ---------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

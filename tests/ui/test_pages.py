@@ -170,3 +170,30 @@ def test_open_mode_audit_rows_name_the_runs_actor_not_anonymous(client, clean_db
     assert actors and set(actors.values()) == {"ivy"}, actors
     html = client.get(f"/ui/runs/{run_id}", headers={"Accept": "text/html"}).get_data(as_text=True)
     assert "anonymous" not in html.split('id="events"', 1)[1]
+
+
+def test_manual_holds_show_with_holder_reason_and_expiry_on_the_reservations_page(ui):
+    taken = ui.post("/v1/engine/states/frozen/holds", headers=BEARER,
+                    json={"globs": ["module.db.*"], "reason": "freeze <b>now</b>", "until_seconds": 3600})
+    assert taken.status_code == 201, taken.data
+    hold = taken.get_json()["hold"]
+    html = page(ui, "/ui/reservations")
+    [row] = cells(html, "holds")
+    assert row[0] == hold["id"] and row[1] == "frozen" and row[2] == "module.db.*"
+    assert row[4] == "freeze &lt;b&gt;now&lt;/b&gt;" and "<b>now</b>" not in html  # escaped once
+    assert row[5].endswith(" left"), row
+    [reserved] = cells(html, "reservations")
+    assert "manual hold" in reserved[3] and f"kl release {hold['id']}" in reserved[3]
+
+
+def test_the_resource_page_links_each_change_to_its_run_and_the_blame_search_pages_a_glob(ui, seeded):
+    history = page(ui, "/ui/states/prod/resource?address=module.a.terraform_data.x")
+    # serial 2 came from alice's committed run: its link, and the POST of serial 1 named as a terraform write
+    assert f'href="/ui/runs/{seeded.committed}">run {seeded.committed}</a>' in history
+    assert "via terraform" in history
+    found = page(ui, "/ui/states/prod/blame?glob=module.a.*")
+    rows = re.findall(r'class="resource-link" href="[^"]+">([^<]+)</a>', found)
+    assert rows == ["module.a.terraform_data.x"] and "changed: " in found and f"run {seeded.committed}" in found
+    everything = page(ui, "/ui/states/prod/blame")
+    assert "module.a.terraform_data.x" in everything and 'id="blame-next"' not in everything
+    assert page(ui, "/ui/states/prod/blame?glob=module.[", status=400)

@@ -1,0 +1,117 @@
+"""First GET after row-level commits: the streamed assembly against the raw GET floor, with server RSS.
+
+For each size (50,000 and 200,000 instances by default) on a fresh database and a fresh gunicorn server
+(one worker, four threads, in a child process so ``/proc`` shows the server alone):
+
+- POST a state of that many instances (``bench.states.counted_state``) and GET it: the raw GET floor, the
+  stored bytes of a Terraform write;
+- make 12 one-instance commits through the engine lane, then GET: the first GET after commits, which
+  assembles the head from rows (and caches it); the server's RSS growth during it (``VmHWM`` after a reset);
+- GET again: the cached GET.
+
+Run: ``python -m bench.assembly_bench`` (``--quick``: 20,000 instances only, no document).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+
+import psycopg
+import requests
+from psycopg import sql
+
+from app.store.migrate import migrate
+from bench import common
+from bench.body_memory_bench import Sampler, _status, start_server, stop_server
+from bench.states import counted_state
+
+SECTION = "First GET after commits (streamed assembly)"
+COMMITS = 12
+
+
+def _commit(http: requests.Session, url: str, index: int, base: int) -> int:
+    address = f"terraform_data.item[{index}]"
+    run = http.post(f"{url}/v1/engine/states/big/runs", json={
+        "actor": f"dev{index}", "base_serial": base, "reservations": [{"glob": address, "mode": "write"}]})
+    run.raise_for_status()
+    doc = json.loads(counted_state(base, 1))
+    doc["resources"][0]["instances"][0]["index_key"] = index
+    doc["resources"][0]["instances"][0]["attributes"]["input"]["value"] = f"commit-{index}"
+    done = http.post(f"{url}/v1/engine/runs/{run.json()['run']['id']}/commit",
+                     json={"holder": f"dev{index}", "state": doc, "slice_addresses": [address]})
+    done.raise_for_status()
+    return int(done.json()["commit"]["serial"])
+
+
+def _timed_get(http: requests.Session, url: str, worker: int) -> tuple[float, int, int]:
+    before = _status(worker, "VmRSS")
+    with Sampler(worker) as sampler:
+        started = time.perf_counter()
+        got = http.get(url, timeout=900)
+        elapsed = time.perf_counter() - started
+    got.raise_for_status()
+    return elapsed, sampler.peak - before, len(got.content)
+
+
+def measure(database_url: str, count: int) -> dict[str, float]:
+    dbname = f"kl_bench_asm_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    url = common.with_dbname(database_url, dbname)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    try:
+        migrate(url)
+        server = start_server(url, max_large_bodies=2, large_body_bytes=16 * 1024 * 1024)
+        try:
+            http = requests.Session()
+            http.post(f"{server.url}/v1/states/big", data=counted_state(1, count), timeout=900).raise_for_status()
+            raw, raw_growth, size = _timed_get(http, f"{server.url}/v1/states/big", server.worker)
+            serial = 1
+            for i in range(COMMITS):
+                serial = _commit(http, server.url, i, serial)
+            first, first_growth, first_size = _timed_get(http, f"{server.url}/v1/states/big", server.worker)
+            cached, cached_growth, _ = _timed_get(http, f"{server.url}/v1/states/big", server.worker)
+        finally:
+            stop_server(server)
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+    return {"count": count, "bytes": first_size, "raw": raw, "raw_growth": raw_growth, "first": first,
+            "first_growth": first_growth, "cached": cached, "cached_growth": cached_growth, "raw_bytes": size}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.bench_parser("assembly_bench", __doc__ or "", section=SECTION,
+                            quick_help="20,000 instances only; writes no document unless --out is given")
+    p.add_argument("--sizes", default="50000,200000", help="instance counts, comma-separated")
+    args = p.parse_args(argv)
+    out, command = common.start_run(args, "assembly_bench", argv)
+    sizes = [20_000] if args.quick else [int(s) for s in args.sizes.split(",")]
+    load_before = common.load_average()
+    results = []
+    for count in sizes:
+        r = measure(args.database_url, count)
+        print(json.dumps(r), file=sys.stderr)
+        results.append(r)
+    rows = [[f"{int(r['count']):,}", f"{r['bytes'] / 1e6:.0f} MB", f"{r['raw']:.2f} s", f"{r['first']:.2f} s",
+             f"{r['first'] / r['raw']:.2f}x", f"{r['cached']:.2f} s", f"{r['first_growth'] / 1e6:.0f} MB",
+             f"{r['first_growth'] / r['bytes']:.2f}x"] for r in results]
+    section = "\n".join([
+        f"Command: `{command}`. Load average before: {load_before}; after: {common.load_average()}.", "",
+        common.table(["instances", "state", "raw GET (floor)", f"first GET after {COMMITS} commits", "ratio",
+                      "cached GET", "server RSS growth, first GET", "growth / state"], rows), "",
+        "The first GET assembles the head from its rows as a stream (server-side cursor, pieces written to the "
+        "response and to the cache as they come); targets: at most 2x the raw GET, RSS growth at most 1.5x "
+        "the state.",
+    ])
+    if out is not None:
+        common.write_section(out, SECTION, section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

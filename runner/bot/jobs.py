@@ -165,7 +165,7 @@ def work(settings: Settings, *, burst: bool = False, name: str | None = None, wi
     """
     configure(settings)
     # Logs never carry the worker's secrets, nor token shapes or Terraform's values from a job's output.
-    redact_logs(flow.Bench.for_settings(settings).redactor)
+    redact_logs(flow.Workbench.for_settings(settings).redactor)
     redis = queue.connect(settings.redis_url or "redis://")
     serializer = "rq.serializers.JSONSerializer"
     rq_queue = Queue(queue.QUEUE_NAME, connection=redis, serializer=serializer)

@@ -1,4 +1,4 @@
-"""RQ entry points of the GitHub bot (``app.queue.JOBS`` names them by dotted path), and the table that
+"""RQ entry points of the GitHub bot (``app.domain.jobs.REGISTRY`` names them by dotted path), and the table that
 says, per job kind, how it runs and how its stored outcome is posted.
 
 Every job is thin and idempotent. Its arguments are one frozen type per kind (``app.domain.jobs``),

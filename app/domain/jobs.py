@@ -196,7 +196,7 @@ class JobSpec:
 
 
 # The one table of job kinds: every other table keyed by kind is derived from it or checked against it.
-REGISTRY: dict[JobKind, JobSpec] = {spec.kind: spec for spec in (
+_SPECS = (
     JobSpec(PullRequestArgs, "runner.bot.jobs.pull_request_footprint"),
     JobSpec(PreviewArgs, "runner.bot.jobs.pull_request_preview"),
     JobSpec(ClosedArgs, "runner.bot.jobs.pull_request_closed"),
@@ -210,8 +210,9 @@ REGISTRY: dict[JobKind, JobSpec] = {spec.kind: spec for spec in (
     JobSpec(DriftTickArgs, "runner.bot.jobs.drift_tick"),
     JobSpec(DriftCheckArgs, "runner.bot.jobs.drift_check"),
     JobSpec(EventsTickArgs, "runner.bot.jobs.events_tick"),
-)}
-if set(REGISTRY) != set(JobKind):  # a kind without a row, or two rows of one kind
+)
+REGISTRY: dict[JobKind, JobSpec] = {spec.kind: spec for spec in _SPECS}
+if set(REGISTRY) != set(JobKind) or len(REGISTRY) != len(_SPECS):  # a kind without a row, or with two
     raise RuntimeError(f"job kinds without exactly one registry row: {set(JobKind) ^ set(REGISTRY)}")
 
 ARGS: dict[JobKind, type[JobArgs]] = {kind: spec.args for kind, spec in REGISTRY.items()}

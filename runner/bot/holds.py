@@ -46,7 +46,7 @@ from runner.bot.github import GitHub, PullInfo, Review
 from runner.bot.outcomes import ApplyResult
 from runner.bot.owners import OwnedGlob, owned_globs
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
-from runner.errors import Conflict, Failed
+from runner.errors import Failed, ReservationRefused
 from runner.filescoped import ScopedFootprint
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
         return CommentResult(reply=trust_rules.apply_refused(login, trust), command="apply")
     branch = gh.default_branch()
     token = gh.clone_token()
-    with flow.checkout(ctx.bench, repo, pr.head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
+    with flow.checkout(ctx.workbench, repo, pr.head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
         _, config, problems = _default_config(ctx, repo, head_root, branch, token)
         if config is None:
             return CommentResult(reply=holdtext.config_invalid(login, branch, problems), command="apply")
@@ -143,7 +143,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
 def _default_config(ctx: Context, repo: str, head_root: Path, branch: str,
                     token: str) -> tuple[str, BotConfig | None, tuple[str, ...]]:
     """The default branch's tip and its validated ``.kilolock.yml`` (None and the problems when invalid)."""
-    return flow.default_config(ctx.bench, repo, head_root, branch, token)
+    return flow.default_config(ctx.workbench, repo, head_root, branch, token)
 
 
 def _base_tip(root: Path, config: BotConfig, pr: PullInfo, default_branch: str) -> tuple[str, str | None]:
@@ -230,7 +230,7 @@ def review_readiness(ctx: Context, gh: GitHub, repo: str, number: int,
     if not trust.trusted:
         return JobStatus.SKIPPED, ReviewResult(skipped=f"no apply before merge: {trust.reason}")
     token = gh.clone_token()
-    with flow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
+    with flow.checkout(ctx.workbench, repo, head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
         branch = gh.default_branch()
         _, config, _ = _default_config(ctx, repo, head_root, branch, token)
         if config is None:
@@ -287,14 +287,14 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
         if blocking:
             footprint["blocked"] = ()
             _reconcile_numbers(ctx, gh, repo, {h.number for h, _ in blocking})
-            raise Conflict(holdtext.blocked_by(blocking))
+            raise ReservationRefused(holdtext.blocked_by(blocking))
         return 0.0
 
     # Our own earlier hold would refuse our own run: hand it back for the length of the apply.
     for hold in previous:
         holds_store.release(ctx.db, hold, "re-applied from a new kilolock apply comment")
     actor = f"github:{repo}#{number}@{sha[:12]}/{project.name}"
-    result = flow.apply_project(ctx.bench, repo, root, project, base, sha, actor=actor, wait_seconds=0.0,
+    result = flow.apply_project(ctx.workbench, repo, root, project, base, sha, actor=actor, wait_seconds=0.0,
                                 before_apply=before_apply, origin={"repository": repo, "pull_request": number,
                                                                    "head_commit": sha})
     if result.failed:
@@ -471,8 +471,8 @@ def expire(ctx: Context, gh: GitHub, repo: str, *, now: datetime) -> list[int]:
     if not held:
         return []
     token = gh.clone_token()
-    tip = flow.branch_head(ctx.bench, repo, gh.default_branch(), token)
-    with flow.checkout(ctx.bench, repo, tip, token) as root:
+    tip = flow.branch_head(ctx.workbench, repo, gh.default_branch(), token)
+    with flow.checkout(ctx.workbench, repo, tip, token) as root:
         config, _ = flow.read_config(root)
     if config is None or config.hold_expiry is None:
         return []

@@ -36,8 +36,8 @@ def comment_hold(ctx: Context, gh: GitHub, repo: str, number: int, login: str, a
     pr = gh.pull_request(number)
     branch = gh.default_branch()
     token = gh.clone_token()
-    with flow.checkout(ctx.bench, repo, pr.base_sha, token, refresh=True) as root:
-        _, config, problems = flow.default_config(ctx.bench, repo, root, branch, token)
+    with flow.checkout(ctx.workbench, repo, pr.base_sha, token, refresh=True) as root:
+        _, config, problems = flow.default_config(ctx.workbench, repo, root, branch, token)
     if config is None:
         shown = "; ".join(problems[:3])
         return CommentResult(reply=f"{who} .kilolock.yml on {markdown.prose(branch)} is not valid: "

@@ -5,6 +5,7 @@ refused, never spliced."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from analyzer.state import InstanceRow, ParsedState, parse_state
 from analyzer.state_assembly import header_prefix, row_order, stream_state
 from analyzer.state_splice import ResourceChange, SpliceError, instance_order, pieces, splice
+from bench.states import PROVIDER
 from tests.random_states import RandomStates
 
 Key = tuple[str, str, str, str]
@@ -101,3 +103,38 @@ def test_a_base_not_laid_out_by_the_assembly_is_refused(mangle: Any) -> None:
         for key in list(changes):  # every changed resource probes the base
             _spliced(mangle(base), after, {key: changes[key]})
         _spliced(mangle(base), after, changes)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_changes_deep_inside_large_resources_splice_exactly(seed: int) -> None:
+    rng = random.Random(seed)
+    walk = RandomStates(seed)
+    walk.resources = {}
+    count = walk.resources[("", "managed", "terraform_data", "many")] = {
+        "provider": PROVIDER, "keys": "count", "objects": {(i, ""): walk._attrs() for i in range(0, 3000, 2)}}
+    each = walk.resources[('module.m["<&>"]', "managed", "terraform_data", "each")] = {
+        "provider": PROVIDER, "keys": "each", "objects": {(f"k{i:04}é", ""): walk._attrs() for i in range(400)}}
+    walk.resources[("", "data", "terraform_data", "lone")] = {"provider": PROVIDER, "keys": "none",
+                                                              "objects": {(None, ""): walk._attrs()}}
+    before = _parsed(walk.doc())
+    base = _assembled(before)
+    for _ in range(3):
+        for _ in range(rng.randrange(1, 40)):
+            target = rng.choice([count, each])
+            objects = target["objects"]
+            key = rng.choice(sorted(objects, key=repr))
+            action = rng.random()
+            if action < 0.4:
+                objects[key] = walk._attrs()
+            elif action < 0.6 and len(objects) > 1:
+                del objects[key]
+            elif action < 0.8:
+                objects[(key[0], f"{rng.randrange(16**8):08x}")] = walk._attrs()
+            elif target is count:
+                objects[(rng.randrange(3000), "")] = walk._attrs()  # odd keys land between even ones
+            else:
+                objects[(f"k{rng.randrange(400):04}a", "")] = walk._attrs()
+        after = _parsed(walk.doc())
+        expected = _assembled(after)
+        assert _spliced(base, after, _changes(before, after)) == expected
+        before, base = after, expected

@@ -29,10 +29,10 @@ header, the earlier text of everything unchanged and the new text of what change
 encoded in proportion to the change. The earlier bytes are read in slices into one buffer: the process
 holds them (about the state's size) while it writes, never a parsed state. The cache gets the new text
 and the ranges of the earlier bytes kept, which the final UPDATE copies from the stored bytes inside
-Postgres; it checks the length, so a base pruned meanwhile leaves the version uncached, never wrong. Whenever something is not as
-expected (no such base, more changed objects than ``SPLICE_MAX_CHANGED``, a resource whose provider
-changed, a base whose text is not where the layout puts it) it assembles from all rows instead, before
-sending a byte. Bytes Terraform wrote are never a base: their layout is Terraform's.
+Postgres; it checks the length, so a base pruned meanwhile leaves the version uncached, never wrong.
+Whenever something is not as expected (no such base, more changed objects than ``SPLICE_MAX_CHANGED``,
+a resource whose provider changed, a base whose text is not where the layout puts it) it assembles from
+all rows instead, before sending a byte. Bytes Terraform wrote are never a base: their layout is Terraform's.
 
 A version whose bytes retention removed (``pruned_at`` set) is still assembled on read, from the rows,
 but not cached again: retention would otherwise undo itself.

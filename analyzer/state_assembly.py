@@ -34,7 +34,12 @@ try:
 except ImportError:  # json alone writes every piece; orjson only makes it faster
     orjson = None  # type: ignore[assignment]
 
-__all__ = ["assemble_state", "row_order", "stream_state"]
+__all__ = ["ASSEMBLY_FORMAT", "assemble_state", "header_prefix", "resource_core", "row_order", "stream_state"]
+
+# The layout of the text ``stream_state`` writes. An assembly cached under one number is spliced into the
+# next version's (``analyzer.state_splice``) only while the number is the same, so any change to what
+# ``stream_state`` writes for given rows must come with a new number.
+ASSEMBLY_FORMAT = 1
 
 # Terraform's instanceObjectStateV4 field order, so an assembled state reads like one Terraform wrote.
 _INSTANCE_FIELD_ORDER = (
@@ -70,6 +75,14 @@ _MAY_DIFFER_PLAIN = re.compile(r"[0-9]{16}|0\.000|\\u[dD][89abAB]")
 _PIECE_BYTES = 1 << 20
 _INSTANCE_INDENT = b"\n        "  # an instance object is an item of an array four levels down
 _RESOURCE_INDENT = b"\n    "
+# The text around the resources: a file is the header, RESOURCES_OPEN, the resource cores joined by
+# RESOURCE_SEP, then CLOSE_TAIL (or, without resources, EMPTY_TAIL). A core is a resource object without
+# its closing: its head up to ``"instances": [`` and its instance items joined by ",".
+RESOURCES_OPEN = b',\n  "resources": ['
+RESOURCE_SEP = b"\n      ]\n    },"
+CHECK_TAIL = b'\n  "check_results": null\n}\n'
+CLOSE_TAIL = b"\n      ]\n    }\n  ]," + CHECK_TAIL
+EMPTY_TAIL = b"]," + CHECK_TAIL
 
 
 def row_order(row: InstanceRow) -> tuple[str, str, str, str, int, int, str, str]:
@@ -132,7 +145,7 @@ def stream_state(
         "outputs": {o.name: _output_object(o) for o in sorted(outputs, key=_output_name)},
     }
     out = bytearray(encoder.dump(header)[:-2])  # without the closing "\n}"
-    out += b',\n  "resources": ['
+    out += RESOURCES_OPEN
     group: tuple[str, str, str, str] | None = None
     provider = ""
     previous: tuple[int, int, str, str] | None = None
@@ -143,7 +156,7 @@ def stream_state(
             if group is not None:
                 if key < group:
                     raise ValueError(f"{row.resource_address}: rows are not in the state's resource order")
-                out += b"\n      ]\n    },"
+                out += RESOURCE_SEP
             group, provider, previous = key, row.provider, None
             out += _RESOURCE_INDENT
             out += _resource_head(row, encoder)
@@ -161,8 +174,7 @@ def stream_state(
         if len(out) >= piece_bytes:
             yield _go_escaped(out)
             out = bytearray()
-    out += b"\n      ]\n    }\n  ]," if group is not None else b"],"
-    out += b'\n  "check_results": null\n}\n'
+    out += CLOSE_TAIL if group is not None else EMPTY_TAIL
     yield _go_escaped(out)
 
 
@@ -240,3 +252,30 @@ def _output_object(output: OutputRow) -> dict[str, Any]:
 
 def _output_name(output: OutputRow) -> str:
     return output.name
+
+
+def header_prefix(*, serial: int, lineage: str, terraform_version: str, outputs: Iterable[OutputRow]) -> bytes:
+    """The text ``stream_state`` writes before the first resource: the header and ``RESOURCES_OPEN``."""
+    text = b"".join(stream_state(serial=serial, lineage=lineage, terraform_version=terraform_version,
+                                 instances=(), outputs=outputs))
+    if not text.endswith(EMPTY_TAIL):
+        raise ValueError("the header does not end as an empty state's does")
+    return text[:-len(EMPTY_TAIL)]
+
+
+_BLANK_PREFIX = header_prefix(serial=0, lineage="", terraform_version="", outputs=())
+
+
+def resource_core(rows: Iterable[InstanceRow], *, plain_numbers: bool = False) -> bytes:
+    """The core ``stream_state`` writes for one resource's rows (in ``row_order``): the same text, since it
+    is cut out of ``stream_state``'s own output. Raises ValueError as ``stream_state`` does, and when the
+    rows are not of exactly one resource."""
+    text = b"".join(stream_state(serial=0, lineage="", terraform_version="", instances=rows, outputs=(),
+                                 plain_numbers=plain_numbers))
+    if not text.startswith(_BLANK_PREFIX) or not text.endswith(CLOSE_TAIL):
+        raise ValueError("no rows for a resource")
+    core = text[len(_BLANK_PREFIX):-len(CLOSE_TAIL)]
+    if RESOURCE_SEP + _RESOURCE_INDENT + b"{" in core:
+        raise ValueError("rows of more than one resource")
+    return core
+

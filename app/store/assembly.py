@@ -21,6 +21,19 @@ process holds a batch of rows and a few pieces, never the state, and the sha256 
 A reader that goes away mid-stream rolls the transaction back: nothing is cached and the next reader
 assembles again.
 
+When an earlier apply version of the state has bytes cached in the current layout
+(``assembly_format``), the assembly splices them instead (``analyzer.state_splice``): it reads the
+objects whose rows opened or closed between that serial and this one (through the ``create_serial`` and
+``delete_serial`` indexes), the rows alive now among them, and the earlier bytes, then writes the new
+header, the earlier text of everything unchanged and the new text of what changed, so rows are read and
+encoded in proportion to the change. The earlier bytes are read in slices into one buffer: the process
+holds them (about the state's size) while it writes, never a parsed state. The cache gets the new text
+and the ranges of the earlier bytes kept, which the final UPDATE copies from the stored bytes inside
+Postgres; it checks the length, so a base pruned meanwhile leaves the version uncached, never wrong.
+Whenever something is not as expected (no such base, more changed objects than ``SPLICE_MAX_CHANGED``,
+a resource whose provider changed, a base whose text is not where the layout puts it) it assembles from
+all rows instead, before sending a byte. Bytes Terraform wrote are never a base: their layout is Terraform's.
+
 A version whose bytes retention removed (``pruned_at`` set) is still assembled on read, from the rows,
 but not cached again: retention would otherwise undo itself.
 """
@@ -33,7 +46,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from analyzer.state_assembly import stream_state
+from analyzer.state import InstanceRow, OutputRow
+from analyzer.state_assembly import ASSEMBLY_FORMAT, header_prefix, stream_state
+from analyzer.state_splice import Part, ResourceChange, ResourceKey, SpliceError, instance_order, pieces, splice
 from app.errors import NotFoundError
 from app.store import resources
 from app.store.db import Database
@@ -49,18 +64,51 @@ _EXPECTED_SIZE = """
 SELECT size_bytes FROM state_versions
 WHERE state_id = %s AND serial < %s AND size_bytes IS NOT NULL ORDER BY serial DESC LIMIT 1
 """
+# A piece is new text (``data``) or a range of a base version's stored bytes (``base_start``, ``base_length``).
 _PIECES_TABLE = """
-CREATE TEMPORARY TABLE IF NOT EXISTS kl_assembly_pieces (seq integer NOT NULL, data bytea NOT NULL)
+CREATE TEMPORARY TABLE IF NOT EXISTS kl_spliced_pieces (seq integer NOT NULL, data bytea, base_start integer,
+                                                       base_length integer)
 ON COMMIT DELETE ROWS
 """
-_COPY_PIECES = "COPY kl_assembly_pieces (seq, data) FROM STDIN (FORMAT BINARY)"
+_COPY_PIECES = "COPY kl_spliced_pieces (seq, data, base_start, base_length) FROM STDIN (FORMAT BINARY)"
 _CACHE = """
 UPDATE state_versions
-SET raw_state = (SELECT string_agg(data, ''::bytea ORDER BY seq) FROM kl_assembly_pieces),
-    sha256 = %s, size_bytes = %s, assembled_at = now()
-WHERE id = %s AND raw_state IS NULL
+SET raw_state = (SELECT string_agg(data, ''::bytea ORDER BY seq) FROM kl_spliced_pieces),
+    sha256 = %(sha256)s, size_bytes = %(size)s, assembled_at = now(), assembly_format = %(format)s
+WHERE id = %(id)s AND raw_state IS NULL
 """
-_CLEAR_PIECES = "TRUNCATE kl_assembly_pieces"
+# The same with ranges of a base's bytes, decompressed once (an uncorrelated subquery runs once). The
+# length check leaves the version uncached should the base's bytes have been pruned meanwhile.
+_CACHE_SPLICED = """
+UPDATE state_versions v
+SET raw_state = n.raw, sha256 = %(sha256)s, size_bytes = %(size)s, assembled_at = now(),
+    assembly_format = %(format)s
+FROM (SELECT string_agg(
+        CASE WHEN p.data IS NOT NULL THEN p.data
+             ELSE substring((SELECT raw_state || ''::bytea FROM state_versions WHERE id = %(base)s)
+                            FROM p.base_start + 1 FOR p.base_length) END,
+        ''::bytea ORDER BY p.seq) AS raw
+      FROM kl_spliced_pieces p) n
+WHERE v.id = %(id)s AND v.raw_state IS NULL AND octet_length(n.raw) = %(size)s
+"""
+# The newest earlier version whose bytes this process's assembly wrote.
+_BASE = """
+SELECT id, serial, size_bytes FROM state_versions
+WHERE state_id = %s AND serial < %s AND source = 'apply' AND NOT encrypted AND raw_state IS NOT NULL
+  AND pruned_at IS NULL AND assembly_format = %s AND size_bytes IS NOT NULL
+ORDER BY serial DESC LIMIT 1
+"""
+# The base's bytes in slices, decompressed once (the subquery is evaluated once; each slice is cut from
+# its result rather than from the stored value).
+_BASE_SLICES = """
+SELECT g, substring(b.raw FROM g FOR %(slice)s)
+FROM (SELECT raw_state || ''::bytea AS raw FROM state_versions WHERE id = %(id)s OFFSET 0) b,
+     LATERAL generate_series(1, length(b.raw), %(slice)s) g
+"""
+_BASE_SLICE_BYTES = 1 << 18
+# Above this many changed instance objects the assembly reads all rows: the change is most of the state.
+SPLICE_MAX_CHANGED = 20_000
+_CLEAR_PIECES = "TRUNCATE kl_spliced_pieces"
 # Pieces sent to the temporary table at once.
 _FLUSH_BYTES = 8 << 20
 
@@ -70,6 +118,7 @@ class Materialised:
     raw: bytes
     assembled: bool  # built from rows by this call (False: the stored bytes)
     cached: bool  # stored for later readers by this call
+    spliced: bool = False  # assembled from an earlier version's bytes and the changed rows
 
 
 def materialise(db: Database, version_id: int) -> Materialised | None:
@@ -88,17 +137,18 @@ def materialise_in(conn: psycopg.Connection, version_id: int) -> Materialised | 
         raw += piece
     if not found.exists:
         return None
-    return Materialised(bytes(raw), assembled=found.assembled, cached=found.cached)
+    return Materialised(bytes(raw), assembled=found.assembled, cached=found.cached, spliced=found.spliced)
 
 
 class Found:
     """What ``pieces_in`` found, filled in as it runs."""
 
-    __slots__ = ("assembled", "cached", "exists")
+    __slots__ = ("assembled", "cached", "exists", "spliced")
 
     def __init__(self) -> None:
         self.exists = False
         self.assembled = False
+        self.spliced = False  # assembled from an earlier version's bytes and the changed rows
         self.cached = False
 
 
@@ -135,19 +185,110 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
         before_assembly(0 if expected is None else int(expected[0]))
     found.assembled = True
     outputs = resources.outputs_of(conn, version_id=version_id)
-    pieces = stream_state(
+    spliced = None if source != "apply" else _spliced(conn, state_id, serial, lineage, terraform_version, outputs)
+    if spliced is not None:
+        found.spliced = True
+        yield from _write_spliced(conn, version_id, spliced, found, cache=not pruned)
+        return
+    text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
+    if source != "apply" or pruned:
+        yield from text
+        return
+    writer = _CacheWriter(conn)
+    for piece in text:
+        writer.add(piece)
+        yield piece
+    found.cached = writer.finish(version_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Splice:
+    base_id: int
+    base: bytearray
+    parts: list[Part]
+
+
+def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, found: Found, *,
+                   cache: bool) -> Iterator[bytes]:
+    """The spliced file to the reader in pieces; to the cache as its new text and the ranges of the base
+    it keeps, which Postgres copies from the base's stored bytes itself."""
+    if not cache:
+        yield from pieces(spliced.base, spliced.parts)
+        return
+    writer = _CacheWriter(conn)
+    view = memoryview(spliced.base)
+    for part in spliced.parts:
+        if isinstance(part, bytes):
+            writer.add(part)
+            yield part
+            continue
+        start, end = part
+        writer.add_base(start, end - start)
+        for at in range(start, end, _BASE_SLICE_BYTES):
+            piece = bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
+            writer.digest(piece)
+            yield piece
+    found.cached = writer.finish(version_id, base_id=spliced.base_id)
+
+
+def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
+              outputs: list[OutputRow]) -> Iterator[bytes]:
+    """The state at ``serial`` assembled from all its rows, as pieces."""
+    return stream_state(
         serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs, plain_numbers=True,
         instances=resources.stream_instances_at(conn, state_id=state_id, serial=serial),
     )
-    if source != "apply" or pruned:
-        yield from pieces
-        return
-    writer = _CacheWriter(conn)
-    for piece in pieces:
-        writer.add(piece)
-        yield piece
-    writer.finish(version_id)
-    found.cached = True
+
+
+def _spliced(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
+             outputs: list[OutputRow]) -> _Splice | None:
+    """The state at ``serial`` spliced from an earlier assembly's bytes and the changed rows, or None when
+    there is no usable base or the splice refuses it (the caller then assembles from all rows). Everything
+    that can refuse runs before the first piece."""
+    base = conn.execute(_BASE, (state_id, serial, ASSEMBLY_FORMAT)).fetchone()
+    if base is None:
+        return None
+    base_id, base_serial, base_size = base
+    objects = resources.changed_between(conn, state_id=state_id, after=base_serial, upto=serial,
+                                        limit=SPLICE_MAX_CHANGED + 1)
+    if len(objects) > SPLICE_MAX_CHANGED:
+        return None
+    changed: dict[ResourceKey, set[tuple[int, int, str, str]]] = {}
+    try:
+        for o in objects:
+            changed.setdefault((o.module, o.mode, o.type, o.name), set()).add(instance_order(o.index_key, o.deposed))
+        alive = resources.instances_among_at(conn, state_id=state_id, serial=serial, objects=objects)
+        by_resource: dict[ResourceKey, list[InstanceRow]] = {}
+        for row in alive:
+            by_resource.setdefault((row.module, row.mode, row.type, row.name), []).append(row)
+        changes = {key: ResourceChange(frozenset(orders), tuple(by_resource.get(key, ())))
+                   for key, orders in changed.items()}
+        if by_resource.keys() - changes.keys():
+            return None
+        buffer = _base_bytes(conn, base_id, int(base_size))
+        if buffer is None:
+            return None
+        header = header_prefix(serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs)
+        parts = splice(buffer, header, changes, plain_numbers=True)
+    except (SpliceError, ValueError, TypeError):
+        return None  # the assembly from all rows decides, and raises what is wrong with the rows
+    return _Splice(int(base_id), buffer, parts)
+
+
+def _base_bytes(conn: psycopg.Connection, base_id: int, size: int) -> bytearray | None:
+    """The base's bytes, read in slices into one buffer of its size; None when they are not its
+    recorded size (or went away meanwhile)."""
+    buffer = bytearray(size)
+    filled = 0
+    with conn.cursor("kl_splice_base", binary=True) as cur:
+        cur.itersize = 2
+        cur.execute(_BASE_SLICES.encode(), {"id": base_id, "slice": _BASE_SLICE_BYTES})
+        for start, data in cur:
+            if start != filled + 1 or filled + len(data) > size:
+                return None
+            buffer[filled:filled + len(data)] = data
+            filled += len(data)
+    return buffer if filled == size else None
 
 
 class _CacheWriter:
@@ -158,16 +299,28 @@ class _CacheWriter:
         self._digest = hashlib.sha256()
         self._size = 0
         self._seq = 0
-        self._pending: list[bytes] = []
+        self._pending: list[tuple[bytes | None, int | None, int | None]] = []
         self._pending_bytes = 0
         conn.execute(_PIECES_TABLE)
         conn.execute(_CLEAR_PIECES)  # a rolled-back assembly on this session left none, but be sure
 
     def add(self, piece: bytes) -> None:
+        self.digest(piece)
+        self._queue((piece, None, None), len(piece))
+
+    def add_base(self, start: int, length: int) -> None:
+        """A range of the base's bytes; the caller passes the bytes themselves to ``digest``."""
+        self._size += length
+        self._queue((None, start, length), 64)
+
+    def digest(self, piece: bytes) -> None:
         self._digest.update(piece)
-        self._size += len(piece)
-        self._pending.append(piece)
-        self._pending_bytes += len(piece)
+
+    def _queue(self, row: tuple[bytes | None, int | None, int | None], weight: int) -> None:
+        if row[0] is not None:
+            self._size += len(row[0])
+        self._pending.append(row)
+        self._pending_bytes += weight
         if self._pending_bytes >= _FLUSH_BYTES:
             self._flush()
 
@@ -175,17 +328,21 @@ class _CacheWriter:
         if not self._pending:
             return
         with self._conn.cursor() as cur, cur.copy(_COPY_PIECES) as copy:
-            copy.set_types(["int4", "bytea"])
-            for piece in self._pending:
-                copy.write_row((self._seq, piece))
+            copy.set_types(["int4", "bytea", "int4", "int4"])
+            for row in self._pending:
+                copy.write_row((self._seq, *row))
                 self._seq += 1
         self._pending.clear()
         self._pending_bytes = 0
 
-    def finish(self, version_id: int) -> None:
+    def finish(self, version_id: int, base_id: int | None = None) -> bool:
+        """Store the pieces as the version's bytes; whether they were stored."""
         self._flush()
-        self._conn.execute(_CACHE, (self._digest.hexdigest(), self._size, version_id))
+        params = {"sha256": self._digest.hexdigest(), "size": self._size, "format": ASSEMBLY_FORMAT,
+                  "id": version_id, "base": base_id}
+        stored = self._conn.execute(_CACHE if base_id is None else _CACHE_SPLICED, params).rowcount == 1
         self._conn.execute(_CLEAR_PIECES)
+        return stored
 def apply_version_bytes(conn: psycopg.Connection, version_id: int) -> bytes | None:
     """The bytes of an apply version, assembled and cached on first read (what GET serves for it); None
     for a version Terraform wrote, whose rebuilt state the caller assembles itself."""

@@ -105,6 +105,16 @@ ORDER BY module COLLATE "C", mode COLLATE "C", type COLLATE "C", name COLLATE "C
          CASE WHEN jsonb_typeof(index_key) = 'string' THEN index_key #>> '{}' END COLLATE "C",
          deposed COLLATE "C"
 """
+# The instance objects whose rows opened or closed after one serial, up to another.
+_CHANGED_BETWEEN = """
+SELECT DISTINCT address, deposed, module, mode, type, name, index_key FROM resources
+WHERE state_id = %(state_id)s AND ((create_serial > %(after)s AND create_serial <= %(upto)s)
+                                OR (delete_serial > %(after)s AND delete_serial <= %(upto)s))
+LIMIT %(limit)s
+"""
+_AMONG = """
+  AND (address, deposed) IN (SELECT * FROM unnest(%(addresses)s::text[], %(deposed)s::text[]))
+"""
 # Rows a streamed assembly fetches at a time: a few megabytes of instance text.
 STREAM_BATCH = 2000
 
@@ -317,6 +327,40 @@ def stream_instances_at(conn: psycopg.Connection, *, state_id: int, serial: int)
         cur.execute((_ROWS_FOR_ASSEMBLY + _ORDER_FOR_ASSEMBLY).encode(), {"state_id": state_id, "serial": serial})
         for r in cur:
             yield instance_row(r)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangedObject:
+    """An instance object whose rows opened or closed within a span of serials."""
+
+    address: str
+    deposed: str
+    module: str
+    mode: str
+    type: str
+    name: str
+    index_key: int | str | None
+
+
+def changed_between(conn: psycopg.Connection, *, state_id: int, after: int, upto: int,
+                    limit: int) -> list[ChangedObject]:
+    """The instance objects whose rows opened or closed at a serial in (``after``, ``upto``], at most
+    ``limit`` of them (through the ``create_serial`` and ``delete_serial`` indexes)."""
+    with conn.cursor(row_factory=class_row(ChangedObject)) as cur:
+        return cur.execute(_CHANGED_BETWEEN, {"state_id": state_id, "after": after, "upto": upto,
+                                              "limit": limit}).fetchall()
+
+
+def instances_among_at(conn: psycopg.Connection, *, state_id: int, serial: int,
+                       objects: Sequence[ChangedObject]) -> list[InstanceRow]:
+    """The rows alive at ``serial`` of the given instance objects, in assembly order."""
+    if not objects:
+        return []
+    query = _ROWS_FOR_ASSEMBLY + _AMONG + _ORDER_FOR_ASSEMBLY
+    rows = conn.execute(query.encode(), {"state_id": state_id, "serial": serial,
+                                         "addresses": [o.address for o in objects],
+                                         "deposed": [o.deposed for o in objects]}).fetchall()
+    return [instance_row(r) for r in rows]
 
 
 def instance_row(r: Sequence[Any]) -> InstanceRow:

@@ -1,4 +1,5 @@
-"""A first GET after commits and a whole-state slice read stay within their memory bound on the server.
+"""A first GET after commits (assembled from rows, then spliced from cached bytes) and a whole-state slice
+read stay within their memory bound on the server.
 
 The server runs as its own gunicorn process (one worker, as deployed), so the RSS read from ``/proc`` is
 the server's alone: its peak during the request (``VmHWM`` after a reset, else sampled every 5 ms) minus
@@ -55,9 +56,21 @@ def test_a_first_get_and_a_slice_read_grow_the_server_by_less_than_the_bound(ser
     assert cached is not None and bytes(cached[0]) == got.content
     assert cached[1] == hashlib.sha256(got.content).hexdigest()
 
+    # The next version is spliced from these cached bytes: the process holds them while it writes.
+    serial = commit_one(http, server.url, 7, "spliced", serial)
+    before = _rss(server.worker)
+    with Sampler(server.worker) as sampler:
+        spliced = http.get(f"{server.url}/v1/states/big")
+    assert spliced.status_code == 200 and b'"spliced"' in spliced.content
+    growth = sampler.peak - before
+    assert growth <= BOUND * len(spliced.content), (growth, len(spliced.content))
+    with psycopg.connect(clean_db) as conn:
+        assert conn.execute("SELECT sha256 FROM state_versions WHERE serial = %s", (serial,)).fetchone() == (
+            hashlib.sha256(spliced.content).hexdigest(),)
+
     before = _rss(server.worker)
     with Sampler(server.worker) as sampler:
         sliced = http.post(f"{server.url}/v1/engine/states/big/slice", json={"globs": ["*"]})
-    assert sliced.status_code == 200 and sliced.content == got.content
+    assert sliced.status_code == 200 and sliced.content == spliced.content
     growth = sampler.peak - before
     assert growth <= BOUND * len(sliced.content), (growth, len(sliced.content))

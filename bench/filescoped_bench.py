@@ -183,7 +183,7 @@ def run(argv: Sequence[str], *, cwd: Path, env: dict[str, str], ok: tuple[int, .
     ran = Ran(list(argv), proc.returncode, output, seconds, children_cpu() - cpu, started_wall, time.time())
     if proc.returncode not in ok:
         raise BenchError(f"{label or argv[0]}: {shlex.join(argv)} exited {proc.returncode} in {cwd}:\n"
-                         f"{proc.stdout[-3000:]}")
+                         f"{output[-3000:]}")
     return ran
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import ShimError, bench_parser, command_line, out_path, shim_target, write_section
+from bench.common import BenchError, ShimError, bench_parser, command_line, out_path, shim_target, write_section
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -83,6 +83,8 @@ def test_a_time_boxed_process_is_killed_with_its_children(tmp_path: Path) -> Non
     child = Path(f"/proc/{int(pid_file.read_text())}/stat")
     assert not child.exists() or child.read_text().split(") ")[1].startswith(("Z", "X"))
     assert run(["sh", "-c", "echo done"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout=30).output == "done\n"
+    with pytest.raises(BenchError, match=r"exited 3 in .*\n.*went wrong"):
+        run(["sh", "-c", "echo went wrong; exit 3"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
 
 
 def test_the_scale_report_judges_each_row_against_its_target() -> None:

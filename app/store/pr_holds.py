@@ -20,6 +20,7 @@ from datetime import datetime
 
 from psycopg.rows import class_row
 
+from analyzer.globs import texts_conflict
 from app.domain.principal import Principal
 from app.domain.reservations import HOLD_LEASE, Mode, RunStatus, Wanted, parse_wanted
 from app.errors import BadRequestError, RunClosedError, RunNotFoundError
@@ -165,3 +166,19 @@ def of_tenant(db: Database, principal: Principal, *, limit: int = 500) -> list[P
     """The holds in the principal's tenant and scope, oldest first (the dashboard's list)."""
     with db.transaction() as conn, conn.cursor(row_factory=class_row(PrHold)) as cur:
         return cur.execute(_OF_TENANT, (principal.tenant_id, principal.scope, limit)).fetchall()
+
+
+def blocking(db: Database, repo: str, number: int, state: str, write_globs: Sequence[str],
+             read_globs: Sequence[str]) -> list[tuple[PrHold, list[str]]]:
+    """Other pull requests' live holds on ``state`` that a run with these globs would conflict with, and
+    the globs of theirs it meets."""
+    mine = [(g, "write") for g in write_globs] + [(g, "read") for g in read_globs]
+    found: list[tuple[PrHold, list[str]]] = []
+    for hold in on_state(db, repo, state):
+        if hold.number == number or not hold.live:
+            continue
+        met = [theirs for theirs in hold.write_globs
+               if any(texts_conflict(mode, glob, "write", theirs) for glob, mode in mine)]
+        if met:
+            found.append((hold, met))
+    return found

@@ -41,18 +41,9 @@ from analyzer.addresses import (
 from analyzer.values import WholeNumber, json_number, normal_value
 
 try:
-    import orjson
+    import orjson as orjson  # re-exported: analyzer.state reads whether it is there
 except ImportError:  # the json path below is complete on its own; orjson only makes it faster
     orjson = None  # type: ignore[assignment]
-
-__all__ = [
-    "EncryptedState",
-    "InstanceRow",
-    "OutputRow",
-    "ParsedState",
-    "StateFormatError",
-    "canonical_json",
-]
 
 STATE_VERSION = 4
 _SEND_V4 = "send a Terraform state file of format version 4 (what Terraform 0.12 and later write)"

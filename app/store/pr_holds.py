@@ -7,7 +7,8 @@ never lapses on its own. Being ordinary reservations, holds are refused, waited 
 existing paths: another run's acquisition meets them (``kl apply`` exit 2, the bot's applies), Terraform's
 LOCK gets 423 naming the holder, ``GET /v1/engine/reservations``, ``kl reservations`` and the dashboard list
 them. The ``pull_request_holds`` row ties the run to the pull request, project and applied commit, so that
-merges, closes, unlocks and reconciliation find it again.
+merges, closes, unlocks and reconciliation find it again. :func:`blocking` answers which other pull
+requests' live holds a footprint's globs meet (the refusal of ``kilolock apply`` and the comment use it).
 
 Must not: decide when a hold starts or ends (the bot's jobs do), or talk to GitHub.
 """

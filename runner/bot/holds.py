@@ -74,8 +74,8 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
         return CommentResult(reply=f"{markdown.mention(login)} {markdown.prose(args.problem)}", command="apply")
     pr = gh.pull_request(number)
     if pr.state != "open":
-        return CommentResult(reply=f"@{login} #{number} is {pr.state}: there is nothing to apply before merge.",
-                             command="apply")
+        return CommentResult(reply=f"{markdown.mention(login)} #{number} is {markdown.prose(pr.state)}: there is "
+                                   "nothing to apply before merge.", command="apply")
     trust = trust_rules.of_pull_request(gh, repo, pr)
     if not trust.trusted:
         return CommentResult(reply=trust_rules.apply_refused(login, trust), command="apply")
@@ -87,7 +87,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
             return CommentResult(reply=holdtext.config_invalid(login, branch, problems), command="apply")
         tip, wrong_base = _base_tip(head_root, config, pr, branch)
         if wrong_base:
-            return CommentResult(reply=f"@{login} {wrong_base}", command="apply")
+            return CommentResult(reply=f"{markdown.mention(login)} {wrong_base}", command="apply")
         # The change is measured from where the head left the pull request's own base branch, as its
         # footprint is: never from another branch, whose commits nobody reviewed here.
         base = git.merge_base(head_root, tip, pr.head_sha)
@@ -124,8 +124,7 @@ def _base_tip(root: Path, config: BotConfig, pr: PullInfo, default_branch: str) 
     only the configured branch (``apply_branch`` on the default branch, else the default branch) is."""
     target = apply_branch(config, default_branch)
     if pr.base_ref != target:
-        return "", (f"#{pr.number} merges into {pr.base_ref}, and Kilolock applies only pull requests into "
-                    f"{target} (apply_branch in .kilolock.yml on {default_branch}).")
+        return "", holdtext.other_base(pr.number, pr.base_ref, target, default_branch)
     return git.resolve_commit(root, f"refs/heads/{pr.base_ref}"), None
 
 

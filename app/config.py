@@ -2,13 +2,16 @@
 
 This is the only module that reads the environment for the service. ``Settings.from_env()`` is
 called by ``create_app``, the worker and ``kl``; everything else receives the frozen object. Each
-variable is one row of :data:`TABLE` (its field, parser, default and doc); ``docs/configuration.md``
-is checked against the table both ways. The ``kl`` client's own variables are ``runner.config``'s table.
+variable is one row of :data:`TABLE` (its field, parser and doc; the default is the field's own, written
+once on :class:`Settings`); ``docs/configuration.md`` is checked against the table both ways. The ``kl``
+client's own variables are ``runner.config``'s table.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
@@ -26,7 +29,7 @@ from app.domain.manualholds import (
 from app.domain.repositories import parse_patterns
 from app.domain.reservations import DEFAULT_MAX_GLOBS_PER_REQUEST, DEFAULT_MAX_GLOBS_PER_RUN
 from app.domain.throttle import parse_networks
-from app.envtable import Setting, boolean, comma_list, one_of, read_table, text, url, whole
+from app.envtable import Setting, bind, boolean, comma_list, one_of, read_table, text, url, whole
 from app.errors import ConfigError
 
 
@@ -50,6 +53,21 @@ def resolve_data_dir(configured: Path | None) -> Path:
     from app.embedded import default_data_dir  # platformdirs, only when needed
 
     return default_data_dir()
+
+
+@dataclass(frozen=True, slots=True)
+class BotProjectToken:
+    """One entry of ``KL_BOT_PROJECT_TOKENS``: the engine token the bot presents for ``project`` of ``repo``
+    (``*``: every project of the repository without an entry of its own). The token stays out of ``repr``."""
+
+    repo: str
+    project: str
+    token: str = field(repr=False)
+
+    @property
+    def key(self) -> str:
+        """The entry as the operator wrote it (what errors and logs name; never the token)."""
+        return self.repo if self.project == "*" else f"{self.repo}:{self.project}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +110,7 @@ class Settings:
     github_repositories: tuple[str, ...] = ()
     github_untrusted_previews: tuple[str, ...] = ()
     bot_token: str | None = field(default=None, repr=False)
+    bot_project_tokens: tuple[BotProjectToken, ...] = field(default=(), repr=False)
     repo_cache_dir: Path | None = None
     job_timeout: int = 3600
     webhook_max_bytes: int = 25 * 1024 * 1024
@@ -124,6 +143,7 @@ class Settings:
         """The configured secrets (every field kept out of ``repr``, and the database and Redis URLs), for
         redaction of what leaves the process (``app.domain.redaction``)."""
         values = [getattr(self, f.name) for f in fields(self) if not f.repr]
+        values += [entry.token for entry in self.bot_project_tokens]
         values += [self.database_url, self.redis_url]
         return tuple(v for v in values if isinstance(v, str) and v)
 
@@ -181,6 +201,50 @@ def _clone_urls(raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+MAX_BOT_PROJECT_TOKENS = 10_000
+_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+
+
+class _Pairs(list[tuple[str, object]]):
+    """A JSON object's members in file order, duplicates kept (``json.loads``' ``object_pairs_hook``)."""
+
+
+def _bot_project_tokens(raw: str) -> tuple[BotProjectToken, ...]:
+    """The JSON file ``raw`` names: an object of ``"owner/repo:project"`` (or ``"owner/repo"``, every project of
+    it) to a token. Every problem names its entry, never a token."""
+    path = Path(raw.strip()).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        raise ValueError(f"names {str(path)!r}, which cannot be read ({reason})") from None
+    try:
+        document = json.loads(text, object_pairs_hook=_Pairs)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"file {str(path)!r} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(document, _Pairs):
+        raise ValueError(f"file {str(path)!r} must hold a JSON object of \"owner/repo:project\": \"TOKEN\" entries")
+    if len(document) > MAX_BOT_PROJECT_TOKENS:
+        raise ValueError(f"file {str(path)!r} has {len(document)} entries; at most {MAX_BOT_PROJECT_TOKENS}")
+    found: dict[tuple[str, str], BotProjectToken] = {}
+    bad: list[str] = []
+    for key, token in document:
+        repo, sep, project = key.strip().partition(":")
+        entry = BotProjectToken(repo.strip(), project.strip() or "*", token if isinstance(token, str) else "")
+        if not _REPO.fullmatch(entry.repo) or ":" in project or (sep and not project.strip()):
+            bad.append(f"entry {key!r}: the key must be owner/repo:project, or owner/repo for every project of it")
+        elif not isinstance(token, str) or not token.strip() or token != token.strip() or any(
+                c.isspace() for c in token):
+            bad.append(f"entry {key!r}: the value must be the token's secret, one word of text")
+        elif (entry.repo.lower(), entry.project) in found:
+            bad.append(f"entry {key!r} is given twice (repository names are compared without case)")
+        else:
+            found[(entry.repo.lower(), entry.project)] = entry
+    if bad:
+        raise ValueError(*bad)
+    return tuple(found.values())
+
+
 def _repositories(raw: str) -> tuple[str, ...]:
     return parse_patterns(comma_list(raw))
 
@@ -201,76 +265,75 @@ def _seconds_list(raw: str) -> tuple[int, ...]:
     return values
 
 
-DATA_DIR = Setting("data_dir", "KL_DATA_DIR", envtable.path, None,
-                   "where embedded servers and kl keep their data", shown="the per-user data folder")
+DATA_DIR = Setting("data_dir", "KL_DATA_DIR", envtable.path, "where embedded servers and kl keep their data",
+                   shown="the per-user data folder")
 
-TABLE: tuple[Setting, ...] = (
-    Setting("database_url", "KL_DATABASE_URL", text, None, "libpq URL of Postgres; unset: embedded Postgres"),
-    Setting("redis_url", "KL_REDIS_URL", text, None, "Redis for background jobs; unset: embedded Redis"),
+TABLE: tuple[Setting, ...] = bind(Settings, (
+    Setting("database_url", "KL_DATABASE_URL", text, "libpq URL of Postgres; unset: embedded Postgres"),
+    Setting("redis_url", "KL_REDIS_URL", text, "Redis for background jobs; unset: embedded Redis"),
     DATA_DIR,
-    Setting("auth_mode", "KL_AUTH_MODE", _auth_mode, AuthMode.OPEN, "open, static or database authentication"),
-    Setting("auth_token", "KL_AUTH_TOKEN", text, None, "the shared token of static mode", shown="none"),
-    Setting("control_token", "KL_CONTROL_TOKEN", text, None, "the operator's token for /v1/api", shown="none"),
-    Setting("max_body_bytes", "KL_MAX_BODY_BYTES", whole(), DEFAULT_MAX_BODY_BYTES, "largest request body"),
-    Setting("auto_migrate", "KL_AUTO_MIGRATE", boolean, True, "apply pending migrations at start"),
-    Setting("db_pool_size", "KL_DB_POOL_SIZE", whole(), 10, "Postgres connections per process"),
+    Setting("auth_mode", "KL_AUTH_MODE", _auth_mode, "open, static or database authentication"),
+    Setting("auth_token", "KL_AUTH_TOKEN", text, "the shared token of static mode", shown="none"),
+    Setting("control_token", "KL_CONTROL_TOKEN", text, "the operator's token for /v1/api", shown="none"),
+    Setting("max_body_bytes", "KL_MAX_BODY_BYTES", whole(), "largest request body"),
+    Setting("auto_migrate", "KL_AUTO_MIGRATE", boolean, "apply pending migrations at start"),
+    Setting("db_pool_size", "KL_DB_POOL_SIZE", whole(), "Postgres connections per process"),
     Setting("log_level", "KL_LOG_LEVEL", one_of(LOG_LEVELS, upper=True, aliases={"WARN": "WARNING"},
-                                                note=" (any case)"), "INFO", "Python logging level"),
-    Setting("public_url", "KL_PUBLIC_URL", text, None, "the URL clients reach the service at"),
-    Setting("allow_open_on_network", "KL_ALLOW_OPEN_ON_NETWORK", boolean, False,
+                                                note=" (any case)"), "Python logging level"),
+    Setting("public_url", "KL_PUBLIC_URL", text, "the URL clients reach the service at"),
+    Setting("allow_open_on_network", "KL_ALLOW_OPEN_ON_NETWORK", boolean,
             "open mode answers clients beyond this machine"),
-    Setting("max_wait_seconds", "KL_MAX_WAIT_SECONDS", whole(0), 300, "longest a reservation request queues"),
-    Setting("wait_ticket_seconds", "KL_WAIT_TICKET_SECONDS", whole(2), 10,
+    Setting("max_wait_seconds", "KL_MAX_WAIT_SECONDS", whole(0), "longest a reservation request queues"),
+    Setting("wait_ticket_seconds", "KL_WAIT_TICKET_SECONDS", whole(2),
             "how long a queue ticket keeps its place unpresented"),
-    Setting("max_globs_per_request", "KL_MAX_GLOBS_PER_REQUEST", whole(), DEFAULT_MAX_GLOBS_PER_REQUEST,
-            "most globs one request names"),
-    Setting("max_globs_per_run", "KL_MAX_GLOBS_PER_RUN", whole(), DEFAULT_MAX_GLOBS_PER_RUN,
-            "most globs one apply run holds"),
-    Setting("max_holds_per_token", "KL_MAX_HOLDS_PER_TOKEN", whole(), DEFAULT_MAX_HOLDS_PER_TOKEN,
-            "most live manual holds one token has"),
-    Setting("max_holds_per_state", "KL_MAX_HOLDS_PER_STATE", whole(), DEFAULT_MAX_HOLDS_PER_STATE,
-            "most live manual holds on one state"),
-    Setting("hold_default_seconds", "KL_HOLD_DEFAULT_SECONDS", whole(MIN_HOLD_SECONDS), DEFAULT_HOLD_SECONDS,
+    Setting("max_globs_per_request", "KL_MAX_GLOBS_PER_REQUEST", whole(), "most globs one request names"),
+    Setting("max_globs_per_run", "KL_MAX_GLOBS_PER_RUN", whole(), "most globs one apply run holds"),
+    Setting("max_holds_per_token", "KL_MAX_HOLDS_PER_TOKEN", whole(), "most live manual holds one token has"),
+    Setting("max_holds_per_state", "KL_MAX_HOLDS_PER_STATE", whole(), "most live manual holds on one state"),
+    Setting("hold_default_seconds", "KL_HOLD_DEFAULT_SECONDS", whole(MIN_HOLD_SECONDS),
             "how long a manual hold lasts without --until"),
-    Setting("hold_max_seconds", "KL_HOLD_MAX_SECONDS", whole(MIN_HOLD_SECONDS), MAX_HOLD_SECONDS,
+    Setting("hold_max_seconds", "KL_HOLD_MAX_SECONDS", whole(MIN_HOLD_SECONDS),
             "the longest --until a manual hold may ask for"),
-    Setting("hold_until_released", "KL_HOLD_UNTIL_RELEASED", comma_list, (),
+    Setting("hold_until_released", "KL_HOLD_UNTIL_RELEASED", comma_list,
             "token names that may take manual holds without expiry (--until-released); * for every caller",
             shown="unset: nobody"),
-    Setting("session_secret", "KL_SESSION_SECRET", _session_secret, None, "signs the dashboard's sessions"),
-    Setting("log_format", "KL_LOG_FORMAT", one_of(LOG_FORMATS), "text", "text or json log lines"),
-    Setting("metrics_token", "KL_METRICS_TOKEN", text, None, "the bearer token /metrics requires"),
-    Setting("github_webhook_secret", "KL_GITHUB_WEBHOOK_SECRET", text, None, "the GitHub webhook's secret"),
-    Setting("github_app_id", "KL_GITHUB_APP_ID", text, None, "the GitHub App's numeric id"),
-    Setting("github_private_key", "KL_GITHUB_PRIVATE_KEY", _private_key, None,
+    Setting("session_secret", "KL_SESSION_SECRET", _session_secret, "signs the dashboard's sessions"),
+    Setting("log_format", "KL_LOG_FORMAT", one_of(LOG_FORMATS), "text or json log lines"),
+    Setting("metrics_token", "KL_METRICS_TOKEN", text, "the bearer token /metrics requires"),
+    Setting("github_webhook_secret", "KL_GITHUB_WEBHOOK_SECRET", text, "the GitHub webhook's secret"),
+    Setting("github_app_id", "KL_GITHUB_APP_ID", text, "the GitHub App's numeric id"),
+    Setting("github_private_key", "KL_GITHUB_PRIVATE_KEY", _private_key,
             "the GitHub App's private key, PEM text or a file", shown="none"),
-    Setting("github_token", "KL_GITHUB_TOKEN", text, None, "a personal GitHub token, without an App"),
-    Setting("github_api_url", "KL_GITHUB_API_URL", url, GITHUB_API_URL, "base URL of GitHub's REST API"),
-    Setting("github_clone_urls", "KL_GITHUB_CLONE_URLS", _clone_urls, (),
+    Setting("github_token", "KL_GITHUB_TOKEN", text, "a personal GitHub token, without an App"),
+    Setting("github_api_url", "KL_GITHUB_API_URL", url, "base URL of GitHub's REST API"),
+    Setting("github_clone_urls", "KL_GITHUB_CLONE_URLS", _clone_urls,
             "owner/repo=URL pairs overriding where repositories are cloned from"),
-    Setting("github_repositories", "KL_GITHUB_REPOSITORIES", _repositories, (),
-            "owner/name, owner/* or * patterns of the repositories the bot serves", shown="unset: every delivery "
-            "is acknowledged and ignored"),
-    Setting("github_untrusted_previews", "KL_GITHUB_UNTRUSTED_PREVIEWS", _repositories, (),
+    Setting("github_repositories", "KL_GITHUB_REPOSITORIES", _repositories,
+            "owner/name, owner/* or * patterns of the repositories the bot serves",
+            shown="unset: every delivery is acknowledged and ignored"),
+    Setting("github_untrusted_previews", "KL_GITHUB_UNTRUSTED_PREVIEWS", _repositories,
             "repositories whose fork and outside pull requests get credential-free plan previews", shown="unset"),
-    Setting("bot_token", "KL_BOT_TOKEN", text, None, "the token the bot's jobs present to the engine lane"),
-    Setting("repo_cache_dir", "KL_REPO_CACHE_DIR", envtable.path, None, "where workers keep repository mirrors",
+    Setting("bot_token", "KL_BOT_TOKEN", text, "the token the bot's jobs present to the engine lane"),
+    Setting("bot_project_tokens", "KL_BOT_PROJECT_TOKENS", _bot_project_tokens,
+            "a JSON file of owner/repo:project to the bot's token for that project", shown="unset: `KL_BOT_TOKEN` "
+            "for every project"),
+    Setting("repo_cache_dir", "KL_REPO_CACHE_DIR", envtable.path, "where workers keep repository mirrors",
             shown="`KL_DATA_DIR/repos`"),
-    Setting("job_timeout", "KL_JOB_TIMEOUT", whole(10), 3600, "seconds a bot job may run"),
-    Setting("webhook_max_bytes", "KL_WEBHOOK_MAX_BYTES", whole(), 25 * 1024 * 1024, "largest webhook body"),
-    Setting("auth_failure_limit", "KL_AUTH_FAILURE_LIMIT", whole(), 10, "failed authentications per window"),
-    Setting("auth_failure_window", "KL_AUTH_FAILURE_WINDOW", whole(), 60, "that window, in seconds"),
-    Setting("trusted_proxies", "KL_TRUSTED_PROXIES", _proxies, (), "reverse proxies whose X-Forwarded-For counts"),
-    Setting("large_body_bytes", "KL_LARGE_BODY_BYTES", whole(), 16 * 1024 * 1024, "the size of a large body"),
-    Setting("max_large_bodies", "KL_MAX_LARGE_BODIES", whole(), 2, "large bodies read at once per process"),
-    Setting("retain_versions", "KL_RETAIN_VERSIONS", whole(0), 0, "keep the raw bytes of the newest N versions"),
-    Setting("retain_days", "KL_RETAIN_DAYS", whole(0), 0, "keep the raw bytes of versions younger than N days"),
-    Setting("prune_interval_seconds", "KL_PRUNE_INTERVAL_SECONDS", whole(0), 3600, "how often retention runs"),
-    Setting("event_retry_seconds", "KL_EVENT_RETRY_SECONDS", _seconds_list, (10, 60, 300, 1800, 7200),
+    Setting("job_timeout", "KL_JOB_TIMEOUT", whole(10), "seconds a bot job may run"),
+    Setting("webhook_max_bytes", "KL_WEBHOOK_MAX_BYTES", whole(), "largest webhook body"),
+    Setting("auth_failure_limit", "KL_AUTH_FAILURE_LIMIT", whole(), "failed authentications per window"),
+    Setting("auth_failure_window", "KL_AUTH_FAILURE_WINDOW", whole(), "that window, in seconds"),
+    Setting("trusted_proxies", "KL_TRUSTED_PROXIES", _proxies, "reverse proxies whose X-Forwarded-For counts"),
+    Setting("large_body_bytes", "KL_LARGE_BODY_BYTES", whole(), "the size of a large body"),
+    Setting("max_large_bodies", "KL_MAX_LARGE_BODIES", whole(), "large bodies read at once per process"),
+    Setting("retain_versions", "KL_RETAIN_VERSIONS", whole(0), "keep the raw bytes of the newest N versions"),
+    Setting("retain_days", "KL_RETAIN_DAYS", whole(0), "keep the raw bytes of versions younger than N days"),
+    Setting("prune_interval_seconds", "KL_PRUNE_INTERVAL_SECONDS", whole(0), "how often retention runs"),
+    Setting("event_retry_seconds", "KL_EVENT_RETRY_SECONDS", _seconds_list,
             "waits between an event's delivery attempts", shown="`10,60,300,1800,7200`"),
-    Setting("event_poll_seconds", "KL_EVENT_POLL_SECONDS", whole(1), 5, "how often workers look for new events"),
-    Setting("event_timeout_seconds", "KL_EVENT_TIMEOUT_SECONDS", whole(1), 10, "seconds one event delivery may take"),
-)
+    Setting("event_poll_seconds", "KL_EVENT_POLL_SECONDS", whole(1), "how often workers look for new events"),
+    Setting("event_timeout_seconds", "KL_EVENT_TIMEOUT_SECONDS", whole(1), "seconds one event delivery may take"),
+))
 
 # Rules over several settings, checked once the table is read: (is it missing?, the variable, what to say).
 # A variable whose own value was refused is not reported missing as well.

@@ -1,8 +1,8 @@
 """Enqueues background jobs on Redis (RQ) by dotted path, so the web app never imports job code.
 
 The only importer of RQ on the service side; ``runner.bot.jobs`` holds the job functions. A job's
-arguments (``app.domain.jobs``: one frozen type per kind) are passed by keyword. A test resolves every
-dotted path in ``JOBS``.
+arguments (``app.domain.jobs``: one frozen type per kind) are passed by keyword to the function its row in
+``app.domain.jobs.REGISTRY`` names. A test resolves every dotted path.
 """
 
 from __future__ import annotations
@@ -14,26 +14,12 @@ from redis import Redis
 from rq import Queue, Retry
 from rq.job import JobStatus
 
-from app.domain.jobs import JobArgs, JobKind
+from app.domain.jobs import REGISTRY, JobArgs, JobKind
 
 QUEUE_NAME = "kilolock"
 
-# kind → dotted path of the job function.
-JOBS: dict[JobKind, str] = {
-    JobKind.PULL_REQUEST: "runner.bot.jobs.pull_request_footprint",
-    JobKind.PLAN_PREVIEW: "runner.bot.jobs.pull_request_preview",
-    JobKind.PULL_REQUEST_CLOSED: "runner.bot.jobs.pull_request_closed",
-    JobKind.MERGE: "runner.bot.jobs.merge",
-    JobKind.APPLY_PROJECT: "runner.bot.jobs.apply_project",
-    JobKind.PUSH: "runner.bot.jobs.push_to_default_branch",
-    JobKind.RERUN: "runner.bot.jobs.rerun_check",
-    JobKind.COMMENT: "runner.bot.jobs.comment_command",
-    JobKind.RECONCILE_HOLDS: "runner.bot.jobs.reconcile_holds",
-    JobKind.PULL_REQUEST_REVIEW: "runner.bot.jobs.pull_request_review",
-    JobKind.DRIFT_TICK: "runner.bot.jobs.drift_tick",
-    JobKind.DRIFT_CHECK: "runner.bot.jobs.drift_check",
-    JobKind.EVENTS_TICK: "runner.bot.jobs.events_tick",
-}
+# kind → dotted path of the job function (from the registry of kinds).
+JOBS: dict[JobKind, str] = {kind: spec.entry for kind, spec in REGISTRY.items()}
 # A job in one of these is still to run (or running): enqueueing its id again is a no-op.
 LIVE = frozenset({JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED})
 

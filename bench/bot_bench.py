@@ -283,7 +283,7 @@ def time_parts(world: World) -> Parts:
 
     settings = Settings(database_url=world.h.url, github_clone_urls=((REPO, str(world.origin)),),
                         repo_cache_dir=world.tmp / "cache", data_dir=world.tmp / "kl-data-parts")
-    bench = replace(botflow.Bench.for_settings(settings), env={})
+    workbench = replace(botflow.Workbench.for_settings(settings), env={})
     pr = world.sim.prs[max(world.sim.prs)]
     parts = Parts()
 
@@ -294,7 +294,7 @@ def time_parts(world: World) -> Parts:
         return value
 
     url = rgit.clone_url(REPO, clone_urls=dict(settings.github_clone_urls), api_url=settings.github_api_url)
-    mirror = timed("fetch the mirror", lambda: rgit.mirror(bench.cache_dir, REPO, url, want=(pr["head_sha"],),
+    mirror = timed("fetch the mirror", lambda: rgit.mirror(workbench.cache_dir, REPO, url, want=(pr["head_sha"],),
                                                            refresh=True))
     checkout = rgit.worktree(mirror, pr["head_sha"])
     root = timed("check out the head (worktree add)", checkout.__enter__)
@@ -304,7 +304,7 @@ def time_parts(world: World) -> Parts:
         project = config.projects[0]
         selection = timed("changed files → selection (as --changed-from)",
                           lambda: changed_selection(root / project.dir, base, against=pr["head_sha"]))
-        client = botflow.engine_client(bench, root, project)
+        client = botflow.engine_client(workbench, REPO, root, project)
         files = timed("read the configuration", lambda: read_configuration(root / project.dir))
         scoped = timed("footprint + trunk edges (cold parse cache)",
                        lambda: derive_footprint(client, project.state, files, selection, ParseCache()))

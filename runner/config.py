@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 
 from analyzer.hcl import HclError, find_http_backend
 from app.config import DATA_DIR, resolve_data_dir
-from app.envtable import Setting, read_table, text, verbatim
+from app.envtable import Setting, bind, read_table, text, verbatim
 
 
 class ClientConfigError(Exception):
@@ -53,17 +53,17 @@ class ClientSettings:
         return cls(**values)
 
 
-TABLE: tuple[Setting, ...] = (
-    Setting("address", "KL_ADDRESS", text, None, "the server, or a full backend address (as --address)"),
-    Setting("state", "KL_STATE", text, None, "the state name (as --state)", shown="unset: the address's"),
-    Setting("token", "KL_TOKEN", verbatim, None, "the credential (as --token)"),
-    Setting("tf_http_address", "TF_HTTP_ADDRESS", text, None, "Terraform's own backend address, after KL_ADDRESS"),
-    Setting("tf_http_username", "TF_HTTP_USERNAME", verbatim, None, "Terraform's own backend username"),
-    Setting("tf_http_password", "TF_HTTP_PASSWORD", verbatim, None, "Terraform's own password, after KL_TOKEN"),
-    Setting("actor", "KL_ACTOR", verbatim, None, "who kl apply records as the run's holder", shown="`user@host`"),
+TABLE: tuple[Setting, ...] = bind(ClientSettings, (
+    Setting("address", "KL_ADDRESS", text, "the server, or a full backend address (as --address)"),
+    Setting("state", "KL_STATE", text, "the state name (as --state)", shown="unset: the address's"),
+    Setting("token", "KL_TOKEN", verbatim, "the credential (as --token)"),
+    Setting("tf_http_address", "TF_HTTP_ADDRESS", text, "Terraform's own backend address, after KL_ADDRESS"),
+    Setting("tf_http_username", "TF_HTTP_USERNAME", verbatim, "Terraform's own backend username"),
+    Setting("tf_http_password", "TF_HTTP_PASSWORD", verbatim, "Terraform's own password, after KL_TOKEN"),
+    Setting("actor", "KL_ACTOR", verbatim, "who kl apply records as the run's holder", shown="`user@host`"),
     DATA_DIR,
-    Setting("terraform_bin", "KL_TERRAFORM_BIN", verbatim, None, "the Terraform binary kl and workers run"),
-)
+    Setting("terraform_bin", "KL_TERRAFORM_BIN", verbatim, "the Terraform binary kl and workers run"),
+))
 
 
 def split_backend_address(address: str) -> tuple[str, str | None]:

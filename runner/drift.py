@@ -28,7 +28,7 @@ from app.domain.reservations import DEFAULT_LEASE
 from runner import workspace
 from runner.apply import Heartbeat
 from runner.engine_client import EngineClient, EngineError
-from runner.errors import REFUSALS, Conflict, EngineCode, Failed, InvalidInput, refusal
+from runner.errors import REFUSALS, EngineCode, Failed, InvalidInput, ReservationRefused, refusal
 from runner.plan import (
     PLAN_FILE,
     TerraformContext,
@@ -182,7 +182,8 @@ def _open(client: EngineClient, request: DriftRequest, scope: Scope, *, write: b
             if exc.code == EngineCode.STALE_PLAN:
                 continue
             if exc.code in REFUSALS:
-                raise (Conflict if write else Failed)(f"cannot reserve the slice for kl {kind}:\n{exc}") from exc
+                refused = ReservationRefused if write else Failed
+                raise refused(f"cannot reserve the slice for kl {kind}:\n{exc}") from exc
             raise
         return str(opened["run"]["id"]), chosen
     raise Failed("the slice kept changing under commits of other runs: retry kl " + kind)

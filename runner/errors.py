@@ -27,7 +27,7 @@ class Failed(KlExit):
     """The operation failed: Terraform, the commit, or the server. Nothing was committed."""
 
 
-class Conflict(KlExit):
+class ReservationRefused(KlExit):
     """Another run holds what this one needs, or holds it still after the wait: wait, retry or re-plan."""
 
 
@@ -77,4 +77,4 @@ def refusal(code: str) -> type[KlExit]:
     """The outcome of an engine refusal with ``code``: a stale plan, a conflict, or a plain failure."""
     if code == EngineCode.STALE_PLAN:
         return StalePlan
-    return Conflict if code in REFUSALS else Failed
+    return ReservationRefused if code in REFUSALS else Failed

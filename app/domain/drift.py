@@ -25,7 +25,7 @@ class DriftSource(StrEnum):
     REFRESH = "refresh"  # kl refresh: the drift was committed to the trunk
 
 
-class DriftOutcome(StrEnum):
+class DriftVerdict(StrEnum):
     CLEAN = "clean"
     DRIFTED = "drifted"
     REFRESHED = "refreshed"
@@ -117,10 +117,10 @@ def parse_submitted(doc: dict[str, Any]) -> Submitted:
     return Submitted(source, parse_globs_checked(doc.get("globs")), checked, drifted, serial, run_id, actor)
 
 
-def outcome(submitted: Submitted, refreshed_any: bool) -> DriftOutcome:
+def outcome(submitted: Submitted, refreshed_any: bool) -> DriftVerdict:
     if submitted.drifted:
-        return DriftOutcome.DRIFTED
-    return DriftOutcome.REFRESHED if refreshed_any else DriftOutcome.CLEAN
+        return DriftVerdict.DRIFTED
+    return DriftVerdict.REFRESHED if refreshed_any else DriftVerdict.CLEAN
 
 
 def outstanding(previous: Iterable[DriftEntry], globs: Sequence[str], found: Iterable[DriftEntry]) -> tuple[

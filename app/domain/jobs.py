@@ -1,6 +1,7 @@
 """The bot's job contract: the kinds of job, one frozen argument type per kind, and the stable job id.
 
-The webhook router (``app.domain.webhooks``) builds these, ``app.queue`` enqueues them (by dotted path,
+:data:`REGISTRY` is the one table of kinds (argument type, the dotted path of the job function). The webhook
+router (``app.domain.webhooks``) builds the arguments, ``app.queue`` enqueues them (by that dotted path,
 arguments passed by keyword) and ``runner.bot.jobs`` runs them; ``bot_jobs.args`` keeps them, so a re-run
 reads the arguments back instead of rebuilding them. Arguments are str/int only (RQ's JSON serializer).
 Pure: no I/O. Must not: import RQ, Redis or anything in ``runner``.
@@ -180,11 +181,41 @@ class DriftCheckArgs(RepoArgs):
 
 TICK_REPO = "-"  # drift ticks belong to no repository
 
-ARGS: dict[JobKind, type[JobArgs]] = {
-    cls.kind: cls for cls in (PullRequestArgs, PreviewArgs, ReviewArgs, ClosedArgs, MergeArgs, ApplyProjectArgs,
-                              PushArgs, RerunArgs, CommentArgs, ReconcileArgs, DriftTickArgs, DriftCheckArgs,
-                              EventsTickArgs)
-}
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One kind of job: its argument type and the dotted path of the function RQ calls with them by keyword
+    (a string, so that enqueueing never imports job code)."""
+
+    args: type[JobArgs]
+    entry: str
+
+    @property
+    def kind(self) -> JobKind:
+        return self.args.kind
+
+
+# The one table of job kinds: every other table keyed by kind is derived from it or checked against it.
+_SPECS = (
+    JobSpec(PullRequestArgs, "runner.bot.jobs.pull_request_footprint"),
+    JobSpec(PreviewArgs, "runner.bot.jobs.pull_request_preview"),
+    JobSpec(ClosedArgs, "runner.bot.jobs.pull_request_closed"),
+    JobSpec(MergeArgs, "runner.bot.jobs.merge"),
+    JobSpec(ApplyProjectArgs, "runner.bot.jobs.apply_project"),
+    JobSpec(PushArgs, "runner.bot.jobs.push_to_default_branch"),
+    JobSpec(RerunArgs, "runner.bot.jobs.rerun_check"),
+    JobSpec(CommentArgs, "runner.bot.jobs.comment_command"),
+    JobSpec(ReconcileArgs, "runner.bot.jobs.reconcile_holds"),
+    JobSpec(ReviewArgs, "runner.bot.jobs.pull_request_review"),
+    JobSpec(DriftTickArgs, "runner.bot.jobs.drift_tick"),
+    JobSpec(DriftCheckArgs, "runner.bot.jobs.drift_check"),
+    JobSpec(EventsTickArgs, "runner.bot.jobs.events_tick"),
+)
+REGISTRY: dict[JobKind, JobSpec] = {spec.kind: spec for spec in _SPECS}
+if set(REGISTRY) != set(JobKind) or len(REGISTRY) != len(_SPECS):  # a kind without a row, or with two
+    raise RuntimeError(f"job kinds without exactly one registry row: {set(JobKind) ^ set(REGISTRY)}")
+
+ARGS: dict[JobKind, type[JobArgs]] = {kind: spec.args for kind, spec in REGISTRY.items()}
 
 
 def args_from_json(kind: JobKind, doc: Mapping[str, Any]) -> JobArgs | None:

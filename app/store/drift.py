@@ -175,6 +175,6 @@ def read_metrics(db: Database) -> DriftMetrics:
     for index, (label, (count, _, outcomes)) in enumerate(ranked):
         shown = label if index < METRIC_STATES else "_other"
         drifted[shown] = drifted.get(shown, 0) + count
-        for kind in rules.DriftOutcome:
+        for kind in rules.DriftVerdict:
             checks[(shown, kind.value)] = checks.get((shown, kind.value), 0) + outcomes.get(kind.value, 0)
     return DriftMetrics(tuple(sorted(drifted.items())), tuple(sorted((s, o, n) for (s, o), n in checks.items())))

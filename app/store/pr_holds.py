@@ -22,6 +22,7 @@ from datetime import datetime
 from psycopg.rows import class_row
 
 from analyzer.globs import texts_conflict
+from app.domain.names import split_scoped_path
 from app.domain.principal import Principal
 from app.domain.reservations import HOLD_LEASE, Mode, RunStatus, Wanted, parse_wanted
 from app.errors import BadRequestError, RunClosedError, RunNotFoundError
@@ -106,7 +107,12 @@ def take(db: Database, principal: Principal, *, repo: str, number: int, project:
                               "KL_MAX_GLOBS_PER_RUN): apply module or resource prefixes instead of many instances")
     info = {"pr_hold": {"repo": repo, "number": number, "project": project, "head_sha": head_sha,
                         "applied_serial": applied_serial, "applied_run_id": applied_run_id}}
-    run = runs.open_run(db, principal, state_name, actor=holder, wanted=wanted, lease=HOLD_LEASE, info=info,
+    # A database-mode backend address names the state with its scope (ws_…/env_…/NAME): the run is opened on
+    # NAME in the holder's scope, the row keeps the project's name for the bot's own lookups.
+    scope, name = split_scoped_path(state_name)
+    if scope is not None and scope != principal.scope:
+        raise BadRequestError(f"state {state_name!r} is not in the environment of the bot's token ({principal.scope})")
+    run = runs.open_run(db, principal, name, actor=holder, wanted=wanted, lease=HOLD_LEASE, info=info,
                         clock=clock)
     try:
         with db.transaction() as conn:

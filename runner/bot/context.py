@@ -58,7 +58,7 @@ class Context:
     db: Database
     redis: Redis
     id: str
-    bench: flow.Bench
+    workbench: flow.Workbench
     last_attempt: bool = True
     _github: dict[str, GitHub] = field(default_factory=dict)
 
@@ -82,7 +82,7 @@ def opened(args: JobArgs, *parts: str | int) -> Iterator[Context]:
     _let_children_take_sigint()
     db = Database(settings.database_url, pool_size=2)
     jid = current.id if current is not None else job_id(args.kind, args.subject().repo, *parts)
-    ctx = Context(settings, db, redis, jid, flow.Bench.for_settings(settings),
+    ctx = Context(settings, db, redis, jid, flow.Workbench.for_settings(settings),
                   last_attempt=current is None or not current.retries_left)
     try:
         yield ctx

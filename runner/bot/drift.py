@@ -96,8 +96,8 @@ def tick(ctx: Context, at: int, *, now: float) -> list[str]:
 def _enqueue_due(ctx: Context, repo: str, at: int) -> list[str]:
     gh = ctx.github(repo)
     branch = gh.default_branch()
-    sha = flow.branch_head(ctx.bench, repo, branch, gh.clone_token())
-    with flow.checkout(ctx.bench, repo, sha, gh.clone_token()) as root:
+    sha = flow.branch_head(ctx.workbench, repo, branch, gh.clone_token())
+    with flow.checkout(ctx.workbench, repo, sha, gh.clone_token()) as root:
         config = load(root)
     found: list[str] = []
     for project in config.projects:
@@ -138,11 +138,11 @@ def _run(ctx: Context, repo: str, name: str, window: int, sha: str,
     outcome = DriftOutcome(name, sha, branch, window)
     gh = ctx.github(repo)
     try:
-        with flow.checkout(ctx.bench, repo, sha, gh.clone_token()) as root:
+        with flow.checkout(ctx.workbench, repo, sha, gh.clone_token()) as root:
             try:
                 config = load(root)
             except BotConfigError as exc:
-                return JobStatus.FAILED, replace(outcome, error=ctx.bench.redact(str(exc)))
+                return JobStatus.FAILED, replace(outcome, error=ctx.workbench.redact(str(exc)))
             project = config.project(name)
             if project is None or project.drift is None:
                 return JobStatus.SKIPPED, replace(
@@ -150,12 +150,12 @@ def _run(ctx: Context, repo: str, name: str, window: int, sha: str,
             outcome = replace(outcome, target=DriftTarget(project.state, project.shown_dir, project.drift.every,
                                                           project.drift.issue))
             request = DriftRequest(state=project.state, config_dir=root / project.dir,
-                                   actor=f"github:{repo}@{sha[:12]}/{name}:drift", data_dir=ctx.bench.data_dir,
+                                   actor=f"github:{repo}@{sha[:12]}/{name}:drift", data_dir=ctx.workbench.data_dir,
                                    lease_seconds=flow.LEASE_SECONDS)
-            result = check_drift(flow.engine_client(ctx.bench, root, project),
-                                 flow.terraform_context(ctx.bench, project), request)
+            result = check_drift(flow.engine_client(ctx.workbench, repo, root, project),
+                                 flow.terraform_context(ctx.workbench, project), request)
     except (KlExit, EngineError, ClientConfigError, git.GitError) as exc:
-        return JobStatus.FAILED, replace(outcome, error=ctx.bench.redact(safe_error(str(exc))))
+        return JobStatus.FAILED, replace(outcome, error=ctx.workbench.redact(safe_error(str(exc))))
     return JobStatus.SUCCEEDED, replace(outcome, serial=result.serial, checked=result.checked,
                                         run_id=result.run_id, drifted=result.drifted)
 

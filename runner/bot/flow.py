@@ -5,7 +5,8 @@ commit, against the trunk on the Kilolock server.
 Owns the orchestration only: the checkout (``runner.git``), the project mapping (``runner.bot.config``),
 and the very functions ``kl plan --changed-from`` / ``kl apply -f --confirm-scope`` use
 (``runner.filescoped``: ``changed_selection``, ``derive_footprint``, ``plan_files``, ``apply_files``), with
-the engine client authenticated by ``KL_BOT_TOKEN``. Results are the outcome types of ``runner.bot.outcomes``.
+the engine client authenticated by the project's token (``runner.bot.credentials``). Results are the outcome
+types of ``runner.bot.outcomes``.
 
 Must not: talk to GitHub, RQ or the database (``runner.bot.jobs`` does: it claims, stores and posts), or read
 the environment (``runner.config.process_env`` does, once per job).
@@ -29,10 +30,11 @@ from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
 from runner import childenv, git
 from runner.apply import ApplyOptions
 from runner.bot.config import BotConfig, BotConfigError, Project, load, projects_for, read_raw
+from runner.bot.credentials import engine_token
 from runner.bot.outcomes import ApplyResult, LiveConflict, ProjectFootprint, ProjectPreview
 from runner.config import ClientConfig, ClientConfigError, data_dir, process_env, split_backend_address
 from runner.engine_client import EngineClient, EngineError
-from runner.errors import Conflict, InvalidInput, KlExit, NothingToDo, StalePlan
+from runner.errors import InvalidInput, KlExit, NothingToDo, ReservationRefused, StalePlan
 from runner.filescoped import (
     ScopedFootprint,
     Selection,
@@ -49,12 +51,12 @@ from runner.terraform import TerraformNotFoundError, resolve_binary
 
 log = logging.getLogger("kilolock.bot")
 LEASE_SECONDS = DEFAULT_LEASE.total_seconds()
-# All an untrusted preview's Terraform sees of the worker's environment (Bench.without_credentials).
+# All an untrusted preview's Terraform sees of the worker's environment (Workbench.without_credentials).
 UNTRUSTED_ENV = frozenset({"PATH", "KL_TERRAFORM_BIN", "LANG", "LC_ALL", "TZ", "TMPDIR"})
 
 
 @dataclass(frozen=True, slots=True)
-class Bench:
+class Workbench:
     """What one job works with: the settings, the worker's environment (Terraform gets an allowlist of it,
     :func:`terraform_context`), KL_DATA_DIR, and the redaction of the worker's secrets."""
 
@@ -64,7 +66,7 @@ class Bench:
     redactor: Redactor = field(default_factory=Redactor)
 
     @classmethod
-    def for_settings(cls, settings: Settings) -> Bench:
+    def for_settings(cls, settings: Settings) -> Workbench:
         env = process_env()
         return cls(settings, env, settings.data_dir or data_dir(env), worker_redactor(settings, env))
 
@@ -75,8 +77,8 @@ class Bench:
     def cache_dir(self) -> Path:
         return self.settings.repo_cache_dir or self.data_dir / "repos"
 
-    def without_credentials(self) -> Bench:
-        """The bench of untrusted code: Terraform gets only the variables it needs to run (the binary, PATH,
+    def without_credentials(self) -> Workbench:
+        """The workbench of untrusted code: Terraform gets only the variables it needs to run (the binary, PATH,
         automation switches) and an empty home of its own — no worker secret, no provider credential, no
         CLI configuration (which may carry registry credentials), no ``TF_VAR_*``."""
         home = self.data_dir / "untrusted-home"
@@ -99,52 +101,54 @@ def worker_redactor(settings: Settings, env: Mapping[str, str]) -> Redactor:
 
 
 @contextmanager
-def checkout(bench: Bench, repo: str, sha: str, token: str | None, *, want: Sequence[str] = (),
+def checkout(workbench: Workbench, repo: str, sha: str, token: str | None, *, want: Sequence[str] = (),
              also: Sequence[str] = (), refresh: bool = False) -> Iterator[Path]:
     """A private checkout of ``sha`` from the repository's mirror. The commits in ``want`` must be fetched
     too; those in ``also`` are fetched when they can be (a merged PR's deleted head branch may be gone)."""
-    url = git.clone_url(repo, clone_urls=dict(bench.settings.github_clone_urls),
-                        api_url=bench.settings.github_api_url)
+    url = git.clone_url(repo, clone_urls=dict(workbench.settings.github_clone_urls),
+                        api_url=workbench.settings.github_api_url)
     try:
-        mirror_dir = git.mirror(bench.cache_dir, repo, url, token=token, want=(sha, *want, *also), refresh=refresh)
+        mirror_dir = git.mirror(workbench.cache_dir, repo, url, token=token, want=(sha, *want, *also), refresh=refresh)
     except git.GitError:
         if not also:
             raise
-        mirror_dir = git.mirror(bench.cache_dir, repo, url, token=token, want=(sha, *want), refresh=refresh)
+        mirror_dir = git.mirror(workbench.cache_dir, repo, url, token=token, want=(sha, *want), refresh=refresh)
     with git.worktree(mirror_dir, sha) as root:
         yield root
 
 
-def engine_client(bench: Bench, root: Path, project: Project) -> EngineClient:
+def engine_client(workbench: Workbench, repo: str, root: Path, project: Project) -> EngineClient:
     """The server of a trusted project (its default-branch backend block, else KL_PUBLIC_URL), as the bot
-    (KL_BOT_TOKEN). Nothing under ``root`` is read: a pull request's files never choose where the token goes."""
-    address = project.address or bench.settings.public_url
+    with the project's token (``runner.bot.credentials``). Nothing under ``root`` is read: a pull request's
+    files never choose where the token goes."""
+    address = project.address or workbench.settings.public_url
     if not address:
         raise ClientConfigError(f"project {project.name!r} names no Kilolock server: give its directory a backend "
                                 "\"http\" block on the default branch, or set KL_PUBLIC_URL on the worker")
     base, _ = split_backend_address(address)
-    return EngineClient(ClientConfig(base_url=base, state=project.state, username=None, token=bench.settings.bot_token,
-                                     token_source="KL_BOT_TOKEN"))
+    token = engine_token(workbench.settings, repo, project.name)
+    return EngineClient(ClientConfig(base_url=base, state=project.state, username=None, token=token.secret,
+                                     token_source=token.source))
 
 
-def terraform_context(bench: Bench, project: Project) -> TerraformContext:
+def terraform_context(workbench: Workbench, project: Project) -> TerraformContext:
     """How the bot runs Terraform for ``project`` (trusted): the worker's allowlisted environment plus the
     provider variables its default-branch ``env:`` names, never the worker's own secrets."""
     try:
-        binary = resolve_binary(bench.env)
+        binary = resolve_binary(workbench.env)
     except TerraformNotFoundError as exc:
         raise InvalidInput(str(exc)) from exc
-    return TerraformContext(binary=binary, env=childenv.for_worker(bench.env, project.env),
-                            plugin_cache=bench.data_dir / "plugin-cache",
-                            echo=lambda line: log.info("%s", bench.redact(line)), stream=False)
+    return TerraformContext(binary=binary, env=childenv.for_worker(workbench.env, project.env),
+                            plugin_cache=workbench.data_dir / "plugin-cache",
+                            echo=lambda line: log.info("%s", workbench.redact(line)), stream=False)
 
 
-def default_config(bench: Bench, repo: str, root: Path, branch: str,
+def default_config(workbench: Workbench, repo: str, root: Path, branch: str,
                    token: str | None) -> tuple[str, BotConfig | None, tuple[str, ...]]:
     """The default branch's tip (as the mirror behind ``root`` knows it) and its validated ``.kilolock.yml``
     (None and the problems when invalid): the only source of trusted settings for a pull request."""
     tip = git.resolve_commit(root, f"refs/heads/{branch}")
-    with checkout(bench, repo, tip, token) as main_root:
+    with checkout(workbench, repo, tip, token) as main_root:
         config, problems = read_config(main_root)
         return tip, config, problems
 
@@ -186,7 +190,7 @@ def changed_for(config: BotConfig, root: Path, base: str, head: str) -> dict[str
 # --- the footprint (no Terraform) ------------------------------------------------------------------
 
 
-def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str, *,
+def footprint(workbench: Workbench, repo: str, root: Path, config: BotConfig, base: str, head: str, *,
               trusted: BotConfig | None) -> tuple[ProjectFootprint, ...]:
     """Per triggered project: the files, the predicted reservations, diagnostics and the live reservations
     they would conflict with now. A project whose change cannot be scoped carries the reason in ``error``.
@@ -199,7 +203,7 @@ def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str,
         try:
             project = anchored(project, trusted)
         except ClientConfigError as exc:
-            found.append(_with(shown, error=bench.redact(str(exc))))
+            found.append(_with(shown, error=workbench.redact(str(exc))))
             continue
         shown = _with(shown, state=project.state)
         try:
@@ -207,16 +211,16 @@ def footprint(bench: Bench, root: Path, config: BotConfig, base: str, head: str,
         except NothingToDo:
             continue  # every changed path is unrelated to the configuration (state files, .terraform/)
         except (KlExit, git.GitError) as exc:
-            found.append(_with(shown, error=bench.redact(str(exc))))
+            found.append(_with(shown, error=workbench.redact(str(exc))))
             continue
         try:
-            client = engine_client(bench, root, project)
+            client = engine_client(workbench, repo, root, project)
             # The parse cache is read, not written: the preview's plan_files saves (and prunes) it.
             scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
-                                      load_cache(bench.data_dir))
+                                      load_cache(workbench.data_dir))
             live = client.list_reservations(project.state)
         except (KlExit, EngineError, ClientConfigError) as exc:
-            found.append(_with(shown, files=_shown_files(selection), error=bench.redact(str(exc))))
+            found.append(_with(shown, files=_shown_files(selection), error=workbench.redact(str(exc))))
             continue
         found.append(ProjectFootprint(
             name=project.name, dir=project.dir, state=project.state, changed=tuple(paths),
@@ -255,7 +259,7 @@ def _with(shown: ProjectFootprint, **changes: object) -> ProjectFootprint:
 # --- the plan preview --------------------------------------------------------------------------------
 
 
-def preview(bench: Bench, root: Path, config: BotConfig, base: str, head: str, *,
+def preview(workbench: Workbench, repo: str, root: Path, config: BotConfig, base: str, head: str, *,
             trusted: BotConfig | None) -> tuple[ProjectPreview, ...]:
     """Per triggered project: a file-scoped plan (``kl plan --changed-from``) and its per-address actions;
     state, server and environment from ``trusted``, the default branch's configuration."""
@@ -266,14 +270,14 @@ def preview(bench: Bench, root: Path, config: BotConfig, base: str, head: str, *
         try:
             project = anchored(project, trusted)
             selection = changed_selection(root / project.dir, base, against=head)
-            ctx = terraform_context(bench, project)
-            spec = plan_files(engine_client(bench, root, project), ctx, state=project.state,
+            ctx = terraform_context(workbench, project)
+            spec = plan_files(engine_client(workbench, repo, root, project), ctx, state=project.state,
                               config_dir=root / project.dir, selection=selection, var_args=(),
-                              data_dir=bench.data_dir)
+                              data_dir=workbench.data_dir)
         except NothingToDo:
             continue
         except (KlExit, git.GitError, EngineError, ClientConfigError) as exc:
-            found.append(ProjectPreview(project.name, project.state, error=bench.redact(str(exc))))
+            found.append(ProjectPreview(project.name, project.state, error=workbench.redact(str(exc))))
             continue
         found.append(ProjectPreview(project.name, project.state, base_serial=spec.base_serial,
                                     actions=tuple(sorted(spec.actions.items())),
@@ -311,7 +315,7 @@ def merge_diff_base(root: Path, merge_sha: str, base_sha: str, head_sha: str) ->
 BeforeApply = Callable[[ScopedFootprint], float]
 
 
-def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: str, *, actor: str,
+def apply_project(workbench: Workbench, repo: str, root: Path, project: Project, base: str, sha: str, *, actor: str,
                   wait_seconds: float, before_apply: BeforeApply | None = None,
                   origin: Mapping[str, Any] | None = None) -> ApplyResult:
     """``kl apply --changed-from BASE --confirm-scope`` for one project on a checkout of ``sha``. The
@@ -319,34 +323,35 @@ def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: st
     client: EngineClient | None = None
     try:
         selection = changed_selection(root / project.dir, base, against=sha)
-        client = engine_client(bench, root, project)
+        client = engine_client(workbench, repo, root, project)
         remaining, waited = wait_seconds, 0.0
         scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
-                                  load_cache(bench.data_dir))
+                                  load_cache(workbench.data_dir))
         if before_apply is not None:
             waiting = time.monotonic()
             remaining = before_apply(scoped)
             waited = time.monotonic() - waiting
-        ctx = terraform_context(bench, project)
-        options = ApplyOptions(actor=actor, wait_seconds=max(remaining, 0.0), dry_run=False, data_dir=bench.data_dir,
-                               supplied_vars={}, lease_seconds=LEASE_SECONDS, origin=origin)
+        ctx = terraform_context(workbench, project)
+        options = ApplyOptions(actor=actor, wait_seconds=max(remaining, 0.0), dry_run=False,
+                               data_dir=workbench.data_dir, supplied_vars={}, lease_seconds=LEASE_SECONDS,
+                               origin=origin)
         # The plan's workspace is kept through the apply: when nothing landed on the trunk between the plan
         # and the grant, the apply runs the saved plan instead of planning again (as kl apply -f does).
         with tempfile.TemporaryDirectory(prefix="kl-bot-plan-") as kept:
             saved = plan_files_saved(client, ctx, state=project.state, config_dir=root / project.dir,
-                                     selection=selection, var_args=(), data_dir=bench.data_dir, dest=Path(kept),
+                                     selection=selection, var_args=(), data_dir=workbench.data_dir, dest=Path(kept),
                                      scoped=scoped)
             spec = saved.spec
             outcome = apply_files(client, ctx, spec, options, {}, planned=scoped.footprint, saved=saved)
     except NothingToDo:
         return ApplyResult(project.name, project.state, sha, "no_changes")
     except KlExit as exc:
-        return _failed(project, sha, bench.redact(str(exc)), _hint(exc), client, actor)
+        return _failed(project, sha, workbench.redact(str(exc)), _hint(exc), client, actor)
     except (git.GitError, ClientConfigError) as exc:
-        return _failed(project, sha, bench.redact(str(exc)), "fix the repository or the configuration, then re-run "
+        return _failed(project, sha, workbench.redact(str(exc)), "fix the repository or the configuration, then re-run "
                        "the kilolock/apply check", client, actor)
     except EngineError as exc:
-        return _failed(project, sha, bench.redact(str(exc)), "the Kilolock server refused or could not be reached; "
+        return _failed(project, sha, workbench.redact(str(exc)), "the Kilolock server refused or could not be reached; "
                        "re-run the kilolock/apply check once it is available", client, actor)
     if not outcome.run_id or outcome.serial is None:
         return ApplyResult(project.name, project.state, sha, "no_changes", run_id=outcome.run_id or None,
@@ -356,7 +361,7 @@ def apply_project(bench: Bench, root: Path, project: Project, base: str, sha: st
 
 
 def _hint(exc: KlExit) -> str:
-    if isinstance(exc, Conflict | StalePlan):
+    if isinstance(exc, ReservationRefused | StalePlan):
         return ("another apply holds or changed these addresses (a reservation conflict or a stale plan); re-run the "
                 "kilolock/apply check to try again")
     if isinstance(exc, InvalidInput):
@@ -384,10 +389,10 @@ def latest_run(client: EngineClient | None, state: str, actor: str) -> str | Non
     return str(mine[0]["id"]) if mine else None
 
 
-def end_live_runs(bench: Bench, root: Path, project: Project, actor: str, reason: str) -> list[str]:
+def end_live_runs(workbench: Workbench, repo: str, root: Path, project: Project, actor: str, reason: str) -> list[str]:
     """Close (as failed) every live run ``actor`` holds on the project's state, so its reservations end now
     rather than at lease expiry (a job that timed out)."""
-    client = engine_client(bench, root, project)
+    client = engine_client(workbench, repo, root, project)
     ended: list[str] = []
     try:
         runs = client.list_runs(project.state)
@@ -404,9 +409,9 @@ def end_live_runs(bench: Bench, root: Path, project: Project, actor: str, reason
     return ended
 
 
-def branch_head(bench: Bench, repo: str, branch: str, token: str | None) -> str:
+def branch_head(workbench: Workbench, repo: str, branch: str, token: str | None) -> str:
     """The commit ``branch`` points at now (the mirror is fetched first)."""
-    url = git.clone_url(repo, clone_urls=dict(bench.settings.github_clone_urls),
-                        api_url=bench.settings.github_api_url)
-    mirror_dir = git.mirror(bench.cache_dir, repo, url, token=token, refresh=True)
+    url = git.clone_url(repo, clone_urls=dict(workbench.settings.github_clone_urls),
+                        api_url=workbench.settings.github_api_url)
+    mirror_dir = git.mirror(workbench.cache_dir, repo, url, token=token, refresh=True)
     return git.resolve_commit(mirror_dir, f"refs/heads/{branch}")

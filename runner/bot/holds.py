@@ -40,11 +40,12 @@ from runner.bot import requirements as apply_requirements
 from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig, Project
 from runner.bot.context import Context, refresh
+from runner.bot.credentials import EngineToken, engine_token, repository_tokens
 from runner.bot.github import GitHub, PullInfo, Review
 from runner.bot.outcomes import ApplyResult
 from runner.bot.owners import OwnedGlob, owned_globs
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
-from runner.errors import Conflict, Failed
+from runner.errors import Failed, ReservationRefused
 from runner.filescoped import ScopedFootprint
 
 log = logging.getLogger("kilolock.holds")
@@ -53,13 +54,34 @@ RECONCILE_EVERY = 300  # seconds between two reconciliations of one repository's
 APPLIED_BEFORE = "applied_before_merge"
 
 
-def bot_principal(settings: Settings, db: Database) -> Principal:
-    """Whom the bot's holds belong to: the tenant and scope of ``KL_BOT_TOKEN`` (database auth), else the
-    built-in tenant."""
+def bot_principal(settings: Settings, db: Database, repo: str, project: str) -> Principal:
+    """Whom the bot's holds of ``project`` belong to: the tenant and environment of the project's token
+    (``runner.bot.credentials``; database auth), else the built-in tenant. A hold covers only what the
+    project's apply committed, which that token's scopes already allowed."""
+    return _principal_of(settings, db, engine_token(settings, repo, project))
+
+
+def bot_principals(settings: Settings, db: Database, repo: str) -> list[Principal]:
+    """The holders of every token the bot may present for some project of ``repo`` (one per environment),
+    for what is found by id rather than by project."""
+    found: dict[tuple[int, str], Principal] = {}
+    for credential in repository_tokens(settings, repo):
+        try:
+            principal = _principal_of(settings, db, credential)
+        except Failed:
+            continue
+        found.setdefault((principal.tenant_id, principal.scope), principal)
+    if not found:
+        raise Failed("no token the bot has for this repository is known to the server: it cannot release holds")
+    return list(found.values())
+
+
+def _principal_of(settings: Settings, db: Database, credential: EngineToken) -> Principal:
     if settings.auth_mode is AuthMode.DATABASE:
-        token = tenancy.authenticate(db, settings.bot_token or "")
+        token = tenancy.authenticate(db, credential.secret or "")
         if token is None:
-            raise Failed("KL_BOT_TOKEN is unknown or revoked: the bot cannot hold reservations with it")
+            raise Failed(f"the token of {credential.source} is unknown or revoked: the bot cannot hold "
+                         "reservations with it")
         return Principal(tenant_id=token.tenant_id, actor=token.name, scope=token.scope, token_name=token.name)
     return default_principal(actor="kilolock-bot")
 
@@ -81,7 +103,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
         return CommentResult(reply=trust_rules.apply_refused(login, trust), command="apply")
     branch = gh.default_branch()
     token = gh.clone_token()
-    with flow.checkout(ctx.bench, repo, pr.head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
+    with flow.checkout(ctx.workbench, repo, pr.head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
         _, config, problems = _default_config(ctx, repo, head_root, branch, token)
         if config is None:
             return CommentResult(reply=holdtext.config_invalid(login, branch, problems), command="apply")
@@ -99,12 +121,13 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
         if unmet:
             return CommentResult(reply=holdtext.requirements_refused(login, unmet, branch), command="apply",
                                  unmet=tuple(u.name for u in unmet))
-        principal = bot_principal(ctx.settings, ctx.db)
+        # Every project's holder first: an unknown token refuses the comment before anything is applied.
+        principals = {name: bot_principal(ctx.settings, ctx.db, repo, name) for name in names}
         results: list[ApplyResult] = []
         for name in names:
             project = config.project(name)
             assert project is not None
-            results.append(_apply_project(ctx, gh, head_root, project, base, pr, repo, principal,
+            results.append(_apply_project(ctx, gh, head_root, project, base, pr, repo, principals[name],
                                           config.apply_requirements))
     held = holds_store.of_pull_request(ctx.db, repo, number)
     # Other open pull requests on these states re-render: their comments show the new hold.
@@ -116,7 +139,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
 def _default_config(ctx: Context, repo: str, head_root: Path, branch: str,
                     token: str) -> tuple[str, BotConfig | None, tuple[str, ...]]:
     """The default branch's tip and its validated ``.kilolock.yml`` (None and the problems when invalid)."""
-    return flow.default_config(ctx.bench, repo, head_root, branch, token)
+    return flow.default_config(ctx.workbench, repo, head_root, branch, token)
 
 
 def _base_tip(root: Path, config: BotConfig, pr: PullInfo, default_branch: str) -> tuple[str, str | None]:
@@ -202,7 +225,7 @@ def review_readiness(ctx: Context, gh: GitHub, repo: str, number: int,
     if not trust.trusted:
         return JobStatus.SKIPPED, ReviewResult(skipped=f"no apply before merge: {trust.reason}")
     token = gh.clone_token()
-    with flow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
+    with flow.checkout(ctx.workbench, repo, head_sha, token, want=(pr.base_sha,), refresh=True) as head_root:
         branch = gh.default_branch()
         _, config, _ = _default_config(ctx, repo, head_root, branch, token)
         if config is None:
@@ -259,16 +282,16 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
         if blocking:
             footprint["blocked"] = ()
             _reconcile_numbers(ctx, gh, repo, {h.number for h, _ in blocking})
-            raise Conflict(holdtext.blocked_by(blocking))
+            raise ReservationRefused(holdtext.blocked_by(blocking))
         return 0.0
 
     # Our own earlier hold would refuse our own run: hand it back for the length of the apply.
     for hold in previous:
         holds_store.release(ctx.db, hold, "re-applied from a new kilolock apply comment")
     actor = f"github:{repo}#{number}@{sha[:12]}/{project.name}"
-    result = flow.apply_project(ctx.bench, root, project, base, sha, actor=actor, wait_seconds=0.0,
-                                   before_apply=before_apply, origin={"repository": repo, "pull_request": number,
-                                                                      "head_commit": sha})
+    result = flow.apply_project(ctx.workbench, repo, root, project, base, sha, actor=actor, wait_seconds=0.0,
+                                before_apply=before_apply, origin={"repository": repo, "pull_request": number,
+                                                                   "head_commit": sha})
     if result.failed:
         hint = holdtext.OWNERS_HINT if "owners" in footprint else \
             holdtext.BLOCKED_HINT if "blocked" in footprint else holdtext.FAILED_HINT
@@ -425,8 +448,8 @@ def expire(ctx: Context, gh: GitHub, repo: str, *, now: datetime) -> list[int]:
     if not held:
         return []
     token = gh.clone_token()
-    tip = flow.branch_head(ctx.bench, repo, gh.default_branch(), token)
-    with flow.checkout(ctx.bench, repo, tip, token) as root:
+    tip = flow.branch_head(ctx.workbench, repo, gh.default_branch(), token)
+    with flow.checkout(ctx.workbench, repo, tip, token) as root:
         config, _ = flow.read_config(root)
     if config is None or config.hold_expiry is None:
         return []

@@ -1,4 +1,4 @@
-"""RQ entry points of the GitHub bot (``app.queue.JOBS`` names them by dotted path), and the table that
+"""RQ entry points of the GitHub bot (``app.domain.jobs.REGISTRY`` names them by dotted path), and the table that
 says, per job kind, how it runs and how its stored outcome is posted.
 
 Every job is thin and idempotent. Its arguments are one frozen type per kind (``app.domain.jobs``),
@@ -165,7 +165,7 @@ def work(settings: Settings, *, burst: bool = False, name: str | None = None, wi
     """
     configure(settings)
     # Logs never carry the worker's secrets, nor token shapes or Terraform's values from a job's output.
-    redact_logs(flow.Bench.for_settings(settings).redactor)
+    redact_logs(flow.Workbench.for_settings(settings).redactor)
     redis = queue.connect(settings.redis_url or "redis://")
     serializer = "rq.serializers.JSONSerializer"
     rq_queue = Queue(queue.QUEUE_NAME, connection=redis, serializer=serializer)

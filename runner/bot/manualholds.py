@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 from app.domain.commands import HoldArgs
 from app.domain.manualholds import check_reason
-from app.errors import KlError
+from app.errors import HoldNotFoundError, KlError
 from app.store import manual_holds
 from runner.bot import flow, markdown
 from runner.bot.github import GitHub
-from runner.bot.holds import bot_principal
+from runner.bot.holds import bot_principal, bot_principals
 from runner.bot.results import CommentResult
 
 if TYPE_CHECKING:
@@ -36,8 +36,8 @@ def comment_hold(ctx: Context, gh: GitHub, repo: str, number: int, login: str, a
     pr = gh.pull_request(number)
     branch = gh.default_branch()
     token = gh.clone_token()
-    with flow.checkout(ctx.bench, repo, pr.base_sha, token, refresh=True) as root:
-        _, config, problems = flow.default_config(ctx.bench, repo, root, branch, token)
+    with flow.checkout(ctx.workbench, repo, pr.base_sha, token, refresh=True) as root:
+        _, config, problems = flow.default_config(ctx.workbench, repo, root, branch, token)
     if config is None:
         shown = "; ".join(problems[:3])
         return CommentResult(reply=f"{who} .kilolock.yml on {markdown.prose(branch)} is not valid: "
@@ -49,7 +49,7 @@ def comment_hold(ctx: Context, gh: GitHub, repo: str, number: int, login: str, a
         known = ", ".join(markdown.code(n) for n in names) or "none"
         return CommentResult(reply=f"{who} name the project to hold with -p NAME (projects: {known}).",
                              command="hold")
-    principal = replace(bot_principal(ctx.settings, ctx.db), actor=f"@{login} on {repo}#{number}")
+    principal = replace(bot_principal(ctx.settings, ctx.db, repo, project.name), actor=f"@{login} on {repo}#{number}")
     try:
         hold = manual_holds.take(ctx.db, principal, project.state, globs=args.globs, reason=check_reason(args.reason),
                                  policy=ctx.settings.hold_policy, until_seconds=args.until_seconds,
@@ -69,11 +69,17 @@ def comment_release(ctx: Context, repo: str, number: int, login: str, args: Hold
     who = markdown.mention(login)
     if args.problem:
         return CommentResult(reply=f"{who} {markdown.prose(args.problem)}", command="release")
-    principal = replace(bot_principal(ctx.settings, ctx.db), actor=f"@{login} on {repo}#{number}")
-    try:
-        hold = manual_holds.release(ctx.db, principal, args.hold_id)
-    except KlError as exc:
-        return CommentResult(reply=f"{who} {markdown.prose(exc.message)}", command="release")
+    # The hold names no project: each environment the repository's tokens reach is asked in turn.
+    principals = bot_principals(ctx.settings, ctx.db, repo)
+    for index, holder in enumerate(principals):
+        try:
+            hold = manual_holds.release(ctx.db, replace(holder, actor=f"@{login} on {repo}#{number}"), args.hold_id)
+            break
+        except HoldNotFoundError as exc:
+            if index == len(principals) - 1:
+                return CommentResult(reply=f"{who} {markdown.prose(exc.message)}", command="release")
+        except KlError as exc:
+            return CommentResult(reply=f"{who} {markdown.prose(exc.message)}", command="release")
     return CommentResult(reply=(f"{who} released hold {markdown.code(hold.id)} on state {markdown.code(hold.state)} "
                                 f"({', '.join(markdown.code(g) for g in hold.globs)}, held by "
                                 f"{markdown.prose(hold.holder)})."), command="release")

@@ -40,7 +40,7 @@ from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, Context, complete, 
 from runner.bot.github import GitHub
 from runner.bot.outcomes import ApplyResult, FootprintOutcome
 from runner.bot.results import ApplyProjectResult, FanOutResult, JobResult, result_of
-from runner.errors import Conflict, Failed
+from runner.errors import Failed, ReservationRefused
 from runner.filescoped import ScopedFootprint
 
 log = logging.getLogger("kilolock.jobs")
@@ -62,7 +62,7 @@ def merge(ctx: Context, args: MergeArgs) -> Outcome:
     gh = ctx.github(repo)
     pr = gh.pull_request(number)
     applied = holds.holds_heads(ctx.db, repo, number)
-    with flow.checkout(ctx.bench, repo, merge_sha, gh.clone_token(),
+    with flow.checkout(ctx.workbench, repo, merge_sha, gh.clone_token(),
                        also=(pr.base_sha, pr.head_sha, *applied)) as root:
         config, errors = flow.read_config(root)
         if config is None:
@@ -91,7 +91,7 @@ def _other_branch(ctx: Context, gh: GitHub, repo: str, root: Path, config: BotCo
     branch = gh.default_branch()
     trusted: BotConfig | None = config  # an invalid default-branch file: the default branch applies
     if base_ref != branch:
-        _, trusted, _ = flow.default_config(ctx.bench, repo, root, branch, gh.clone_token())
+        _, trusted, _ = flow.default_config(ctx.workbench, repo, root, branch, gh.clone_token())
     target = holds.apply_branch(trusted, branch)
     if base_ref == target:
         return None
@@ -112,7 +112,7 @@ def push(ctx: Context, args: PushArgs) -> Outcome:
     if merged is not None:
         return JobStatus.SKIPPED, FanOutResult(skipped=f"the merge of #{merged}: its merge job applies it",
                                                before=before)
-    with flow.checkout(ctx.bench, repo, after, gh.clone_token(), want=(before,), refresh=True) as root:
+    with flow.checkout(ctx.workbench, repo, after, gh.clone_token(), want=(before,), refresh=True) as root:
         branch = gh.default_branch()
         if not git.is_ancestor(root, after, f"refs/heads/{branch}"):
             return JobStatus.SKIPPED, FanOutResult(skipped=f"{after[:12]} is not on {branch}", before=before)
@@ -124,7 +124,7 @@ def push(ctx: Context, args: PushArgs) -> Outcome:
         if config is None:
             outcome = FootprintOutcome(after, before, config_errors=errors, config_source=flow.config_source(root))
             return JobStatus.FAILED, FanOutResult(footprint=outcome, before=before)
-        found = flow.footprint(ctx.bench, root, config, before, after, trusted=config)  # the default branch
+        found = flow.footprint(ctx.workbench, repo, root, config, before, after, trusted=config)  # the default branch
         outcome = FootprintOutcome(after, before, found, config_source=config.source)
         touched = {p.name: p.changed for p in outcome.projects}
     children, skipped = _fan_out(ctx, config, repo, 0, after, before, touched, config.apply_on_push,
@@ -166,7 +166,7 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
     repo, number, sha, name = args.repo, args.number, args.sha, args.project
     gh = ctx.github(repo)
     actor = f"github:{repo}#{number}@{sha[:12]}/{name}" if number else f"github:{repo}@{sha[:12]}/{name}"
-    with flow.checkout(ctx.bench, repo, sha, gh.clone_token(), want=(args.base,)) as root:
+    with flow.checkout(ctx.workbench, repo, sha, gh.clone_token(), want=(args.base,)) as root:
         config, errors = flow.read_config(root)
         project = config.project(name) if config is not None else None
         if config is None or project is None:
@@ -187,7 +187,7 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
         author = gh.pull_request(number).author if number else None
         _audit_apply(ctx, "pr_apply_started", args, state, actor)
         try:
-            result = flow.apply_project(ctx.bench, root, project, args.base, sha, actor=actor,
+            result = flow.apply_project(ctx.workbench, repo, root, project, args.base, sha, actor=actor,
                                         wait_seconds=config.merge_wait, before_apply=before_apply,
                                         origin={"repository": repo, "pull_request": number or None,
                                                 "merge_commit": sha, "author": author})
@@ -196,7 +196,7 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
                                               "request, then re-run the kilolock/apply check; nothing was reserved "
                                               "or committed")
         except JobTimeoutException:
-            ended = flow.end_live_runs(ctx.bench, root, project, actor, "the bot job timed out")
+            ended = flow.end_live_runs(ctx.workbench, repo, root, project, actor, "the bot job timed out")
             result = ApplyResult(name, project.state, sha, "failed", run_id=ended[0] if ended else None,
                                  error=f"the apply job timed out after {ctx.settings.job_timeout} s; Terraform "
                                        "was interrupted and nothing was committed",
@@ -213,7 +213,7 @@ def _owners_gate(ctx: Context, gh: GitHub, repo: str, args: ApplyProjectArgs, co
     owners come from ``.kilolock.yml`` at the change's base, so a pull request cannot drop its own owners
     (the merge commit's file when the base's is invalid). Checked on the exact footprint, before anything is
     reserved; raises ``Failed`` naming the groups that did not approve the pull request's last head."""
-    with flow.checkout(ctx.bench, repo, args.base, gh.clone_token()) as base_root:
+    with flow.checkout(ctx.workbench, repo, args.base, gh.clone_token()) as base_root:
         before, _ = flow.read_config(base_root)
     trusted = before or config
     owners_project = trusted.project(project.name) or project
@@ -260,7 +260,7 @@ def _wait_for_earlier_merges(root: Path, repo: str, sha: str, state: str, scoped
         if not blocking:
             return max(deadline - time.monotonic(), 0.0)
         if time.monotonic() >= deadline:
-            raise Conflict("an earlier merge that overlaps this one has not finished applying (job "
+            raise ReservationRefused("an earlier merge that overlaps this one has not finished applying (job "
                             f"{blocking[0][0].id}); applying now could undo it")
         log.info("apply of %s waits for earlier merge job(s): %s", sha[:12], ", ".join(j.id for j, _ in blocking))
         time.sleep(POLL_SECONDS)

@@ -128,3 +128,11 @@ def _belongs(login: str, owner: Owner, is_member: IsMember) -> bool:
 def shown(group: Sequence[Owner]) -> str:
     return " or ".join(str(o) for o in group)
 
+
+
+def token_scopes(rules: Sequence[OwnerRule]) -> tuple[str, ...]:
+    """The address scopes of a token with exactly a project's owned globs: ``GLOB:write`` for each rule that
+    names owners (in order, once each; a rule without owners grants nothing), then ``*:read``, for the
+    reads every plan makes of the addresses its configuration refers to outside what it changes."""
+    writes = dict.fromkeys(f"{rule.glob}:write" for rule in rules if rule.owners)
+    return (*writes, "*:read")

@@ -66,13 +66,13 @@ def footprint(ctx: Context, args: PullRequestArgs) -> Outcome:
 
 def _footprint_outcome(ctx: Context, gh: GitHub, repo: str, pr: PullInfo) -> FootprintOutcome:
     token = gh.clone_token()
-    with flow.checkout(ctx.bench, repo, pr.head_sha, token, want=(pr.base_sha,)) as root:
+    with flow.checkout(ctx.workbench, repo, pr.head_sha, token, want=(pr.base_sha,)) as root:
         config, errors = flow.read_config(root)
         base = git.merge_base(root, pr.base_sha, pr.head_sha)
         if config is None:
             return FootprintOutcome(pr.head_sha, base, config_errors=errors, config_source=flow.config_source(root))
-        _, trusted, _ = flow.default_config(ctx.bench, repo, root, gh.default_branch(), token)
-        projects = flow.footprint(ctx.bench, root, config, base, pr.head_sha, trusted=trusted)
+        _, trusted, _ = flow.default_config(ctx.workbench, repo, root, gh.default_branch(), token)
+        projects = flow.footprint(ctx.workbench, repo, root, config, base, pr.head_sha, trusted=trusted)
         if trusted is not None:
             projects = _with_owners(gh, trusted, pr, projects)
         return FootprintOutcome(pr.head_sha, base, projects, config_source=config.source)
@@ -129,23 +129,23 @@ def preview(ctx: Context, args: PreviewArgs) -> Outcome:
     if late:
         return JobStatus.SKIPPED, PreviewResult(skipped=late)
     trust = trust_rules.of_pull_request(gh, repo, pr)
-    bench = ctx.bench
+    workbench = ctx.workbench
     token = gh.clone_token()
-    with flow.checkout(ctx.bench, repo, head_sha, token, want=(pr.base_sha,), refresh=not trust.trusted) as root:
+    with flow.checkout(ctx.workbench, repo, head_sha, token, want=(pr.base_sha,), refresh=not trust.trusted) as root:
         config, errors = flow.read_config(root)
         branch = gh.default_branch()
-        _, trusted, trusted_errors = flow.default_config(ctx.bench, repo, root, branch, token)
+        _, trusted, trusted_errors = flow.default_config(ctx.workbench, repo, root, branch, token)
         if not trust.trusted:
             config, errors = trusted, trusted_errors
             if not trust_rules.previews_enabled(ctx.settings, repo, config):
                 withheld = trust_rules.preview_withheld(trust, branch)
                 log.info("preview of %s#%s withheld: %s", repo, pr.number, trust.reason)
                 return JobStatus.SUCCEEDED, PreviewResult(preview=PreviewOutcome(head_sha, withheld=withheld))
-            bench = ctx.bench.without_credentials()
+            workbench = ctx.workbench.without_credentials()
         projects: tuple[ProjectPreview, ...] = ()
         if config is not None:
             base = git.merge_base(root, pr.base_sha, head_sha)
-            projects = flow.preview(bench, root, config, base, head_sha, trusted=trusted)
+            projects = flow.preview(workbench, repo, root, config, base, head_sha, trusted=trusted)
     outcome = PreviewOutcome(head_sha, projects, errors)
     return (JobStatus.FAILED if outcome.failed else JobStatus.SUCCEEDED), PreviewResult(preview=outcome)
 

@@ -4,7 +4,7 @@ permission, asked once per job). Untrusted pull requests get the footprint (HCL 
 but no plan preview and no comment apply, unless the operator opted the repository in to previews —
 ``KL_GITHUB_UNTRUSTED_PREVIEWS`` on the server, or ``untrusted_previews: true`` in the **default
 branch's** ``.kilolock.yml`` (never the pull request's own) — and then the preview runs without any
-credential (``runner.bot.flow.Bench.without_credentials``).
+credential (``runner.bot.flow.Workbench.without_credentials``).
 
 Owns that decision and the words that explain it. Must not: read the pull request's files, or the
 environment.

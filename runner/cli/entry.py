@@ -33,7 +33,7 @@ from runner.cli.support import (
 )
 from runner.config import ClientConfigError
 from runner.engine_client import EngineBadRequest, EngineError
-from runner.errors import Conflict, EngineCode, Failed, InvalidInput, NothingToDo, StalePlan, UsageError
+from runner.errors import EngineCode, Failed, InvalidInput, NothingToDo, ReservationRefused, StalePlan, UsageError
 from runner.spec import SpecError
 
 # Every error kl knows → its exit code; the first class the error is an instance of decides. An error not
@@ -41,7 +41,7 @@ from runner.spec import SpecError
 EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
     (NothingToDo, EXIT_OK),
     (Failed, EXIT_FAILED),
-    (Conflict, EXIT_CONFLICT),
+    (ReservationRefused, EXIT_CONFLICT),
     (StalePlan, EXIT_CONFLICT),
     (UsageError, EXIT_USAGE),
     (InvalidInput, EXIT_USAGE),
@@ -157,7 +157,8 @@ def _message(exc: BaseException, args: argparse.Namespace) -> str:
         return exc.message
     message = str(exc)
     cause = exc.__cause__
-    if isinstance(exc, Conflict) and isinstance(cause, EngineError) and cause.code == EngineCode.RESERVATION_CONFLICT:
+    if (isinstance(exc, ReservationRefused) and isinstance(cause, EngineError)
+            and cause.code == EngineCode.RESERVATION_CONFLICT):
         return message + _waited(args)
     if isinstance(exc, EngineError):
         return message + _engine_hint(exc, args)

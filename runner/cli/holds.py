@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from app.domain.reservations import format_duration
 from runner.cli.support import EXIT_OK, Commands, client_options, connect, parse_duration, print_json
 from runner.engine_client import EngineError
-from runner.errors import Conflict, EngineCode
+from runner.errors import EngineCode, ReservationRefused
 
 
 def _until(hold: dict[str, object]) -> str:
@@ -29,7 +29,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
         hold = client.take_hold(state, body)
     except EngineError as exc:
         if exc.code == EngineCode.RESERVATION_CONFLICT:
-            raise Conflict(str(exc)) from exc
+            raise ReservationRefused(str(exc)) from exc
         raise
     if args.json:
         print_json(hold)

@@ -11,6 +11,7 @@ import argparse
 import json
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from app.domain.blocks import backend_block, scoped_backend_block
@@ -152,12 +153,44 @@ def _token_json(info: Any) -> dict[str, Any]:
 
 
 def _scopes_of(args: argparse.Namespace) -> list[str]:
-    """--scope GLOB:MODE (repeated) or --plan-only (the preset '*:read'); neither: the whole state."""
+    """--scope GLOB:MODE (repeated) and --scopes-from-owners PROJECT, or --plan-only (the preset '*:read');
+    none: the whole state."""
     from app.domain.scopes import PLAN_ONLY
 
-    if args.plan_only and args.scope:
-        raise UsageError("give --scope or --plan-only, not both (--plan-only is the scope '*:read')")
-    return list(PLAN_ONLY) if args.plan_only else list(args.scope or [])
+    if args.plan_only and (args.scope or args.scopes_from_owners):
+        raise UsageError("give --scope or --scopes-from-owners, or --plan-only, not both (--plan-only is the "
+                         "scope '*:read')")
+    if args.plan_only:
+        return list(PLAN_ONLY)
+    owned = _owner_scopes(args.checkout, args.scopes_from_owners) if args.scopes_from_owners else []
+    return list(dict.fromkeys([*owned, *(args.scope or [])]))
+
+
+def _owner_scopes(checkout: str, name: str) -> list[str]:
+    """The scopes of one project's owners: rules (top-level ones included) in the ``.kilolock.yml`` of a
+    checkout of the repository's default branch: what the bot's token for that project may do."""
+    from runner.bot.config import BotConfigError, load
+    from runner.bot.owners import token_scopes
+
+    root = Path(checkout)
+    if root.is_file():
+        root = root.parent
+    try:
+        config = load(root)
+    except BotConfigError as exc:
+        raise UsageError(f"--scopes-from-owners: {exc}") from None
+    if config.source == "discovered":
+        raise UsageError(f"--scopes-from-owners: {root} has no .kilolock.yml; give --checkout a checkout of the "
+                         "repository's default branch")
+    project = config.project(name)
+    if project is None:
+        known = ", ".join(p.name for p in config.projects)
+        raise UsageError(f"--scopes-from-owners: {config.source} in {root} has no project {name!r} (its projects: "
+                         f"{known})")
+    if not any(rule.owners for rule in project.owners):
+        raise UsageError(f"--scopes-from-owners: project {name!r} has no owners: rule naming an owner, so its token "
+                         "could change nothing; add owners: to .kilolock.yml or give --scope")
+    return list(token_scopes(project.owners))
 
 
 def _print_scopes(info: Any) -> None:
@@ -167,8 +200,9 @@ def _print_scopes(info: Any) -> None:
 def cmd_tokens_create(args: argparse.Namespace) -> int:
     from app.store import tenancy
 
+    scopes = _scopes_of(args)  # a refused --scopes-from-owners touches no database
     secret, info = tenancy.create_token(_operator_db(), args.tenant, name=args.name, environment=args.environment,
-                                        workspace=args.workspace, actor=_operator_name(), scopes=_scopes_of(args))
+                                        workspace=args.workspace, actor=_operator_name(), scopes=scopes)
     block = scoped_backend_block(_server_url(args), info.workspace_id, info.environment_id)
     if args.json:
         print_json({"token_secret": secret, "token": _token_json(info), "workspace_id": info.workspace_id,
@@ -207,11 +241,12 @@ def cmd_tokens_list(args: argparse.Namespace) -> int:
 def cmd_tokens_scopes(args: argparse.Namespace) -> int:
     from app.store import tenancy
 
-    if not (args.scope or args.plan_only or args.whole_state) or (args.whole_state and (args.scope or args.plan_only)):
-        raise UsageError("give the new scopes (--scope GLOB:MODE ..., or --plan-only), or --whole-state "
-                                 "to remove every scope")
-    info = tenancy.set_token_scopes(_operator_db(), args.tenant, args.token_id, _scopes_of(args),
-                                    actor=_operator_name())
+    given = args.scope or args.plan_only or args.scopes_from_owners
+    if not (given or args.whole_state) or (args.whole_state and given):
+        raise UsageError("give the new scopes (--scope GLOB:MODE ..., --scopes-from-owners PROJECT, or "
+                         "--plan-only), or --whole-state to remove every scope")
+    scopes = _scopes_of(args)
+    info = tenancy.set_token_scopes(_operator_db(), args.tenant, args.token_id, scopes, actor=_operator_name())
     if args.json:
         print_json(_token_json(info))
         return EXIT_OK
@@ -226,6 +261,12 @@ def _scope_flags(parser: argparse.ArgumentParser) -> None:
                              "repeat it; without any the token has the whole state")
     parser.add_argument("--plan-only", action="store_true",
                         help="the preset '*:read': reads, slices and read reservations for kl plan, no writes")
+    parser.add_argument("--scopes-from-owners", metavar="PROJECT",
+                        help="write scopes for each glob the project's owners: rules (top-level ones included) give "
+                             "an owner, plus '*:read': the bot's token for that project (see docs/github.md)")
+    parser.add_argument("--checkout", default=".", metavar="DIR",
+                        help="with --scopes-from-owners: a checkout of the repository's default branch, or its "
+                             ".kilolock.yml (default: the current directory)")
 
 
 def cmd_tokens_revoke(args: argparse.Namespace) -> int:

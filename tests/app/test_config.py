@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import pytest
 
 from app.config import DEFAULT_MAX_BODY_BYTES, TABLE, AuthMode, Settings
+from app.envtable import Setting, bind, comma_list, read_table, whole
 from app.errors import ConfigError
 from runner.config import TABLE as CLIENT_TABLE
 from runner.config import ClientSettings, data_dir, default_actor
@@ -84,3 +85,27 @@ def test_a_private_key_that_is_no_pem_and_no_file_is_one_problem(tmp_path):
     (tmp_path / "key.pem").write_text("-----BEGIN RSA PRIVATE KEY-----\n")
     read = Settings.from_env({"KL_GITHUB_APP_ID": "1", "KL_GITHUB_PRIVATE_KEY": str(tmp_path / "key.pem")})
     assert read.github_private_key == "-----BEGIN RSA PRIVATE KEY-----\n"
+
+
+def test_a_table_is_bound_to_its_dataclass_field_by_field_and_takes_each_default_from_the_field():
+    @dataclass(frozen=True)
+    class Two:
+        a: int = 3
+        b: tuple[str, ...] = ()
+
+    rows = (Setting("a", "KL_A", whole(), "a"), Setting("b", "KL_B", comma_list, "b"))
+    assert [row.default for row in bind(Two, rows)] == [3, ()]
+    assert read_table(bind(Two, rows), {"KL_B": "x, y"})[0] == {"a": 3, "b": ("x", "y")}
+    with pytest.raises(RuntimeError, match="not its fields"):
+        bind(Two, rows[::-1])
+    with pytest.raises(RuntimeError, match="not its fields"):
+        bind(Two, rows[:1])
+    with pytest.raises(RuntimeError, match="no default"):
+        rows[0].read({}, [])
+
+    @dataclass(frozen=True)
+    class Factory:
+        a: list[int] = field(default_factory=list)
+
+    with pytest.raises(RuntimeError, match="plain default"):
+        bind(Factory, (Setting("a", "KL_A", whole(), "a"),))

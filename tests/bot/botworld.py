@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -273,9 +273,13 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
 
     def make(*, mode: str = "app", files: dict[str, str] | None = None, kilolock_yml: str | None = None,
              served: bool = False, job_timeout: int = 600, extra_env: dict[str, str] | None = None,
-             repositories: tuple[str, ...] = (), untrusted_previews: tuple[str, ...] = ()) -> World:
+             repositories: tuple[str, ...] = (), untrusted_previews: tuple[str, ...] = (),
+             server_settings: dict[str, Any] | None = None,
+             backend: Callable[[Any], tuple[str, dict[str, str]]] | None = None) -> World:
+        """``server_settings`` override the live server's; ``backend(server)`` gives the trunk's backend address
+        and the variables Terraform needs to seed it (the default: the open-mode state ``infra``)."""
         server = live_server_factory(github_webhook_secret=webhooks.SECRET, redis_url=redis_url,
-                                     github_repositories=(REPO, *repositories))
+                                     github_repositories=(REPO, *repositories), **(server_settings or {}))
         home = tmp_path / "tf-home"
         home.mkdir(exist_ok=True)
         tf_env = {**terraform_env(home), **(extra_env or {})}
@@ -284,8 +288,9 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
             monkeypatch.setenv(key, tf_env[key])
         work = tmp_path / "work"
         work.mkdir()
-        env = {**tf_env, "PATH": os.environ["PATH"], "HOME": str(tmp_path)}
-        workdir = Workdir(work, server.state_url("infra"), env)
+        address, seed_env = backend(server) if backend is not None else (server.state_url("infra"), {})
+        env = {**tf_env, "PATH": os.environ["PATH"], "HOME": str(tmp_path), **seed_env}
+        workdir = Workdir(work, address, env)
         if kilolock_yml is not None:
             workdir.write(".kilolock.yml", kilolock_yml)
         workdir.seed(files or FILES)

@@ -3,15 +3,21 @@ the round trip through RQ's keyword arguments and ``bot_jobs.args``, and comment
 
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
+import re
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
 from app.domain import commands
 from app.domain.commands import CommandName
-from app.domain.jobs import ARGS, JobKind, args_from_json
+from app.domain.jobs import ARGS, REGISTRY, JobKind, args_from_json
 from app.queue import JOBS
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _example(kind: JobKind):  # type: ignore[no-untyped-def]
@@ -26,6 +32,37 @@ def test_every_kind_has_a_job_function_taking_its_arguments_by_keyword(kind):
     args = _example(kind)
     assert list(args.to_kwargs()) == [p for p in function.__code__.co_varnames[:function.__code__.co_argcount]]
     assert args_from_json(kind, args.to_kwargs()) == args
+
+
+@pytest.mark.parametrize("kind", list(JobKind))
+def test_every_registry_row_names_an_importable_function_whose_signature_is_its_argument_type(kind):
+    spec = REGISTRY[kind]
+    assert spec.kind is kind and spec.args.kind is kind and ARGS[kind] is spec.args and JOBS[kind] == spec.entry
+    module, _, name = spec.entry.rpartition(".")
+    function = getattr(importlib.import_module(module), name)
+    parameters = inspect.signature(function).parameters.values()
+    assert [(p.name, p.kind, p.annotation) for p in parameters] == [
+        (f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, f.type) for f in fields(spec.args)]
+    assert inspect.signature(function).return_annotation == "str"
+
+
+def _sources() -> list[tuple[str, ast.Module]]:
+    return [(path.relative_to(REPO).as_posix(), ast.parse(path.read_text(), str(path)))
+            for top in ("app", "runner") for path in sorted((REPO / top).rglob("*.py"))]
+
+
+def test_no_other_module_registers_kinds():
+    """Job functions are named only by the registry; the only other tables keyed by kind are the bot's
+    per-kind behaviour for the kinds whose outcome is stored (how to run and post it, its result type)."""
+    entry = re.compile(r"runner\.bot\.jobs\.\w+")
+    named = {path for path, tree in _sources() for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and entry.fullmatch(node.value)}
+    assert named == {"app/domain/jobs.py"}
+    keyed = {path for path, tree in _sources() for node in ast.walk(tree)
+             if isinstance(node, ast.Dict) and node.keys and all(
+                 isinstance(k, ast.Attribute) and isinstance(k.value, ast.Name) and k.value.id == "JobKind"
+                 for k in node.keys)}
+    assert keyed == {"runner/bot/jobs.py", "runner/bot/results.py"}
 
 
 def test_a_row_that_kept_no_arguments_reads_as_none():

@@ -11,7 +11,7 @@ from app.config import Settings
 from app.domain.repositories import is_allowed, parse_patterns
 from runner.bot import trust
 from runner.bot.config import BotConfig
-from runner.bot.flow import Bench
+from runner.bot.flow import Workbench
 from runner.bot.github import PullInfo
 
 
@@ -60,8 +60,8 @@ def test_an_untrusted_bench_keeps_no_secret_of_the_worker(tmp_path: Path):
     env = {"PATH": "/usr/bin", "HOME": "/root", "KL_TERRAFORM_BIN": "/opt/kl-terraform", "KL_GITHUB_TOKEN": "ghp_x",
            "KL_BOT_TOKEN": "klbot_x", "KL_DATABASE_URL": "postgresql://u:p@db/kl", "AWS_SECRET_ACCESS_KEY": "s",
            "TF_VAR_password": "p", "TF_CLI_CONFIG_FILE": "/root/.terraformrc", "TF_TOKEN_app_terraform_io": "t"}
-    bench = Bench(Settings(), env, tmp_path).without_credentials()
-    assert bench.env == {"PATH": "/usr/bin", "KL_TERRAFORM_BIN": "/opt/kl-terraform",
+    workbench = Workbench(Settings(), env, tmp_path).without_credentials()
+    assert workbench.env == {"PATH": "/usr/bin", "KL_TERRAFORM_BIN": "/opt/kl-terraform",
                          "HOME": str(tmp_path / "untrusted-home"), "TF_INPUT": "0", "TF_IN_AUTOMATION": "1",
                          "CHECKPOINT_DISABLE": "1"}
     assert (tmp_path / "untrusted-home").is_dir() and not any((tmp_path / "untrusted-home").iterdir())

@@ -14,12 +14,12 @@ from runner.config import ClientConfigError
 from runner.engine_client import EngineBadRequest, EngineError, engine_error
 from runner.errors import (
     SERVER_CODES,
-    Conflict,
     EngineCode,
     Failed,
     InvalidInput,
     KlExit,
     NothingToDo,
+    ReservationRefused,
     StalePlan,
     UsageError,
     refusal,
@@ -29,7 +29,7 @@ from runner.errors import (
 @pytest.mark.parametrize("error, code", [
     (NothingToDo("no Terraform files changed: nothing to plan"), EXIT_OK),
     (Failed("terraform apply failed"), EXIT_FAILED),
-    (Conflict("held by someone else"), EXIT_CONFLICT),
+    (ReservationRefused("held by someone else"), EXIT_CONFLICT),
     (StalePlan("re-run kl plan"), EXIT_CONFLICT),
     (InvalidInput("state is encrypted"), EXIT_USAGE),
     (UsageError("-var must be NAME=VALUE"), EXIT_USAGE),
@@ -68,8 +68,8 @@ def test_the_client_knows_only_codes_the_server_sends():
 
 @pytest.mark.parametrize("code, outcome", [
     (EngineCode.STALE_PLAN, StalePlan),
-    (EngineCode.RESERVATION_CONFLICT, Conflict),
-    (EngineCode.WAIT_TICKET_EXPIRED, Conflict),
+    (EngineCode.RESERVATION_CONFLICT, ReservationRefused),
+    (EngineCode.WAIT_TICKET_EXPIRED, ReservationRefused),
     (EngineCode.LEASE_EXPIRED, Failed),
     ("internal", Failed),
 ])

@@ -95,6 +95,14 @@ def test_plan_then_apply_commits_the_change_and_vanilla_terraform_converges(worl
     assert inputs(world)["db"] == "db-v2"
     [run] = runs(world)
     assert run["status"] == "committed" and run["actor"] == "alice"
+    # blame names both lanes: the seed's Terraform POST, then alice's kl run (attribute names, never values)
+    blamed = alice.kl("blame", "terraform_data.db", "--json")
+    assert blamed.returncode == 0, blamed.stderr
+    [entry] = json.loads(blamed.stdout)["instances"]
+    newest, first = entry["changes"][0], entry["changes"][-1]
+    assert (newest["serial"], newest["by"]["lane"], newest["by"]["run_id"]) == (after["serial"], "kl run", run["id"])
+    assert newest["by"]["actor"] == "alice" and "input" in newest["attributes"] and "db-v2" not in blamed.stdout
+    assert (first["kind"], first["by"]["lane"]) == ("created", "terraform")
     alice.converged()
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from analyzer.gcpause import gc_paused
-from analyzer.state import STATE_VERSION, InstanceRow, OutputRow
+from analyzer.staterows import STATE_VERSION, InstanceRow, OutputRow
 
 try:
     import orjson

@@ -3,7 +3,7 @@
 ``stream_state`` walks the top-level object, the ``resources`` array and each resource's ``instances``
 array itself, and hands every other value (one instance object, the outputs, a scalar) to ``json``'s own
 C scanner. It decodes the body a window at a time, so besides the body and the rows it holds only one
-window of text and one instance's tree. Each row comes out exactly as ``analyzer.state`` builds it from a
+window of text and one instance's tree. Each row comes out exactly as ``analyzer.staterows`` builds it from a
 whole-document parse (the same helpers build it).
 
 It reads only the shape Terraform writes: an object whose keys each occur once, resources whose
@@ -11,7 +11,7 @@ It reads only the shape Terraform writes: an object whose keys each occur once, 
 and every body that is not a usable v4 state, raises ``Unstreamable``: the caller then parses the whole
 document, which gives the exact answer (and the exact error message) for those bodies.
 
-Must not do I/O; standard library only (orjson, when ``analyzer.state`` uses it, for the canonical dumps).
+Must not do I/O; standard library only (orjson, when ``analyzer.staterows`` uses it, for the canonical dumps).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-from analyzer import state as st
+from analyzer import staterows as st
 
 __all__ = ["Unstreamable", "stream_state"]
 

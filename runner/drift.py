@@ -137,7 +137,9 @@ def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
     if not request.files:
         return Scope(checked=("*",), read=(), targets=())
     from analyzer.gcpause import gc_paused
-    from runner.filescoped import Selection, derive_footprint, described_in, load_cache, read_configuration
+    from analyzer.scoping import described_in
+    from runner.filescoped import Selection, derive_footprint, read_configuration
+    from runner.parsecache import load_cache
 
     files = read_configuration(request.config_dir)
     with gc_paused():
@@ -189,8 +191,9 @@ def _open(client: EngineClient, request: DriftRequest, scope: Scope, *, write: b
 
 def _workspace(request: DriftRequest, scope: Scope, chosen: Slice, dest: Path) -> workspace.Workspace:
     if scope.footprint is not None:
-        from runner.filescoped import build_minimal, load_cache, module_layout
+        from runner.filescoped import build_minimal, module_layout
         from runner.git import work_tree_root
+        from runner.parsecache import load_cache
 
         layout = module_layout(request.config_dir, scope.footprint, load_cache(request.data_dir),
                                work_tree_root(request.config_dir))

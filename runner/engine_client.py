@@ -258,7 +258,8 @@ class EngineClient:
         return result
 
     def get_run(self, run_id: str) -> dict[str, Any]:
-        return self._get(f"/runs/{quote(run_id)}").json()
+        result: dict[str, Any] = self._get(f"/runs/{quote(run_id)}").json()
+        return result
 
     def list_events(self, state: str, *, limit: int = 1000) -> list[dict[str, Any]]:
         """The state's newest audit events, newest first."""

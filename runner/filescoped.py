@@ -38,7 +38,7 @@ from analyzer.scoping import (
     selection_from_changes,
 )
 from runner import workspace
-from runner.apply import ApplyOptions, ApplyOutcome, Builder, Prepared, SavedPlan, apply_spec, check_spec
+from runner.apply import ApplyOptions, Builder, Prepared, SavedPlan, apply_spec, check_spec
 from runner.engine_client import EngineClient, EngineError
 from runner.errors import EngineCode, Failed, InvalidInput, NothingToDo, StalePlan
 from runner.git import work_tree_root
@@ -56,6 +56,7 @@ from runner.plan import (
     plan_in_workspace,
     spec_from_plan,
 )
+from runner.recovery import ApplyOutcome
 from runner.spec import PlanSpec, is_plan_file
 
 __all__ = ["Selection", "apply_files", "changed_selection", "file_selection", "module_sources", "plan_files",
@@ -406,7 +407,9 @@ def file_selection(config_dir: Path, files: Sequence[str]) -> Selection:
 
     root = work_tree_root(config_dir)
     earlier: dict[str, str] = {}
-    for name in files if root is not None else ():
+    if root is None:
+        return Selection(tuple(files), earlier)
+    for name in files:
         try:
             earlier[f"{name}@HEAD"] = text_at(root, "HEAD", (config_dir.resolve() / name).relative_to(root).as_posix())
         except (GitError, ValueError):

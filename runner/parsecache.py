@@ -105,13 +105,18 @@ def _apply_overlay(data_dir: Path, cache: LoadedCache) -> None:
             and isinstance(doc[2], tuple) and len(doc[2]) == 3 and isinstance(doc[3], int)):
         return
     added, removed = doc[1], doc[2]
-    for table, gone in zip((cache.analyses, cache.blocks, cache.prescans), removed, strict=True):
+    for table, gone in zip(_tables(cache), removed, strict=True):
         for key in gone:
             table.pop(key, None)
     cache.analyses.update(added.analyses)
     cache.blocks.update(added.blocks)
     cache.prescans.update(added.prescans)
     cache.parse_count = doc[3]
+
+
+def _tables(cache: ParseCache) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
+    """The cache's three tables (their keys and values differ in type), in the order of a signature."""
+    return cache.analyses, cache.blocks, cache.prescans
 
 
 def signature(cache: ParseCache) -> Signature:
@@ -148,7 +153,7 @@ def _save_overlay(data_dir: Path, cache: LoadedCache) -> bool:
     """Write what changed since the cache file ``cache`` was read from as its overlay; False (nothing
     written) when the cache is small or the change is not."""
     assert cache.base_keys is not None
-    tables = (cache.analyses, cache.blocks, cache.prescans)
+    tables = _tables(cache)
     size = sum(len(keys) for keys in cache.base_keys)
     if size < OVERLAY_MIN_ENTRIES:
         return False

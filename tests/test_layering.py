@@ -1,4 +1,5 @@
-"""The package layering of STYLE.md, checked by importing each entry point in a fresh process."""
+"""The package layering of STYLE.md, checked by importing each entry point in a fresh process, and the
+import graph of the packages, read from their source, free of cycles."""
 
 from __future__ import annotations
 
@@ -107,3 +108,100 @@ def test_app_never_imports_the_bot_even_where_it_enqueues_its_jobs():
         assert not any(i == "runner.bot" or i.startswith("runner.bot.") for i in _imports(path)), path
     modules = loaded_modules("import app.queue, app.domain.webhooks, app.domain.commands, app.web.webhook")
     assert not _has(modules, "runner") and not _has(modules, "github"), sorted(m for m in modules if "runner" in m)
+
+
+def _module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _import_edges(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module of ``known`` that ``path`` imports anywhere: at the top, inside functions or under
+    ``TYPE_CHECKING`` alike (an import moved into a function still makes a cycle)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+    edges: set[str] = set()
+    for target in targets:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            edges.add(target)
+    return edges
+
+
+def import_cycles(root: Path, packages: tuple[str, ...]) -> list[list[str]]:
+    """The import cycles among the modules of ``packages`` under ``root``: each strongly connected group of
+    two or more modules (Tarjan's algorithm, iterative), sorted."""
+    files = _module_files(root, packages)
+    graph = {name: sorted(_import_edges(name, path, set(files))) for name, path in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph[child])))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    cycles.append(sorted(group))
+    return sorted(cycles)
+
+
+def test_no_import_cycles_among_the_packages_even_behind_function_level_imports():
+    assert import_cycles(REPO, ("analyzer", "app", "runner")) == []
+
+
+def test_the_cycle_finder_sees_a_cycle_closed_by_an_import_inside_a_function(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from . import c\n")
+    (pkg / "sub" / "c.py").write_text("def later():\n    from pkg.a import name\n")
+    (pkg / "d.py").write_text("import pkg.a\n")
+    assert import_cycles(tmp_path, ("pkg",)) == [["pkg.a", "pkg.sub.b", "pkg.sub.c"]]
+    (pkg / "sub" / "c.py").write_text("")
+    assert import_cycles(tmp_path, ("pkg",)) == []

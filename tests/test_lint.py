@@ -1,4 +1,4 @@
-"""Static checks run as part of the suite: ruff everywhere, mypy --strict on the pure core."""
+"""Static checks run as part of the suite: ruff everywhere, mypy --strict on the pure core and the runner."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, result.stdout[-4000:]
 
 
-def test_the_pure_core_passes_mypy_strict():
-    result = subprocess.run([_tool("mypy"), "--strict", "analyzer", "app/domain"], cwd=REPO, capture_output=True,
-                            text=True)
+def test_the_pure_core_and_the_runner_pass_mypy_strict():
+    result = subprocess.run([_tool("mypy"), "--strict", "analyzer", "app/domain", "runner"], cwd=REPO,
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-4000:]

@@ -7,7 +7,8 @@ never lapses on its own. Being ordinary reservations, holds are refused, waited 
 existing paths: another run's acquisition meets them (``kl apply`` exit 2, the bot's applies), Terraform's
 LOCK gets 423 naming the holder, ``GET /v1/engine/reservations``, ``kl reservations`` and the dashboard list
 them. The ``pull_request_holds`` row ties the run to the pull request, project and applied commit, so that
-merges, closes, unlocks and reconciliation find it again.
+merges, closes, unlocks and reconciliation find it again. :func:`blocking` answers which other pull
+requests' live holds a footprint's globs meet (the refusal of ``kilolock apply`` and the comment use it).
 
 Must not: decide when a hold starts or ends (the bot's jobs do), or talk to GitHub.
 """
@@ -20,6 +21,7 @@ from datetime import datetime
 
 from psycopg.rows import class_row
 
+from analyzer.globs import texts_conflict
 from app.domain.names import split_scoped_path
 from app.domain.principal import Principal
 from app.domain.reservations import HOLD_LEASE, Mode, RunStatus, Wanted, parse_wanted
@@ -171,3 +173,19 @@ def of_tenant(db: Database, principal: Principal, *, limit: int = 500) -> list[P
     """The holds in the principal's tenant and scope, oldest first (the dashboard's list)."""
     with db.transaction() as conn, conn.cursor(row_factory=class_row(PrHold)) as cur:
         return cur.execute(_OF_TENANT, (principal.tenant_id, principal.scope, limit)).fetchall()
+
+
+def blocking(db: Database, repo: str, number: int, state: str, write_globs: Sequence[str],
+             read_globs: Sequence[str]) -> list[tuple[PrHold, list[str]]]:
+    """Other pull requests' live holds on ``state`` that a run with these globs would conflict with, and
+    the globs of theirs it meets."""
+    mine = [(g, "write") for g in write_globs] + [(g, "read") for g in read_globs]
+    found: list[tuple[PrHold, list[str]]] = []
+    for hold in on_state(db, repo, state):
+        if hold.number == number or not hold.live:
+            continue
+        met = [theirs for theirs in hold.write_globs
+               if any(texts_conflict(mode, glob, "write", theirs) for glob, mode in mine)]
+        if met:
+            found.append((hold, met))
+    return found

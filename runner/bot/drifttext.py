@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from analyzer.drift import DriftedInstance
-from runner.bot.markdown import block, cell, code
+from runner.bot.markdown import block, cell, code, marker, prose
 from runner.bot.outcomes import DriftOutcome
 from runner.bot.render import CheckOutput
 
@@ -20,8 +20,7 @@ MAX_ROWS = 200
 
 def issue_marker(project: str) -> str:
     """The hidden marker that finds a project's drift issue again."""
-    safe = "".join(c if c.isalnum() or c in "-_./" else "_" for c in project)
-    return f"<!-- kilolock:drift:{safe} -->"
+    return marker("drift", project)
 
 
 def _when(window: int) -> str:
@@ -40,7 +39,7 @@ def _table(drifted: Sequence[DriftedInstance]) -> str:
 
 
 def _where(d: DriftOutcome) -> str:
-    return f"project {code(d.project)} (state {code(d.state)}) on {code(d.branch)} at {d.sha[:12]}"
+    return f"project {code(d.project)} (state {code(d.state)}) on {code(d.branch)} at {prose(d.sha[:12])}"
 
 
 def _next_steps(d: DriftOutcome) -> str:

@@ -41,11 +41,11 @@ from runner.filescoped import (
     apply_files,
     changed_selection,
     derive_footprint,
-    load_cache,
     plan_files,
     plan_files_saved,
     read_configuration,
 )
+from runner.parsecache import load_cache
 from runner.plan import TerraformContext
 from runner.terraform import TerraformNotFoundError, resolve_binary
 

@@ -396,7 +396,10 @@ class GitHub:
                 except UnknownObjectException:
                     found = None
             if found is None:
-                found = next((i for i in self._repository.get_issues(state="all", creator=self.login)
+                # PyGithub takes the creator's login as well as a NamedUser (its docstring and its own check
+                # say so); only its annotation is narrower.
+                issues = self._repository.get_issues(state="all", creator=self.login)  # type: ignore[arg-type]
+                found = next((i for i in issues
                               if i.pull_request is None and mine(i)), None)
             if open_:
                 if found is None:

@@ -22,9 +22,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from analyzer.globs import texts_conflict
 from app import queue
 from app.config import AuthMode, Settings
 from app.domain.commands import ApplyArgs
@@ -41,6 +39,7 @@ from runner.bot import flow, holdtext, markdown, render
 from runner.bot import requirements as apply_requirements
 from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig, Project
+from runner.bot.context import Context, refresh
 from runner.bot.credentials import EngineToken, engine_token, repository_tokens
 from runner.bot.github import GitHub, PullInfo, Review
 from runner.bot.outcomes import ApplyResult
@@ -48,9 +47,6 @@ from runner.bot.owners import OwnedGlob, owned_globs
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
 from runner.errors import Failed, ReservationRefused
 from runner.filescoped import ScopedFootprint
-
-if TYPE_CHECKING:
-    from runner.bot.context import Context
 
 log = logging.getLogger("kilolock.holds")
 APPLY_CHECK = "kilolock/apply"
@@ -100,8 +96,8 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
         return CommentResult(reply=f"{markdown.mention(login)} {markdown.prose(args.problem)}", command="apply")
     pr = gh.pull_request(number)
     if pr.state != "open":
-        return CommentResult(reply=f"@{login} #{number} is {pr.state}: there is nothing to apply before merge.",
-                             command="apply")
+        return CommentResult(reply=f"{markdown.mention(login)} #{number} is {markdown.prose(pr.state)}: there is "
+                                   "nothing to apply before merge.", command="apply")
     trust = trust_rules.of_pull_request(gh, repo, pr)
     if not trust.trusted:
         return CommentResult(reply=trust_rules.apply_refused(login, trust), command="apply")
@@ -113,7 +109,7 @@ def comment_apply(ctx: Context, gh: GitHub, repo: str, number: int, login: str, 
             return CommentResult(reply=holdtext.config_invalid(login, branch, problems), command="apply")
         tip, wrong_base = _base_tip(head_root, config, pr, branch)
         if wrong_base:
-            return CommentResult(reply=f"@{login} {wrong_base}", command="apply")
+            return CommentResult(reply=f"{markdown.mention(login)} {wrong_base}", command="apply")
         # The change is measured from where the head left the pull request's own base branch, as its
         # footprint is: never from another branch, whose commits nobody reviewed here.
         base = git.merge_base(head_root, tip, pr.head_sha)
@@ -151,8 +147,7 @@ def _base_tip(root: Path, config: BotConfig, pr: PullInfo, default_branch: str) 
     only the configured branch (``apply_branch`` on the default branch, else the default branch) is."""
     target = apply_branch(config, default_branch)
     if pr.base_ref != target:
-        return "", (f"#{pr.number} merges into {pr.base_ref}, and Kilolock applies only pull requests into "
-                    f"{target} (apply_branch in .kilolock.yml on {default_branch}).")
+        return "", holdtext.other_base(pr.number, pr.base_ref, target, default_branch)
     return git.resolve_commit(root, f"refs/heads/{pr.base_ref}"), None
 
 
@@ -283,7 +278,7 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
             if problem:
                 footprint["owners"] = ()
                 raise Failed(f"owners_approved: {problem}")
-        blocking = blocking_holds(ctx.db, repo, number, project.state, scoped.write_globs, scoped.read_globs)
+        blocking = holds_store.blocking(ctx.db, repo, number, project.state, scoped.write_globs, scoped.read_globs)
         if blocking:
             footprint["blocked"] = ()
             _reconcile_numbers(ctx, gh, repo, {h.number for h, _ in blocking})
@@ -322,22 +317,6 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
             log.warning("could not hold %s for %s#%s: %s", project.state, repo, number, exc)
             result = replace(result, hint=f"applied, but the addresses could not be held: {exc.message}")
     return result
-
-
-def blocking_holds(db: Database, repo: str, number: int, state: str, write_globs: Sequence[str],
-                   read_globs: Sequence[str]) -> list[tuple[PrHold, list[str]]]:
-    """Other pull requests' live holds on ``state`` that a run with these globs would conflict with, and
-    the globs of theirs it meets."""
-    mine = [(g, "write") for g in write_globs] + [(g, "read") for g in read_globs]
-    found: list[tuple[PrHold, list[str]]] = []
-    for hold in holds_store.on_state(db, repo, state):
-        if hold.number == number or not hold.live:
-            continue
-        met = [theirs for theirs in hold.write_globs
-               if any(texts_conflict(mode, glob, "write", theirs) for glob, mode in mine)]
-        if met:
-            found.append((hold, met))
-    return found
 
 
 # --- kilolock unlock, close, merge, push ---------------------------------------------------------------
@@ -465,8 +444,6 @@ def reconcile(ctx: Context, gh: GitHub, repo: str, *, now: datetime | None = Non
 def expire(ctx: Context, gh: GitHub, repo: str, *, now: datetime) -> list[int]:
     """Release every hold older than the default branch's ``hold_expiry`` and re-render the comments of
     the pull requests that lost them; returns their numbers (none when no expiry is configured)."""
-    from runner.bot.context import refresh  # context imports the flows; holds are imported by them
-
     held = holds_store.of_repo(ctx.db, repo)
     if not held:
         return []

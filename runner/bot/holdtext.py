@@ -7,11 +7,12 @@ Pure: holds and results in, Markdown out. Must not: talk to GitHub, the database
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from app.store.pr_holds import PrHold
 from runner.bot.markdown import cell, mention, prose
 from runner.bot.markdown import code as _code
+from runner.bot.markdown import commit as _short
 from runner.bot.outcomes import ApplyResult
 from runner.bot.render import counts
 from runner.bot.requirements import Unmet
@@ -26,14 +27,17 @@ OWNERS_HINT = ("ask a member of each owner group named above to approve the curr
 UNTIL = "until it is merged or closed, or a `kilolock unlock` comment releases them"
 
 
-def _serial(hold: PrHold) -> str:
+def _serial(hold: PrHold, quote: Callable[[str], str] = _code) -> str:
+    """Where the hold's apply committed; ``quote`` is :func:`cell` inside a table row."""
     if hold.applied_serial is None:
         return "(no changes were needed)"
-    return f"at serial {hold.applied_serial} (run {_code(hold.applied_run_id or '')})"
+    return f"at serial {hold.applied_serial} (run {quote(hold.applied_run_id or '')})"
 
 
-def _short(sha: str) -> str:
-    return f"`{sha[:7]}`"
+def other_base(number: int, base_ref: str, target: str, default_branch: str) -> str:
+    """Why a pull request into another branch than the applied one is not applied."""
+    return (f"#{number} merges into {prose(base_ref)}, and Kilolock applies only pull requests into "
+            f"{prose(target)} (apply_branch in .kilolock.yml on {prose(default_branch)}).")
 
 
 def config_invalid(login: str, branch: str, problems: Sequence[str]) -> str:
@@ -106,10 +110,10 @@ def unlocked(login: str, number: int, released: Sequence[PrHold]) -> str:
 
 
 def stale_check(held: Sequence[PrHold], head_sha: str) -> tuple[str, str]:
-    applied = ", ".join(f"{_code(h.project)} {_serial(h)} ({h.head_sha[:7]})" for h in held)
+    applied = ", ".join(f"{_code(h.project)} {_serial(h)} ({prose(h.head_sha[:7])})" for h in held)
     return ("not applied: new commits since kilolock apply",
-            f"The last comment apply was {applied}; {head_sha[:7]} has not been applied. Comment `kilolock apply` "
-            "to apply it. The pull request keeps its holds meanwhile.")
+            f"The last comment apply was {applied}; {prose(head_sha[:7])} has not been applied. Comment "
+            "`kilolock apply` to apply it. The pull request keeps its holds meanwhile.")
 
 
 def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
@@ -123,9 +127,9 @@ def comment_lines(number: int, head_sha: str | None, own: Sequence[PrHold],
                   f"This pull request applied from a comment and holds these write globs {UNTIL}:", "",
                   "| project | state | write globs | applied |", "| --- | --- | --- | --- |"]
         for h in own:
-            globs = ", ".join(cell(g) for g in h.write_globs)
-            applied = f"{_short(h.head_sha)} {_serial(h)}".replace("|", "\\|")
-            lines.append(f"| {cell(h.project)} | {cell(h.state_name)} | {globs} | {applied} |")
+            written = ", ".join(cell(g) for g in h.write_globs)
+            applied = f"{_short(h.head_sha)} {_serial(h, cell)}"
+            lines.append(f"| {cell(h.project)} | {cell(h.state_name)} | {written} | {applied} |")
         lines.append("")
         moved = sorted({h.head_sha for h in own if head_sha and h.head_sha != head_sha})
         if moved:

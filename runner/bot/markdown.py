@@ -11,7 +11,9 @@ and then escape:
 - :func:`cell` — the same inside a table row, with ``|`` escaped so the row keeps its columns;
 - :func:`block` — a fenced block for multi-line text (error output), its tail when long;
 - :func:`prose` — one line of running text: HTML and Markdown punctuation escaped, and ``@mentions``,
-  ``http://`` and ``www.`` links broken by a zero-width space so they notify and link nobody.
+  ``http://`` and ``www.`` links broken by a zero-width space so they notify and link nobody;
+- :func:`commit` — a commit's short id as inline code; :func:`marker` — the hidden HTML comment that finds
+  a comment or an issue of the bot again, its parts reduced to characters that cannot close it.
 
 Must not: know about outcomes or GitHub (``runner.bot.render`` and friends compose; this escapes).
 """
@@ -47,6 +49,17 @@ def code(text: str) -> str:
 def cell(text: str) -> str:
     """Inline code for a table cell: GitHub splits rows on ``|`` before it reads code spans."""
     return code(text).replace("|", "\\|")
+
+
+def commit(sha: str) -> str:
+    """A commit as inline code: the first seven characters of its id, ``unknown`` when there is none."""
+    return code(sha[:7] if sha else "unknown")
+
+
+def marker(*parts: str) -> str:
+    """``<!-- kilolock:PART:… -->``, each part kept to letters, digits and ``-_./`` (``_`` for the rest)."""
+    safe = ("".join(c if c.isalnum() or c in "-_./" else "_" for c in part) for part in parts)
+    return f"<!-- kilolock:{':'.join(safe)} -->"
 
 
 def block(text: str, tail: int = ERROR_TAIL) -> str:

@@ -89,7 +89,7 @@ def _other_branch(ctx: Context, gh: GitHub, repo: str, root: Path, config: BotCo
     branch's ``.kilolock.yml``, else the default branch); otherwise why this merge is not applied. A merge
     into the default branch reads that setting from the merge commit, which is the default branch now."""
     branch = gh.default_branch()
-    trusted = config
+    trusted: BotConfig | None = config  # an invalid default-branch file: the default branch applies
     if base_ref != branch:
         _, trusted, _ = flow.default_config(ctx.workbench, repo, root, branch, gh.clone_token())
     target = holds.apply_branch(trusted, branch)

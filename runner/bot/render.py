@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from runner.bot.markdown import block as _block
 from runner.bot.markdown import cell as _cell
 from runner.bot.markdown import code as _code
+from runner.bot.markdown import commit as _short
+from runner.bot.markdown import marker
 from runner.bot.markdown import prose as _inline
 from runner.bot.outcomes import (
     ApplyResult,
@@ -29,7 +31,7 @@ from runner.bot.outcomes import (
     ProjectPreview,
 )
 
-MARKER = "<!-- kilolock:pull-request -->"
+MARKER = marker("pull-request")
 GITHUB_LIMIT = 65_535  # characters in one comment body or check-run summary/text
 # Headroom under the limit for the truncation note and GitHub's own counting of multi-byte characters.
 BODY_BUDGET = GITHUB_LIMIT - 5_535
@@ -77,7 +79,7 @@ def _comment(view: CommentView, shown: int) -> str:
         return "\n".join(lines) + "\n"
     lines += [_intro(view, fp), ""]
     if fp.config_errors:
-        lines += [f"**`{fp.config_source or '.kilolock.yml'}` is invalid**, so nothing was planned:", ""]
+        lines += [f"**{_code(fp.config_source or '.kilolock.yml')} is invalid**, so nothing was planned:", ""]
         lines += [f"- {_inline(p)}" for p in fp.config_errors] + [""]
         lines += ["Fix the file in this pull request; the check runs again on the next push.", ""]
     previews = {p.name: p for p in view.preview.projects} if view.preview else {}
@@ -348,10 +350,6 @@ def _owners_cell(groups: str) -> str:
 def _first_line(text: str | None) -> str:
     lines = (text or "").strip().splitlines()
     return lines[0][:200] if lines else ""
-
-
-def _short(sha: str) -> str:
-    return f"`{sha[:7]}`" if sha else "`unknown`"
 
 
 def _truncate(text: str, budget: int, where: str) -> str:

@@ -59,14 +59,12 @@ def comment_view(db: Database, repo: str, number: int) -> CommentView:
 def _hold_lines(db: Database, repo: str, number: int, fp: FootprintOutcome | None, rows: list[BotJob],
                 *, merged: bool) -> list[str]:
     """The pull-request holds part of the comment (``runner.bot.holdtext``)."""
-    from runner.bot.holds import blocking_holds
-
     own = [h for h in pr_holds.of_pull_request(db, repo, number) if h.live]
     others = {}
     if fp is not None and not merged:
         for project in fp.projects:
             if not project.error:
-                found = blocking_holds(db, repo, number, project.state, project.write_globs, project.read_globs)
+                found = pr_holds.blocking(db, repo, number, project.state, project.write_globs, project.read_globs)
                 if found:
                     others[project.name] = found
     closes = [c for c in results_of([r for r in rows if r.kind is JobKind.PULL_REQUEST_CLOSED and r.is_finished],

@@ -189,10 +189,11 @@ def _apply(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
-    from runner.apply import ApplyOptions, ApplyOutcome, apply_spec
+    from runner.apply import ApplyOptions, apply_spec
     from runner.config import data_dir, default_actor, process_env
     from runner.filescoped import apply_files
     from runner.plan import summary
+    from runner.recovery import ApplyOutcome
     from runner.spec import PlanSpec
 
     env = process_env()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from runner.cli.support import EXIT_OK, Commands
@@ -144,18 +145,18 @@ def fish_script(parser: argparse.ArgumentParser) -> str:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from runner.cli.entry import build_parser
-
-    script = {"bash": bash_script, "zsh": zsh_script, "fish": fish_script}[args.shell](build_parser())
+    whole: Callable[[], argparse.ArgumentParser] = args.kl_whole_parser
+    script = {"bash": bash_script, "zsh": zsh_script, "fish": fish_script}[args.shell](whole())
     print(script, end="")
     return EXIT_OK
 
 
-def register(sub: Commands) -> None:
-    """Add kl completion to the ``kl`` subcommands."""
+def register(sub: Commands, whole: Callable[[], argparse.ArgumentParser]) -> None:
+    """Add kl completion to the ``kl`` subcommands; ``whole`` builds the parser the scripts describe (the
+    entry point's, which registers this one)."""
     p = sub.add_parser("completion", help="print a shell completion script for bash, zsh or fish",
                        description="Print a completion script for kl's commands, subcommands and options. "
                                    'bash: eval "$(kl completion bash)" in ~/.bashrc; zsh: eval "$(kl completion '
                                    'zsh)" in ~/.zshrc; fish: kl completion fish > ~/.config/fish/completions/kl.fish')
     p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
-    p.set_defaults(func=cmd_completion)
+    p.set_defaults(func=cmd_completion, kl_whole_parser=whole)

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator.register_admin(sub)
     backup.register(sub)
     events.register(sub)
-    completion.register(sub)
+    completion.register(sub, build_parser)
     describe(parser)
     return parser
 

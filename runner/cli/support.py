@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias, TypeVar, overload
 
 from app.domain import durations
 from runner.config import ClientConfig, ClientConfigError, resolve
 from runner.engine_client import EngineClient
+
+_N = TypeVar("_N")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFLICT, EXIT_USAGE = 0, 1, 2, 3
 
@@ -31,7 +34,17 @@ class KlArgumentParser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {message}\n(run {self.prog} --help for every option)\n")
         raise SystemExit(EXIT_USAGE)
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: None = None) -> tuple[argparse.Namespace, list[str]]: ...
+
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:
         parsed, extra = super().parse_known_args(args, namespace)
         # A leaf command reports its own unknown flags, so the usage shown is the command's own.
         if extra and not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):

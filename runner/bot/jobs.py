@@ -156,6 +156,12 @@ def deliver(ctx: Context, row: BotJob) -> None:
     store.mark_posted(ctx.db, row.id)
 
 
+# How often an idle worker checks whether RQ's scheduler needs a new owner. RQ's scheduler lock outlives a
+# worker killed while holding it by about a minute; RQ's own default check (every 10 minutes) would leave
+# the drift and event ticks unscheduled for that long. Registry cleaning runs at the same pace (cheap).
+SCHEDULER_TAKEOVER_SECONDS = 30
+
+
 def work(settings: Settings, *, burst: bool = False, name: str | None = None, with_scheduler: bool = True) -> bool:
     """Run an RQ worker on the ``kilolock`` queue (JSON serializer) until SIGTERM (``kl worker``).
 
@@ -169,7 +175,9 @@ def work(settings: Settings, *, burst: bool = False, name: str | None = None, wi
     redis = queue.connect(settings.redis_url or "redis://")
     serializer = "rq.serializers.JSONSerializer"
     rq_queue = Queue(queue.QUEUE_NAME, connection=redis, serializer=serializer)
-    worker = Worker([rq_queue], connection=redis, serializer=serializer, name=name)
+    # An idle worker wakes from its blocking dequeue every worker_ttl - 15 seconds, and only then runs the check.
+    worker = Worker([rq_queue], connection=redis, serializer=serializer, name=name,
+                    maintenance_interval=SCHEDULER_TAKEOVER_SECONDS, worker_ttl=SCHEDULER_TAKEOVER_SECONDS + 15)
     if with_scheduler:  # the drift schedule: one tick stays scheduled (runner.bot.drift)
         drift.schedule_tick(redis, settings.job_timeout, time.time())
         outgoing.schedule_tick(redis, settings.event_poll_seconds, time.time())

@@ -7,7 +7,7 @@ that read a template, or to a full plan), the changes that cannot be mapped safe
 do not touch the configuration at all. The same mapping serves the pull-request bot, whose entries come
 from ``merge-base...head``.
 
-Must not: run git, read files or the environment, or parse HCL. ``runner.git`` collects the entries and
+Must not: run git, read files or the environment, or parse HCL. ``runner.core.git`` collects the entries and
 the texts at REF; the HCL analysis supplies the local module sources and the ``file()`` readers. When a
 change cannot be placed with certainty the scope widens or records a failure: it never narrows silently
 (see docs/file-scoped.md).

@@ -2,7 +2,7 @@
 what, which files the trunk's dependents widen a selection to, how a ``--changed-from`` scope becomes a
 selection, where local module sources lie, and how the footprint's blocks are cut out of their files.
 
-``runner.filescoped`` reads the files, talks to the server and runs Terraform; everything here is a function
+``runner.core.filescoped`` reads the files, talks to the server and runs Terraform; everything here is a function
 of texts and values. Must not do I/O.
 """
 

@@ -4,7 +4,7 @@ This is the only module that reads the environment for the service. ``Settings.f
 called by ``create_app``, the worker and ``kl``; everything else receives the frozen object. Each
 variable is one row of :data:`TABLE` (its field, parser and doc; the default is the field's own, written
 once on :class:`Settings`); ``docs/configuration.md`` is checked against the table both ways. The ``kl``
-client's own variables are ``runner.config``'s table.
+client's own variables are ``runner.core.config``'s table.
 """
 
 from __future__ import annotations

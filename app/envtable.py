@@ -4,7 +4,8 @@ Owns: the row shape (the field it fills, the variable, its parser, a one-line do
 ``docs/configuration.md`` states it), binding rows to a settings dataclass (:func:`bind`: a default is
 written once, on the dataclass field, and the row reads it from there), the parsers shared by every table,
 and reading a table from a mapping while collecting every problem. ``app.config`` (the service) and
-``runner.config`` (the ``kl`` client) each hold one table; ``tests/test_docs.py`` checks both against the documentation.
+``runner.core.config`` (the ``kl`` client) each hold one table; ``tests/test_docs.py`` checks both against the
+documentation.
 
 Must not: read ``os.environ`` (the config modules hand the environment in) or know any one setting.
 """

@@ -276,10 +276,10 @@ class World:
 def time_parts(world: World) -> Parts:
     """The footprint job's parts, timed in this process on the warm mirror (no GitHub)."""
     from analyzer.hcl import ParseCache
-    from runner import git as rgit
     from runner.bot import flow as botflow
     from runner.bot.config import load
-    from runner.filescoped import changed_selection, derive_footprint, read_configuration
+    from runner.core import git as rgit
+    from runner.core.filescoped import changed_selection, derive_footprint, read_configuration
 
     settings = Settings(database_url=world.h.url, github_clone_urls=((REPO, str(world.origin)),),
                         repo_cache_dir=world.tmp / "cache", data_dir=world.tmp / "kl-data-parts")

@@ -194,7 +194,7 @@ import time
 _W0 = time.time()
 import gc, json, os, sys, functools
 import runner.cli, runner.cli.changes, runner.cli.support
-import runner.config, runner.engine_client, runner.filescoped, runner.plan, runner.spec
+import runner.core.config, runner.core.engine_client, runner.core.filescoped, runner.core.plan, runner.core.spec
 _W1 = time.time()
 ''' + common.SHIM_IMPORT + r'''_totals = {"imports": _W1 - _W0}
 _stack = []
@@ -225,9 +225,9 @@ def _on_gc(phase, info):
         _gc["t"] = None
 gc.callbacks.append(_on_gc)
 
-fs, pl, cli = runner.filescoped, runner.plan, runner.cli.changes
+fs, pl, cli = runner.core.filescoped, runner.core.plan, runner.cli.changes
 _wrap(cli, "cmd_plan", "write the artifact, print the summary")
-_wrap(runner.spec.PlanSpec, "to_json", "write the artifact, print the summary")
+_wrap(runner.core.spec.PlanSpec, "to_json", "write the artifact, print the summary")
 _wrap(pl, "summary", "write the artifact, print the summary")
 _wrap(cli, "_plan_spec", "other (between the phases)")
 _wrap(runner.cli.support, "resolve", "resolve the server (backend.tf)")
@@ -239,8 +239,8 @@ _wrap(fs, "load_cache", "load the parse cache")
 _wrap(fs, "save_cache", "save the parse cache")
 _wrap(fs, "declaring_files", "prescan every file (declaring_files)")
 _wrap(fs, "footprint", "footprint (analyzer)")
-_wrap(runner.engine_client.EngineClient, "edges", "server: edges (HTTP)")
-_wrap(runner.engine_client.EngineClient, "slice", "server: slice (HTTP)")
+_wrap(runner.core.engine_client.EngineClient, "edges", "server: edges (HTTP)")
+_wrap(runner.core.engine_client.EngineClient, "slice", "server: slice (HTTP)")
 _wrap(fs, "fetch_slice", "slice: parse, filter, re-assemble")
 _wrap(fs, "build_minimal", "build the minimal workspace")
 _wrap(fs, "plan_in_workspace", "read terraform show's JSON")

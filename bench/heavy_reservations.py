@@ -39,8 +39,8 @@ from app.store import runs as store_runs
 from app.store.db import Database
 from bench.backend_bench import Harness
 from bench.common import REPO, free_port, ms, table
-from runner.config import ClientConfig
-from runner.engine_client import EngineClient, EngineError
+from runner.core.config import ClientConfig
+from runner.core.engine_client import EngineClient, EngineError
 
 perf = time.perf_counter
 HEAVY_SECTION = "## Heavy reservation clients"

@@ -181,7 +181,7 @@ import time
 _W0 = time.time()
 import json, os, sys, functools, contextlib
 import runner.cli, runner.cli.changes, runner.cli.support
-import runner.apply, runner.plan, runner.workspace, runner.engine_client, runner.spec
+import runner.core.apply, runner.core.plan, runner.core.workspace, runner.core.engine_client, runner.core.spec
 _W1 = time.time()
 ''' + common.SHIM_IMPORT + r'''_spans = [("imports", _W0, _W1)]
 
@@ -202,27 +202,27 @@ def _tf_label(binary, args, **kwargs):
 
 _wrap(runner.cli.support, "resolve", "read plan file, resolve server (HCL parse), find terraform")
 _wrap(runner.cli.changes, "terraform_context", "read plan file, resolve server (HCL parse), find terraform")
-_wrap(runner.spec.PlanSpec, "load", "read plan file, resolve server (HCL parse), find terraform")
-_wrap(runner.apply, "check_spec", "check_spec (config hash, pinned inputs)")
-_wrap(runner.engine_client.EngineClient, "open_run", "open run (reserve)")
-_wrap(runner.apply, "fetch_snapshot", "snapshot fetch (GET assembled + parse)")
-_wrap(runner.apply, "described_part", "slice the snapshot")
-_wrap(runner.workspace, "build", "workspace build (copy config, write slice)")
-_wrap(runner.plan, "run", _tf_label)
-_wrap(runner.apply, "analyze_plan", "analyze the re-plan")
-_wrap(runner.engine_client.EngineClient, "run_action", lambda self, run_id, action, body: "run action: " + action)
-_wrap(runner.apply, "commit_delta", "commit delta (parse + diff)")
-_wrap(runner.apply, "parse_state", "commit delta (parse + diff)")
-_wrap(runner.engine_client.EngineClient, "commit", "commit (POST)")
+_wrap(runner.core.spec.PlanSpec, "load", "read plan file, resolve server (HCL parse), find terraform")
+_wrap(runner.core.apply, "check_spec", "check_spec (config hash, pinned inputs)")
+_wrap(runner.core.engine_client.EngineClient, "open_run", "open run (reserve)")
+_wrap(runner.core.apply, "fetch_snapshot", "snapshot fetch (GET assembled + parse)")
+_wrap(runner.core.apply, "described_part", "slice the snapshot")
+_wrap(runner.core.workspace, "build", "workspace build (copy config, write slice)")
+_wrap(runner.core.plan, "run", _tf_label)
+_wrap(runner.core.apply, "analyze_plan", "analyze the re-plan")
+_wrap(runner.core.engine_client.EngineClient, "run_action", lambda self, run_id, action, body: "run action: " + action)
+_wrap(runner.core.apply, "commit_delta", "commit delta (parse + diff)")
+_wrap(runner.core.apply, "parse_state", "commit delta (parse + diff)")
+_wrap(runner.core.engine_client.EngineClient, "commit", "commit (POST)")
 
-_lock = shim_target(runner.workspace, "plugin_cache_lock")
+_lock = shim_target(runner.core.workspace, "plugin_cache_lock")
 @contextlib.contextmanager
 def _timed_lock(cache_dir):
     t = time.time()
     with _lock(cache_dir):
         _spans.append(("init lock wait", t, time.time()))
         yield
-runner.workspace.plugin_cache_lock = _timed_lock
+runner.core.workspace.plugin_cache_lock = _timed_lock
 
 def _dump():
     with open(os.environ["KL_BENCH_TIMINGS"], "w") as fh:

@@ -10,7 +10,7 @@ import pytest
 from app.config import TABLE as SERVICE_TABLE
 from app.config import setting_names
 from runner.cli import build_parser
-from runner.config import TABLE as CLIENT_TABLE
+from runner.core.config import TABLE as CLIENT_TABLE
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -82,7 +82,7 @@ def test_the_readme_lists_every_page_of_the_docs():
 def test_sample_apply_summaries_in_the_docs_read_as_kl_prints_them():
     import re
 
-    from runner.counts import counts_line
+    from runner.core.counts import counts_line
 
     printed = re.compile(r"apply complete: \w+ added, \w+ changed, \w+ destroyed\b")
     pages = [*DOCS.glob("*.md"), *(DOCS.parent / "examples").glob("*/README.md"), DOCS.parent / "README.md"]

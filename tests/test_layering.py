@@ -59,11 +59,23 @@ def test_app_web_never_imports_runner_or_subprocess():
 
 
 def test_the_cli_is_imported_by_nothing_but_itself():
-    # runner.cli is an entry point: the core and the bot share runner.errors, never the command line.
+    # runner.cli is an entry point: the core and the bot share runner.core.errors, never the command line.
     for path in list((REPO / "app").rglob("*.py")) + list((REPO / "runner").rglob("*.py")):
         if path.is_relative_to(REPO / "runner" / "cli"):
             continue
         assert not any(i == "runner.cli" or i.startswith("runner.cli.") for i in _imports(path)), path
+
+
+def test_the_core_never_imports_the_cli_or_the_bot():
+    # runner.core is what the CLI (runner.cli) and the bot (runner.bot) both run: it knows neither of them.
+    for path in (REPO / "runner" / "core").rglob("*.py"):
+        imports = _imports(path)
+        assert not any(i.startswith(("runner.cli", "runner.bot")) for i in imports), path
+        assert not any(i == "runner" for i in imports), path  # from runner import cli / bot
+    modules = loaded_modules("import " + ", ".join(
+        f"runner.core.{p.stem}" for p in sorted((REPO / "runner" / "core").glob("*.py")) if p.stem != "__init__"))
+    assert not _has(modules, "runner.cli") and not _has(modules, "runner.bot"), sorted(
+        m for m in modules if m.startswith(("runner.cli", "runner.bot")))
 
 
 def test_sql_lives_only_in_app_store():
@@ -74,7 +86,7 @@ def test_sql_lives_only_in_app_store():
 
 
 def test_only_the_config_modules_read_the_environment():
-    allowed = {REPO / "app" / "config.py", REPO / "runner" / "config.py"}
+    allowed = {REPO / "app" / "config.py", REPO / "runner" / "core" / "config.py"}
     for path in list((REPO / "app").rglob("*.py")) + list((REPO / "runner").rglob("*.py")) + list(
             (REPO / "analyzer").rglob("*.py")):
         if path in allowed:

@@ -51,9 +51,9 @@ import yaml
 from analyzer.globs import GlobError, parse_glob
 from analyzer.hcl import HclError, ParseCache, find_http_backend
 from app.domain.durations import parse_duration
-from runner import childenv
 from runner.bot.owners import MAX_OWNERS_PER_RULE, MAX_RULES, OwnerHandleError, OwnerRule, parse_owner
-from runner.config import ClientConfigError, read_tf_files, split_backend_address
+from runner.core import childenv
+from runner.core.config import ClientConfigError, read_tf_files, split_backend_address
 
 CONFIG_NAMES = (".kilolock.yml", ".kilolock.yaml")
 DEFAULT_MERGE_WAIT = 600
@@ -119,7 +119,7 @@ class Project:
     apply_on_merge: bool
     apply_on_comment: bool = False
     drift: DriftSchedule | None = None
-    env: tuple[str, ...] = ()  # the worker's variables this project's Terraform sees (runner.childenv)
+    env: tuple[str, ...] = ()  # the worker's variables this project's Terraform sees (runner.core.childenv)
     # The top-level owners: rules, then the project's own (later rules win: runner.bot.owners).
     owners: tuple[OwnerRule, ...] = ()
 
@@ -368,7 +368,7 @@ def _project_from(directory: str, name: str | None, state: str | None, files: tu
 
 def default_triggers(directory: str, texts: Mapping[str, str]) -> tuple[str, ...]:
     """The directory's whole tree, and the tree of every local module it calls."""
-    from runner.filescoped import module_sources
+    from runner.core.filescoped import module_sources
 
     prefix = f"{directory}/" if directory else ""
     globs = [f"{prefix}**"]

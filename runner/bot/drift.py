@@ -1,5 +1,5 @@
 """Scheduled drift in the bot: ``drift: {every: 6h}`` in the default branch's ``.kilolock.yml`` runs the
-``kl drift`` check (``runner.drift.check_drift``) of each project once per window, and reports it as the
+``kl drift`` check (``runner.core.drift.check_drift``) of each project once per window, and reports it as the
 ``kilolock/drift`` check run (App mode) or commit status (token mode) on the default branch's head, plus,
 with ``issue: true``, one issue per project edited in place and closed when the drift clears.
 
@@ -34,16 +34,16 @@ from app import queue
 from app.domain.jobs import TICK_REPO, DriftCheckArgs, DriftTickArgs, JobKind, job_id
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus
-from runner import git
 from runner.bot import drifttext, flow
 from runner.bot.config import BotConfigError, load
 from runner.bot.github import GitHubError
 from runner.bot.outcomes import DriftOutcome, DriftTarget
 from runner.bot.results import DriftResult
-from runner.config import ClientConfigError
-from runner.drift import DriftRequest, check_drift
-from runner.engine_client import EngineError
-from runner.errors import KlExit
+from runner.core import git
+from runner.core.config import ClientConfigError
+from runner.core.drift import DriftRequest, check_drift
+from runner.core.engine_client import EngineError
+from runner.core.errors import KlExit
 
 if TYPE_CHECKING:
     from runner.bot.context import Context

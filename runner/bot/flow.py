@@ -2,14 +2,14 @@
 file-scoped plan preview, and the file-scoped apply of a merged change — on a private checkout of the
 commit, against the trunk on the Kilolock server.
 
-Owns the orchestration only: the checkout (``runner.git``), the project mapping (``runner.bot.config``),
+Owns the orchestration only: the checkout (``runner.core.git``), the project mapping (``runner.bot.config``),
 and the very functions ``kl plan --changed-from`` / ``kl apply -f --confirm-scope`` use
-(``runner.filescoped``: ``changed_selection``, ``derive_footprint``, ``plan_files``, ``apply_files``), with
+(``runner.core.filescoped``: ``changed_selection``, ``derive_footprint``, ``plan_files``, ``apply_files``), with
 the engine client authenticated by the project's token (``runner.bot.credentials``). Results are the outcome
 types of ``runner.bot.outcomes``.
 
 Must not: talk to GitHub, RQ or the database (``runner.bot.jobs`` does: it claims, stores and posts), or read
-the environment (``runner.config.process_env`` does, once per job).
+the environment (``runner.core.config.process_env`` does, once per job).
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from analyzer.globs import texts_conflict
 from app.config import Settings
 from app.domain.redaction import Redactor
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
-from runner import childenv, git
-from runner.apply import ApplyOptions
 from runner.bot.config import BotConfig, BotConfigError, Project, load, projects_for, read_raw
 from runner.bot.credentials import engine_token
 from runner.bot.outcomes import ApplyResult, LiveConflict, ProjectFootprint, ProjectPreview
-from runner.config import ClientConfig, ClientConfigError, data_dir, process_env, split_backend_address
-from runner.engine_client import EngineClient, EngineError
-from runner.errors import InvalidInput, KlExit, NothingToDo, ReservationRefused, StalePlan
-from runner.filescoped import (
+from runner.core import childenv, git
+from runner.core.apply import ApplyOptions
+from runner.core.config import ClientConfig, ClientConfigError, data_dir, process_env, split_backend_address
+from runner.core.engine_client import EngineClient, EngineError
+from runner.core.errors import InvalidInput, KlExit, NothingToDo, ReservationRefused, StalePlan
+from runner.core.filescoped import (
     ScopedFootprint,
     Selection,
     apply_files,
@@ -45,9 +45,9 @@ from runner.filescoped import (
     plan_files_saved,
     read_configuration,
 )
-from runner.parsecache import load_cache
-from runner.plan import TerraformContext
-from runner.terraform import TerraformNotFoundError, resolve_binary
+from runner.core.parsecache import load_cache
+from runner.core.plan import TerraformContext
+from runner.core.terraform import TerraformNotFoundError, resolve_binary
 
 log = logging.getLogger("kilolock.bot")
 LEASE_SECONDS = DEFAULT_LEASE.total_seconds()

@@ -34,7 +34,6 @@ from app.store import bot as bot_store
 from app.store import pr_holds as holds_store
 from app.store.bot import JobStatus
 from app.store.pr_holds import PrHold
-from runner import git
 from runner.bot import flow, holdtext, markdown, render
 from runner.bot import requirements as apply_requirements
 from runner.bot import trust as trust_rules
@@ -45,8 +44,9 @@ from runner.bot.github import GitHub, PullInfo, Review
 from runner.bot.outcomes import ApplyResult
 from runner.bot.owners import OwnedGlob, owned_globs
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
-from runner.errors import Failed, ReservationRefused
-from runner.filescoped import ScopedFootprint
+from runner.core import git
+from runner.core.errors import Failed, ReservationRefused
+from runner.core.filescoped import ScopedFootprint
 
 log = logging.getLogger("kilolock.holds")
 APPLY_CHECK = "kilolock/apply"

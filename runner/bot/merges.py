@@ -6,7 +6,7 @@ A project's apply first waits for every earlier merge (its commit an ancestor of
 overlaps it and that has not finished, so overlapping merges apply in merge order while disjoint ones run
 in parallel on different workers; then Terraform runs with the rest of ``merge_wait`` as the reservation
 wait. A job timeout (RQ's ``JobTimeoutException``) stops Terraform with SIGINT and a grace period
-(``runner.terraform.run``), closes the job's apply runs so their reservations end now, and reports the
+(``runner.core.terraform.run``), closes the job's apply runs so their reservations end now, and reports the
 failure. Each job is a run (returning a typed result for ``runner.bot.jobs`` to store) and a deliver.
 """
 
@@ -33,15 +33,15 @@ from app.domain.principal import Principal
 from app.store import bot as store
 from app.store import events
 from app.store.bot import BotJob, JobStatus, PrFootprint
-from runner import git
 from runner.bot import flow, holds, render, view
 from runner.bot.config import BotConfig, Project
 from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, Context, complete, refresh
 from runner.bot.github import GitHub
 from runner.bot.outcomes import ApplyResult, FootprintOutcome
 from runner.bot.results import ApplyProjectResult, FanOutResult, JobResult, result_of
-from runner.errors import Failed, ReservationRefused
-from runner.filescoped import ScopedFootprint
+from runner.core import git
+from runner.core.errors import Failed, ReservationRefused
+from runner.core.filescoped import ScopedFootprint
 
 log = logging.getLogger("kilolock.jobs")
 ZERO_SHA = "0" * 40

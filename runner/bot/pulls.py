@@ -15,7 +15,6 @@ from app.domain.commands import CommandName
 from app.domain.jobs import ClosedArgs, CommentArgs, JobKind, PreviewArgs, PullRequestArgs, ReviewArgs, job_id
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus, PrFootprint
-from runner import git
 from runner.bot import flow, holds, manualholds, owners, render, requirements, view
 from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig
@@ -24,6 +23,7 @@ from runner.bot.github import GitHub, PullInfo, Review
 from runner.bot.outcomes import FootprintOutcome, PreviewOutcome, ProjectFootprint, ProjectPreview
 from runner.bot.owners import groups_of, missing_groups, owned_globs
 from runner.bot.results import ClosedResult, CommentResult, FootprintResult, JobResult, PreviewResult, ReviewResult
+from runner.core import git
 
 log = logging.getLogger("kilolock.jobs")
 Outcome = tuple[JobStatus, JobResult]

@@ -1,7 +1,7 @@
 """The client commands that change a state: ``kl plan``, ``kl apply``, ``kl recover`` and ``kl abort``.
 
-``kl plan`` writes the plan file (``runner.plan``, or ``runner.filescoped`` with ``-f``/``--changed-from``);
-``kl apply`` carries it out (``runner.apply``); both print Terraform's output through the context's echo.
+``kl plan`` writes the plan file (``runner.core.plan``, or ``runner.core.filescoped`` with ``-f``/``--changed-from``);
+``kl apply`` carries it out (``runner.core.apply``); both print Terraform's output through the context's echo.
 With ``--json`` the one document goes to stdout and everything said goes to stderr.
 """
 
@@ -27,15 +27,15 @@ from runner.cli.support import (
     print_json,
 )
 from runner.cli.waiting import WaitProgress
-from runner.counts import terraform_counts
-from runner.engine_client import EngineClient, EngineError
-from runner.errors import UsageError
+from runner.core.counts import terraform_counts
+from runner.core.engine_client import EngineClient, EngineError
+from runner.core.errors import UsageError
 
 
 def terraform_context(env: dict[str, str]) -> Any:
-    from runner.config import data_dir
-    from runner.plan import TerraformContext
-    from runner.terraform import TerraformNotFoundError, resolve_binary
+    from runner.core.config import data_dir
+    from runner.core.plan import TerraformContext
+    from runner.core.terraform import TerraformNotFoundError, resolve_binary
 
     try:
         binary = resolve_binary(env)
@@ -62,7 +62,7 @@ def _var_args(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
     """The file selection of -f / --changed-from, or None for a full plan."""
-    from runner.filescoped import Selection, changed_selection, file_selection
+    from runner.core.filescoped import Selection, changed_selection, file_selection
 
     if not args.file and not args.changed_from:
         return None
@@ -73,7 +73,7 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
             raise UsageError(hint)
     if not args.changed_from:
         return file_selection(config_dir, files)
-    from runner.git import GitError
+    from runner.core.git import GitError
 
     try:
         chosen = changed_selection(config_dir, args.changed_from)
@@ -85,9 +85,9 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
 def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None = None) -> tuple[Any, Any, Any, Any]:
     """The plan (full, or file-scoped with -f/--changed-from), the engine client, the selection, and with
     ``keep`` the file-scoped plan's workspace kept there for the apply (None otherwise)."""
-    from runner.config import data_dir
-    from runner.filescoped import plan_files, plan_files_saved
-    from runner.plan import make_plan
+    from runner.core.config import data_dir
+    from runner.core.filescoped import plan_files, plan_files_saved
+    from runner.core.plan import make_plan
 
     config_dir = Path(args.chdir).resolve()
     if not config_dir.is_dir():
@@ -110,8 +110,8 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None 
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from runner.config import process_env
-    from runner.plan import summary
+    from runner.core.config import process_env
+    from runner.core.plan import summary
 
     with json_mode(args):
         spec, client, selection, _ = _plan_spec(args, process_env())
@@ -135,7 +135,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _behind(spec: Any, client: EngineClient, args: argparse.Namespace) -> tuple[Any, ...]:
     """The committed runs a full plan would undo (its checkout lacks their commits), each warned of on stderr."""
-    from runner.behind import behind_runs
+    from runner.core.behind import behind_runs
 
     try:
         undone = behind_runs(client, spec.state, Path(args.chdir).resolve(), spec.actions)
@@ -156,7 +156,7 @@ def _plan_out(args: argparse.Namespace, file_scoped: bool) -> Path:
         return Path(args.out)
     if not file_scoped:
         return Path("kl-plan.json")
-    from runner.workspace import artifact_dir
+    from runner.core.workspace import artifact_dir
 
     out = artifact_dir(Path(args.chdir).resolve()) / "kl-plan.igplan"
     try:
@@ -189,12 +189,12 @@ def _apply(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
-    from runner.apply import ApplyOptions, apply_spec
-    from runner.config import data_dir, default_actor, process_env
-    from runner.filescoped import apply_files
-    from runner.plan import summary
-    from runner.recovery import ApplyOutcome
-    from runner.spec import PlanSpec
+    from runner.core.apply import ApplyOptions, apply_spec
+    from runner.core.config import data_dir, default_actor, process_env
+    from runner.core.filescoped import apply_files
+    from runner.core.plan import summary
+    from runner.core.recovery import ApplyOutcome
+    from runner.core.spec import PlanSpec
 
     env = process_env()
     supplied = dict(raw.split("=", 1) for kind, raw in _var_args(args) if kind == "var")
@@ -230,8 +230,8 @@ def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from runner.config import data_dir, process_env
-    from runner.recovery import recover
+    from runner.core.config import data_dir, process_env
+    from runner.core.recovery import recover
 
     with json_mode(args):
         client, _ = connect(args, need_state=False)

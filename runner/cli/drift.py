@@ -1,4 +1,4 @@
-"""The ``kl drift`` and ``kl refresh`` commands: arguments, output and exit codes over ``runner.drift``,
+"""The ``kl drift`` and ``kl refresh`` commands: arguments, output and exit codes over ``runner.core.drift``,
 which does the work. ``kl drift`` exits 2 when it finds drift (a finding, not an error).
 """
 
@@ -12,15 +12,15 @@ from typing import Any
 
 from runner.cli.changes import terraform_context
 from runner.cli.support import EXIT_OK, Commands, client_config, client_options, parse_duration
-from runner.config import data_dir, default_actor, process_env
-from runner.engine_client import EngineClient
-from runner.errors import UsageError
+from runner.core.config import data_dir, default_actor, process_env
+from runner.core.engine_client import EngineClient
+from runner.core.errors import UsageError
 
 EXIT_DRIFTED = 2
 
 
 def _request(args: argparse.Namespace, env: dict[str, str]) -> tuple[EngineClient, Any]:
-    from runner.drift import DriftRequest
+    from runner.core.drift import DriftRequest
 
     config_dir = Path(args.chdir).resolve()
     config = client_config(args, config_dir, env)
@@ -45,7 +45,7 @@ def _context(env: dict[str, str], *, quiet: bool) -> Any:
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
-    from runner.drift import check_drift, describe
+    from runner.core.drift import check_drift, describe
 
     env = process_env()
     client, request = _request(args, env)
@@ -59,7 +59,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
-    from runner.drift import describe, refresh
+    from runner.core.drift import describe, refresh
 
     env = process_env()
     client, request = _request(args, env)

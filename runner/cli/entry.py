@@ -4,7 +4,7 @@ an outcome becomes an exit code and a message.
 Each module registers its own commands: ``operator`` (serve, worker, migrate, embedded, tenants, tokens, prune:
 beside the service), ``reads`` (states, state, reservations, runs), ``changes`` (plan, apply, recover, abort)
 and ``drift`` (drift, refresh). Exit codes: 0 ok (or nothing to do), 1 failed, 2 conflict or stale plan
-(re-plan), 3 usage or configuration error: ``EXIT_CODES`` maps each outcome of ``runner.errors`` (and the
+(re-plan), 3 usage or configuration error: ``EXIT_CODES`` maps each outcome of ``runner.core.errors`` (and the
 other errors kl knows) to one of them.
 """
 
@@ -31,10 +31,10 @@ from runner.cli.support import (
     package_version,
     print_json,
 )
-from runner.config import ClientConfigError
-from runner.engine_client import EngineBadRequest, EngineError
-from runner.errors import EngineCode, Failed, InvalidInput, NothingToDo, ReservationRefused, StalePlan, UsageError
-from runner.spec import SpecError
+from runner.core.config import ClientConfigError
+from runner.core.engine_client import EngineBadRequest, EngineError
+from runner.core.errors import EngineCode, Failed, InvalidInput, NothingToDo, ReservationRefused, StalePlan, UsageError
+from runner.core.spec import SpecError
 
 # Every error kl knows → its exit code; the first class the error is an instance of decides. An error not
 # listed is a bug in kl: its traceback is then the useful output.

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from runner.cli.support import EXIT_OK, Commands, print_json
-from runner.errors import UsageError
+from runner.core.errors import UsageError
 
 
 @contextmanager

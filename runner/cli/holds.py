@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 from app.domain.reservations import format_duration
 from runner.cli.support import EXIT_OK, Commands, client_options, connect, parse_duration, print_json
-from runner.engine_client import EngineError
-from runner.errors import EngineCode, ReservationRefused
+from runner.core.engine_client import EngineError
+from runner.core.errors import EngineCode, ReservationRefused
 
 
 def _until(hold: dict[str, object]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from app.domain.blocks import backend_block, scoped_backend_block
 from runner.cli.support import EXIT_OK, Commands, print_json
-from runner.errors import InvalidInput, UsageError
+from runner.core.errors import InvalidInput, UsageError
 
 DEFAULT_SERVER_URL = "http://localhost:8080"  # kl serve's default listener, as clients on this machine reach it
 
@@ -288,7 +288,7 @@ def _operator_name() -> str:
 
 def cmd_embedded_stop(args: argparse.Namespace) -> int:
     from app.embedded import default_data_dir, stop_embedded_postgres, stop_embedded_redis
-    from runner.config import data_dir, process_env
+    from runner.core.config import data_dir, process_env
 
     where = data_dir(process_env()) if process_env().get("KL_DATA_DIR") else default_data_dir()
     stopped = [name for name, stop in (("Postgres", stop_embedded_postgres), ("Redis", stop_embedded_redis))
@@ -299,7 +299,7 @@ def cmd_embedded_stop(args: argparse.Namespace) -> int:
 
 def cmd_embedded_info(args: argparse.Namespace) -> int:
     from app.embedded import default_data_dir, describe_embedded_postgres
-    from runner.config import data_dir, process_env
+    from runner.core.config import data_dir, process_env
 
     where = data_dir(process_env()) if process_env().get("KL_DATA_DIR") else default_data_dir()
     pg = describe_embedded_postgres(where)

@@ -1,6 +1,6 @@
 """The client's read commands over a server's rows: ``kl states``, ``kl state ls``, ``kl state history``,
 ``kl blame``, ``kl reservations`` and ``kl runs`` (in ``runner.cli.runs``). They reach the server through
-``runner.engine_client`` only.
+``runner.core.engine_client`` only.
 """
 
 from __future__ import annotations

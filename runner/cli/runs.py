@@ -1,6 +1,6 @@
 """``kl runs`` and ``kl runs show RUN_ID``: apply runs as an operator reads them — what each was for (its
 kind: an apply, a dry run, a drift check…), when it started and finished, how long it took, why it failed,
-in local time. Through ``runner.engine_client`` only.
+in local time. Through ``runner.core.engine_client`` only.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypeVar, overload
 
 from app.domain import durations
-from runner.config import ClientConfig, ClientConfigError, resolve
-from runner.engine_client import EngineClient
+from runner.core.config import ClientConfig, ClientConfigError, resolve
+from runner.core.engine_client import EngineClient
 
 _N = TypeVar("_N")
 

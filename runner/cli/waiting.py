@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import TextIO
 
 from app.domain.durations import format_duration
-from runner.engine_client import Waiting
+from runner.core.engine_client import Waiting
 
 _LOG_EVERY = 15.0
 _SHOWN = 2  # conflicts named on the line; the rest are counted

@@ -422,7 +422,7 @@ def test_prescan_says_when_it_cannot_follow_the_text(text: str) -> None:
         prescan("t.tf", text)
 
 
-# --- the http backend (used by runner/config.py) ----------------------------------------------------------
+# --- the http backend (used by runner/core/config.py) ----------------------------------------------------------
 
 
 def test_find_http_backend_reads_the_literal_settings() -> None:

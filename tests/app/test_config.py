@@ -10,8 +10,8 @@ import pytest
 from app.config import DEFAULT_MAX_BODY_BYTES, TABLE, AuthMode, Settings
 from app.envtable import Setting, bind, comma_list, read_table, whole
 from app.errors import ConfigError
-from runner.config import TABLE as CLIENT_TABLE
-from runner.config import ClientSettings, data_dir, default_actor
+from runner.core.config import TABLE as CLIENT_TABLE
+from runner.core.config import ClientSettings, data_dir, default_actor
 
 
 def test_defaults_are_open_mode_embedded_database_and_256_mib_bodies():

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 import requests
 
-from runner.config import ClientConfig
-from runner.engine_client import EngineClient, EngineError
+from runner.core.config import ClientConfig
+from runner.core.engine_client import EngineClient, EngineError
 from tests.conftest import wait_for
 
 WAITERS = 50

@@ -210,7 +210,7 @@ def test_a_pull_requests_project_takes_state_server_and_env_from_the_default_bra
 
     from runner.bot import flow
     from runner.bot.config import BotConfig, Project
-    from runner.config import ClientConfigError
+    from runner.core.config import ClientConfigError
 
     trusted = BotConfig(projects=(Project("infra", "infra", "infra", "http://trusted:8080", ("infra/**",), True,
                                           env=("AWS_PROFILE",)),))

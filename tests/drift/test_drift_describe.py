@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner.drift import DriftResult, describe, shown_globs
+from runner.core.drift import DriftResult, describe, shown_globs
 
 
 def test_a_file_scoped_resource_pair_is_shown_once_and_other_globs_as_they_are():

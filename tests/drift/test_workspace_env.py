@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner import workspace
+from runner.core import workspace
 
 
 def test_a_relative_cli_config_is_made_absolute_and_tf_data_dir_is_dropped(tmp_path, monkeypatch):

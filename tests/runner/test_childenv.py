@@ -1,5 +1,5 @@
 """The environments of Kilolock's children, with real processes: the embedded Terraform and git get what
-``runner.childenv`` allows and never a ``KL_*`` secret, whoever the caller."""
+``runner.core.childenv`` allows and never a ``KL_*`` secret, whoever the caller."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from runner import childenv, git, workspace
-from runner.terraform import resolve_binary, run
+from runner.core import childenv, git, workspace
+from runner.core.terraform import resolve_binary, run
 
 WORKER = {
     "PATH": "/usr/bin:/bin", "HOME": "/home/kl", "LANG": "C.UTF-8", "LC_ALL": "C", "TMPDIR": "/tmp",

@@ -1,4 +1,4 @@
-"""The outcomes of runner.errors and their exit codes: one table, the wire codes the server really sends."""
+"""The outcomes of runner.core.errors and their exit codes: one table, the wire codes the server really sends."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import inspect
 import pytest
 
 import app.errors
-import runner.errors
+import runner.core.errors
 from runner.cli.entry import EXIT_CODES, exit_code
 from runner.cli.support import EXIT_CONFLICT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from runner.config import ClientConfigError
-from runner.engine_client import EngineBadRequest, EngineError, engine_error
-from runner.errors import (
+from runner.core.config import ClientConfigError
+from runner.core.engine_client import EngineBadRequest, EngineError, engine_error
+from runner.core.errors import (
     SERVER_CODES,
     EngineCode,
     Failed,
@@ -51,7 +51,7 @@ def test_an_unknown_error_has_no_exit_code_so_its_traceback_shows():
 
 
 def test_every_outcome_class_is_in_the_table():
-    outcomes = {c for _, c in inspect.getmembers(runner.errors, inspect.isclass)
+    outcomes = {c for _, c in inspect.getmembers(runner.core.errors, inspect.isclass)
                 if issubclass(c, KlExit) and c is not KlExit}
     assert outcomes <= {kind for kind, _ in EXIT_CODES}
 

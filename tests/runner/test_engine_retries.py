@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from runner.config import ClientConfig
-from runner.engine_client import EngineClient, EngineError
+from runner.core.config import ClientConfig
+from runner.core.engine_client import EngineClient, EngineError
 
 
 class Flaky(ThreadingHTTPServer):

@@ -1,4 +1,4 @@
-"""runner.git against real repositories created in temp dirs: entries, texts at a ref, merge bases and
+"""runner.core.git against real repositories created in temp dirs: entries, texts at a ref, merge bases and
 the --changed-from scope, for the working tree and for two refs (the pull-request case)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from git import Repo
 
 from analyzer.gitdiff import FULL, DeletedFile, DiffEntry
-from runner.git import (
+from runner.core.git import (
     GitError,
     NotARepositoryError,
     UnknownRefError,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from analyzer.hcl import ParseCache, analyze_file
 from app import atomic
-from runner.parsecache import cache_path, load_cache, prune_cache, save_cache, signature
+from runner.core.parsecache import cache_path, load_cache, prune_cache, save_cache, signature
 
 
 def _texts(writer: int, round_: int) -> dict[str, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from analyzer.hcl import ParseCache, analyze_file, content_digest
 from app import atomic
-from runner.parsecache import (
+from runner.core.parsecache import (
     OVERLAY_MIN_ENTRIES,
     cache_path,
     load_cache,

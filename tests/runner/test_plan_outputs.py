@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analyzer.globs import parse_glob
-from runner.plan import output_write_globs
+from runner.core.plan import output_write_globs
 
 
 def test_changed_outputs_become_output_write_globs() -> None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from analyzer.state import parse_state
-from runner.plan import Snapshot, described_part, given_var_flags
+from runner.core.plan import Snapshot, described_part, given_var_flags
 
 PROVIDER = 'provider["terraform.io/builtin/terraform"]'
 

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import requests
 
-from runner.apply import Prepared, SavedPlan, saved_plan_refusal
 from runner.cli.entry import main
-from runner.engine_client import EngineClient
-from runner.plan import TerraformContext
-from runner.spec import PlanSpec
-from runner.terraform import BinaryKind, TerraformBinary
-from runner.workspace import Workspace
+from runner.core.apply import Prepared, SavedPlan, saved_plan_refusal
+from runner.core.engine_client import EngineClient
+from runner.core.plan import TerraformContext
+from runner.core.spec import PlanSpec
+from runner.core.terraform import BinaryKind, TerraformBinary
+from runner.core.workspace import Workspace
 from tests.conftest import Workdir
 from tests.runner.test_file_scoped import make_repo, untrap
 
@@ -59,7 +59,7 @@ def alice_applies_db_after_bob(repo: Workdir, monkeypatch: pytest.MonkeyPatch, c
 
     monkeypatch.setattr(EngineClient, "open_run", open_run)
     monkeypatch.chdir(repo.dir)
-    monkeypatch.setattr("runner.config.process_env", lambda: dict(repo.env))
+    monkeypatch.setattr("runner.core.config.process_env", lambda: dict(repo.env))
     code = main(["apply", "-f", "db.tf", "--confirm-scope", "--actor", "alice"])
     captured = capsys.readouterr()
     return code, captured.out + captured.err

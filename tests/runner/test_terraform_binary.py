@@ -1,4 +1,4 @@
-"""runner.terraform: which binary is chosen, and how a run is captured, timed out and interrupted.
+"""runner.core.terraform: which binary is chosen, and how a run is captured, timed out and interrupted.
 
 Fake binaries are tiny shell scripts, so these tests check process handling without Terraform;
 one test runs the real embedded kl-terraform through run().
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.terraform import (
+from runner.core.terraform import (
     BinaryKind,
     TerraformBinary,
     TerraformError,

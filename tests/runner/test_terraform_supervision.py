@@ -1,4 +1,4 @@
-"""runner.terraform keeps Terraform supervised: a stop request interrupts it gracefully, and a ``kill -9`` of
+"""runner.core.terraform keeps Terraform supervised: a stop request interrupts it gracefully, and a ``kill -9`` of
 the process that spawned it sends it SIGINT (Linux's parent-death signal), so it never applies on alone.
 
 Fake binaries are shell scripts that behave like Terraform on SIGINT: write their state, then exit."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.terraform import run
+from runner.core.terraform import run
 from tests.runner.test_terraform_binary import script_binary
 
 # Waits for a signal it will get; a test that fails never hangs longer than this.
@@ -60,7 +60,7 @@ def test_terraform_is_interrupted_when_the_process_that_runs_it_is_killed(tmp_pa
     parent = subprocess.Popen([sys.executable, "-c", (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from runner.terraform import BinaryKind, TerraformBinary, run\n"
+        "from runner.core.terraform import BinaryKind, TerraformBinary, run\n"
         f"binary = TerraformBinary(Path({str(binary.path)!r}), BinaryKind.CONFIGURED)\n"
         f"run(binary, ['apply'], cwd=Path({str(tmp_path)!r}), env={{'PATH': os.defpath}})\n")],
         cwd=Path(__file__).resolve().parents[2])

@@ -4,7 +4,7 @@ a slice of the trunk fetched by glob — never over the whole configuration or t
 
 The footprint (what is written, read, needed) comes from ``analyzer.footprint``; this module reads
 the files, builds the workspace, talks to the server through the engine client, and reuses the
-sliced-apply path (``runner.apply``) for reserving, applying and committing.
+sliced-apply path (``runner.core.apply``) for reserving, applying and committing.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from analyzer.scoping import (
     output_globs,
     selection_from_changes,
 )
-from runner import workspace
-from runner.apply import ApplyOptions, Builder, Prepared, SavedPlan, apply_spec, check_spec
-from runner.engine_client import EngineClient, EngineError
-from runner.errors import EngineCode, Failed, InvalidInput, NothingToDo, StalePlan
-from runner.git import work_tree_root
-from runner.parsecache import load_cache, prune_cache, save_cache
-from runner.parsecache import signature as _signature
-from runner.plan import (
+from runner.core import workspace
+from runner.core.apply import ApplyOptions, Builder, Prepared, SavedPlan, apply_spec, check_spec
+from runner.core.engine_client import EngineClient, EngineError
+from runner.core.errors import EngineCode, Failed, InvalidInput, NothingToDo, StalePlan
+from runner.core.git import work_tree_root
+from runner.core.parsecache import load_cache, prune_cache, save_cache
+from runner.core.parsecache import signature as _signature
+from runner.core.plan import (
     Snapshot,
     TerraformContext,
     auto_var_files,
@@ -56,8 +56,8 @@ from runner.plan import (
     plan_in_workspace,
     spec_from_plan,
 )
-from runner.recovery import ApplyOutcome
-from runner.spec import PlanSpec, is_plan_file
+from runner.core.recovery import ApplyOutcome
+from runner.core.spec import PlanSpec, is_plan_file
 
 __all__ = ["Selection", "apply_files", "changed_selection", "file_selection", "module_sources", "plan_files",
            "plan_files_saved", "read_configuration"]
@@ -389,7 +389,7 @@ def apply_files(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, opt
                 deleted: Mapping[str, str], planned: Footprint | None = None,
                 saved: SavedPlan | None = None) -> ApplyOutcome:
     """Check the files and inputs against ``spec``, then reserve, apply and commit it: the ``saved`` plan as it
-    is when the trunk has not moved since it was made (``runner.apply.saved_plan_refusal``), else a re-plan
+    is when the trunk has not moved since it was made (``runner.core.apply.saved_plan_refusal``), else a re-plan
     over a rebuilt workspace and a fresh slice."""
     config_dir = Path(spec.config_dir)
     check_files(spec, config_dir)
@@ -403,7 +403,7 @@ def file_selection(config_dir: Path, files: Sequence[str]) -> Selection:
     """-f FILE…: the selected files, with the text each had at HEAD when the configuration is in a git work tree
     (what a selected file declared there and no file declares now is destroyed, its outputs removed, as a full
     apply would). Without git, or for a file new since HEAD, there is no earlier text to compare."""
-    from runner.git import GitError, text_at
+    from runner.core.git import GitError, text_at
 
     root = work_tree_root(config_dir)
     earlier: dict[str, str] = {}
@@ -421,12 +421,12 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
     """--changed-from REF: the selection for what changed since ``ref`` in the git repository holding
     ``config_dir`` — up to the working tree, or up to the commit ``against`` (the pull-request bot, on a
     checkout of that commit). What a still-present selected file declared at ``ref`` joins the deleted
-    texts, so a block removed from it is planned for destruction. Raises runner.git.GitError, InvalidInput,
+    texts, so a block removed from it is planned for destruction. Raises runner.core.git.GitError, InvalidInput,
     NothingToDo (no Terraform file changed)."""
     import posixpath
 
     from analyzer.gitdiff import WidenKind
-    from runner.git import GitError, changed_from, text_at
+    from runner.core.git import GitError, changed_from, text_at
 
     texts = read_configuration(config_dir)
     cache = ParseCache()

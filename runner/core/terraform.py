@@ -4,8 +4,8 @@ Owns: choosing the binary (``KL_TERRAFORM_BIN``, else ``terraform`` or ``tofu`` 
 embedded ``kl-terraform``), the child's environment, its process group, output
 capture, and interrupting it on timeout so an apply can still write its state.
 
-Must not: interpret Terraform's output or know about workspaces, plans or state (``runner.workspace``,
-``runner.plan`` and ``runner.apply`` do that), nor read the process environment: callers pass ``env`` in.
+Must not: interpret Terraform's output or know about workspaces, plans or state (``runner.core.workspace``,
+``runner.core.plan`` and ``runner.core.apply`` do that), nor read the process environment: callers pass ``env`` in.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Literal
 
-from runner import childenv
+from runner.core import childenv
 
 _log = logging.getLogger("kilolock.terraform")
 
@@ -108,7 +108,7 @@ def resolve_binary(env: Mapping[str, str]) -> TerraformBinary:
     Raises TerraformNotFoundError when KL_TERRAFORM_BIN is set but not an executable file, or when
     nothing is found at all.
     """
-    from runner.config import ClientSettings  # the client's settings table owns KL_TERRAFORM_BIN
+    from runner.core.config import ClientSettings  # the client's settings table owns KL_TERRAFORM_BIN
 
     search_path = env.get("PATH", os.defpath)
     configured = ClientSettings.from_env(env).terraform_bin

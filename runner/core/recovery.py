@@ -23,9 +23,9 @@ from analyzer.state import InstanceRow, ParsedState, parse_state
 from analyzer.state_assembly import assemble_state
 from app import atomic
 from app.domain.reservations import LIVE_STATUSES
-from runner.engine_client import EngineClient, EngineError
-from runner.errors import REFUSALS, EngineCode, Failed, InvalidInput, KlExit, NothingToDo, refusal
-from runner.spec import PlanSpec
+from runner.core.engine_client import EngineClient, EngineError
+from runner.core.errors import REFUSALS, EngineCode, Failed, InvalidInput, KlExit, NothingToDo, refusal
+from runner.core.spec import PlanSpec
 
 Echo = Callable[[str], None]
 

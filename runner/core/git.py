@@ -35,7 +35,7 @@ from git.diff import Diffable
 from git.exc import CommandError, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from analyzer.gitdiff import Change, ChangeScope, DiffEntry, scope_changes
-from runner import childenv
+from runner.core import childenv
 
 _popen = git.cmd.safer_popen
 

@@ -25,11 +25,11 @@ from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, kee
 from analyzer.globs import Glob, GlobError, GlobKind, matches, parse_glob
 from analyzer.state import ParsedState, parse_state
 from app.domain.reservations import DEFAULT_LEASE
-from runner import workspace
-from runner.apply import Heartbeat
-from runner.engine_client import EngineClient, EngineError
-from runner.errors import REFUSALS, EngineCode, Failed, InvalidInput, ReservationRefused, refusal
-from runner.plan import (
+from runner.core import workspace
+from runner.core.apply import Heartbeat
+from runner.core.engine_client import EngineClient, EngineError
+from runner.core.errors import REFUSALS, EngineCode, Failed, InvalidInput, ReservationRefused, refusal
+from runner.core.plan import (
     PLAN_FILE,
     TerraformContext,
     described_part,
@@ -138,8 +138,8 @@ def resolve_scope(client: EngineClient, request: DriftRequest) -> Scope:
         return Scope(checked=("*",), read=(), targets=())
     from analyzer.gcpause import gc_paused
     from analyzer.scoping import described_in
-    from runner.filescoped import Selection, derive_footprint, read_configuration
-    from runner.parsecache import load_cache
+    from runner.core.filescoped import Selection, derive_footprint, read_configuration
+    from runner.core.parsecache import load_cache
 
     files = read_configuration(request.config_dir)
     with gc_paused():
@@ -191,9 +191,9 @@ def _open(client: EngineClient, request: DriftRequest, scope: Scope, *, write: b
 
 def _workspace(request: DriftRequest, scope: Scope, chosen: Slice, dest: Path) -> workspace.Workspace:
     if scope.footprint is not None:
-        from runner.filescoped import build_minimal, module_layout
-        from runner.git import work_tree_root
-        from runner.parsecache import load_cache
+        from runner.core.filescoped import build_minimal, module_layout
+        from runner.core.git import work_tree_root
+        from runner.core.parsecache import load_cache
 
         layout = module_layout(request.config_dir, scope.footprint, load_cache(request.data_dir),
                                work_tree_root(request.config_dir))

@@ -6,7 +6,7 @@ committed between the plan and the reservations (``saved_plan_refusal``).
 Before Terraform applies, the server's dry commit checks the plan's changes by the commit's own rules
 (write reservations, staleness, the run's liveness), so every refusal the plan makes knowable comes
 before the infrastructure changes; the server re-checks every invariant at commit. What ``kl recover``
-needs is kept under KL_DATA_DIR/runs/RUN_ID from before the apply until the commit (``runner.recovery``).
+needs is kept under KL_DATA_DIR/runs/RUN_ID from before the apply until the commit (``runner.core.recovery``).
 An operator's abort of an applying run reaches the heartbeat, which stops Terraform before the run is
 closed.
 """
@@ -28,11 +28,11 @@ from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, parse_state
 from app.domain.commit import commit_delta, is_data_source, parse_globs, unreserved_read
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES, RunStatus
-from runner import workspace
-from runner.counts import counts_line
-from runner.engine_client import EngineClient, EngineError
-from runner.errors import REFUSALS, RUN_LOST, EngineCode, Failed, InvalidInput, KlExit, StalePlan, refusal
-from runner.plan import (
+from runner.core import workspace
+from runner.core.counts import counts_line
+from runner.core.engine_client import EngineClient, EngineError
+from runner.core.errors import REFUSALS, RUN_LOST, EngineCode, Failed, InvalidInput, KlExit, StalePlan, refusal
+from runner.core.plan import (
     TerraformContext,
     changed_outputs,
     described_part,
@@ -42,9 +42,9 @@ from runner.plan import (
     terraform,
     var_flags,
 )
-from runner.recovery import ApplyOutcome, forget, has_kept_state, pruned_outputs, rows_of, save_recovery
-from runner.spec import PlanSpec
-from runner.terraform import TerraformBinary
+from runner.core.recovery import ApplyOutcome, forget, has_kept_state, pruned_outputs, rows_of, save_recovery
+from runner.core.spec import PlanSpec
+from runner.core.terraform import TerraformBinary
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,7 +448,7 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
 def run_info(config_hash: str, dry_run: bool, config_dir: Path) -> dict[str, Any]:
     """What a run records about its plan: the configuration's hash, whether it is a dry run, and the git
     commit checked out where the configuration lives (none outside git)."""
-    from runner.behind import config_commit
+    from runner.core.behind import config_commit
 
     commit = config_commit(config_dir)
     return {"config_hash": config_hash, "dry_run": dry_run, **({"git_commit": commit} if commit else {})}

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.globs import Glob, GlobError, matches, parse_glob
-from runner import git
-from runner.engine_client import EngineClient
+from runner.core import git
+from runner.core.engine_client import EngineClient
 
 RECENT_RUNS = 200  # how many of the state's newest committed runs a plan compares against
 SHOWN_ADDRESSES = 10  # addresses a warning names (and how many more)

@@ -19,8 +19,8 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from runner.config import ClientConfig
-from runner.errors import EngineCode
+from runner.core.config import ClientConfig
+from runner.core.errors import EngineCode
 
 
 class EngineError(Exception):

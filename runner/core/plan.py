@@ -21,11 +21,11 @@ from analyzer.plan import PlanAnalysis, PlanFormatError, analyze_plan
 from analyzer.rewrites import rewritten_rows
 from analyzer.state import ParsedState, parse_state
 from analyzer.state_assembly import assemble_state
-from runner import workspace
-from runner.engine_client import EngineClient, EngineError
-from runner.errors import EngineCode, Failed, InvalidInput
-from runner.spec import PinnedVar, PlanSpec
-from runner.terraform import TerraformBinary, TerraformError, run
+from runner.core import workspace
+from runner.core.engine_client import EngineClient, EngineError
+from runner.core.errors import EngineCode, Failed, InvalidInput
+from runner.core.spec import PinnedVar, PlanSpec
+from runner.core.terraform import TerraformBinary, TerraformError, run
 
 PLAN_FILE = "kl.tfplan"
 

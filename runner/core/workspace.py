@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import atomic
-from runner import childenv
+from runner.core import childenv
 
 # Copied configuration never includes Terraform's own working data, local states or our artifacts.
 _SKIP_DIRS = {".terraform", ".git", ".hg", ".kilolock"}  # .kilolock: ARTIFACT_DIR
@@ -174,7 +174,7 @@ def carry_lock_file(config_dir: Path, dest: Path) -> None:
 
 def terraform_env(base: Mapping[str, str], cache_dir: Path) -> dict[str, str]:
     """The environment of Terraform in a private workspace: ``base`` (already the worker's allowlist, or the
-    user's own) without ``KL_*`` and ``TF_HTTP_*`` (``runner.childenv``), with the CLI configuration's
+    user's own) without ``KL_*`` and ``TF_HTTP_*`` (``runner.core.childenv``), with the CLI configuration's
     path made absolute (Terraform runs inside the workspace), the shared plugin cache, and no TF_DATA_DIR
     (every workspace keeps its own .terraform, or parallel runs would overwrite each other's)."""
     env = childenv.for_person(base)

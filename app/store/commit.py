@@ -34,7 +34,7 @@ from app.domain import commit as rules
 from app.domain import scopes
 from app.domain.principal import Principal
 from app.errors import BadRequestError, RunNotFoundError, StateLockedError, WriteOutsideReservationError
-from app.store import events, history, holds, resources, runs, states
+from app.store import events, history, reservation_rows, resources, runs, states
 from app.store.db import Database
 
 # Read before the lock: the run, its state and the head serial as of now (the staleness check re-reads
@@ -265,14 +265,14 @@ def _read_before(conn: psycopg.Connection, principal: Principal, run_id: str, ad
             rows_read = conn.execute(_BASE_ROWS, (state_id, addresses, base_serial, base_serial))
             outputs_read = conn.cursor(row_factory=class_row(OutputRow)).execute(
                 _BASE_OUTPUTS, (state_id, base_serial))
-            changed_read = conn.execute(holds.CHANGED_SINCE, (state_id, base_serial, base_serial))
+            changed_read = conn.execute(reservation_rows.CHANGED_SINCE, (state_id, base_serial, base_serial))
     reserved = tuple((g, m) for g, m in globs_read.fetchall())
     if base_serial is None:
         return _Before(state_id, None, seen_serial, reserved, {}, [], [])
     return _Before(
         state_id=state_id, base_serial=base_serial, seen_serial=seen_serial, reserved=reserved,
         base={(a, d): h for a, d, h in rows_read.fetchall()}, base_outputs=outputs_read.fetchall(),
-        changed=holds.changes_after(changed_read.fetchall(), base_serial))
+        changed=reservation_rows.changes_after(changed_read.fetchall(), base_serial))
 
 
 def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, before: _Before) -> Locked:
@@ -286,7 +286,7 @@ def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, bef
         globs_read = conn.execute(_LOCKED_GLOBS, (run_id,))
         head_read = conn.execute(_STATE_HEAD, (state_id,))
         outputs_read = conn.cursor(row_factory=class_row(OutputRow)).execute(_HEAD_OUTPUTS, (state_id,))
-        changed_read = conn.execute(holds.CHANGED_SINCE, (state_id, after, after))
+        changed_read = conn.execute(reservation_rows.CHANGED_SINCE, (state_id, after, after))
     (state_name,) = name_read.fetchone() or ("",)
     run = run_read.fetchone()
     if run is None:  # deleted with its state since the first read
@@ -300,7 +300,7 @@ def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, bef
         reserved=tuple((g, m) for g, m, _ in globs), expiries=[e for _, _, e in globs],
         lock_id=lock_id, lock_info=lock_info, head_serial=head_serial, lineage=lineage,
         head_version_id=head_version_id, terraform_version=tf_version, head_outputs=outputs_read.fetchall(),
-        changed=holds.changes_after(changed_read.fetchall(), before.base_serial or 0), locked_at=locked_at,
+        changed=reservation_rows.changes_after(changed_read.fetchall(), before.base_serial or 0), locked_at=locked_at,
     )
 
 
@@ -347,7 +347,7 @@ def _check_stale(before: _Before, locked: Locked, verdict: _Verdict, base_serial
     if locked.head_version_id is not None and locked.head_serial > base_serial and any(
             g.is_output or g.is_everything for g in globs):
         moved = rules.stale_outputs(before.base_outputs, locked.head_outputs, globs)
-    holds.raise_if_stale(base_serial, found, moved)
+    reservation_rows.raise_if_stale(base_serial, found, moved)
 
 
 def _write(

@@ -5,9 +5,9 @@ A hold is an apply run holding write reservations (the run's id is the hold's id
 checks, Terraform's LOCK 423 and expiry are the reservation paths' own. This module adds the caps (per
 credential and per state, re-checked under the state's row lock after the grant, so concurrent takers never
 pass them), the audit events ``hold_taken`` and ``hold_released`` (``hold_expired`` is recorded where
-expired reservations are reclaimed, app.store.holds), and the listing.
+expired reservations are reclaimed, app.store.reservation_rows), and the listing.
 
-Must not: parse request bodies (app.web.holds) or decide bounds (app.domain.manualholds).
+Must not: parse request bodies (app.web.manual_holds) or decide bounds (app.domain.manualholds).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from app.errors import (
     RunClosedError,
     RunNotFoundError,
 )
-from app.store import events, holds, states
+from app.store import events, reservation_rows, states
 from app.store.acquire import (
     CONFLICT_SCAN_LIMIT,
     POLL_SECONDS,
@@ -175,7 +175,7 @@ def open_run(
             if base_serial > (row.current_serial or 0):
                 raise BadRequestError(f"base_serial {base_serial} is ahead of the trunk (serial {row.current_serial})")
             # A plan that is already stale would only fail at commit, after Terraform ran: refuse now.
-            holds.check_stale(conn, row.id, base_serial, [w.text for w in wanted])
+            reservation_rows.check_stale(conn, row.id, base_serial, [w.text for w in wanted])
         conn.execute(_INSERT_RUN, (run_id, principal.tenant_id, row.id, actor, base_serial,
                                    int(lease.total_seconds()), now, now, json.dumps(details), principal.credential))
         insert_reservations(conn, principal, row, run_id, attempt, now, details)
@@ -237,7 +237,8 @@ def check_live(
     lapsed = status == RunStatus.EXPIRED or any(e <= now for e in expiries)
     if lapsed:
         if RunStatus(status).is_live:
-            holds.reclaim(conn, principal, state_id=state_id, state_name=state_name, run_ids=[run_id], now=now)
+            reservation_rows.reclaim(conn, principal, state_id=state_id, state_name=state_name, run_ids=[run_id],
+                                     now=now)
             conn.commit()  # the reclaim stands although the caller is refused
         raise LeaseExpiredError(
             f"the lease of apply run {run_id} expired; its reservations were released and someone else may "

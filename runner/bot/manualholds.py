@@ -19,7 +19,7 @@ from app.errors import HoldNotFoundError, KlError
 from app.store import manual_holds
 from runner.bot import flow, markdown
 from runner.bot.github import GitHub
-from runner.bot.holds import bot_principal, bot_principals
+from runner.bot.pr_holds import bot_principal, bot_principals
 from runner.bot.results import CommentResult
 
 if TYPE_CHECKING:

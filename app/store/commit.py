@@ -99,7 +99,6 @@ _FINISH = """
 UPDATE apply_runs SET status = 'committed', committed_serial = %s, finished_at = %s, counters = counters || %s
 WHERE id = %s
 """
-_RELEASE = "DELETE FROM resource_reservations WHERE run_id = %s"
 _KEEP_GLOBS = "UPDATE apply_runs SET info = info || %s::jsonb WHERE id = %s"
 
 
@@ -364,7 +363,7 @@ def _write(
     if delta.is_empty and not outputs_changed:
         with conn.pipeline():
             conn.execute(_FINISH, (None, now, json.dumps(counters), run_id))
-            conn.execute(_RELEASE, (run_id,))
+            reservation_rows.drop_run_reservations(conn, run_id)
             events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
                           holder=locked.actor, **counters, serial_written=False)
             conn.commit()
@@ -384,7 +383,7 @@ def _write(
             *resources.output_columns(outputs), serial, state_id))
         conn.execute(_FINISH, (serial, now, json.dumps(counters), run_id))
         conn.execute(_KEEP_GLOBS, (json.dumps(_written_globs(locked.reserved)), run_id))
-        conn.execute(_RELEASE, (run_id,))
+        reservation_rows.drop_run_reservations(conn, run_id)
         events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
                       serial=serial, holder=locked.actor, **counters, addresses=list(delta.addresses)[:200])
         conn.commit()  # in the pipeline: the writes and COMMIT are one round trip

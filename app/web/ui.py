@@ -39,7 +39,7 @@ from werkzeug.wrappers import Response as Redirect
 
 from app.config import AuthMode, Settings
 from app.domain.attributes import AttributeChange, attribute_diff, sensitive_paths
-from app.domain.blocks import scoped_backend_block
+from app.domain.backend_blocks import scoped_backend_block
 from app.domain.principal import Principal, default_principal
 from app.domain.reservations import format_duration
 from app.domain.scopes import PLAN_ONLY, scope_set

@@ -16,7 +16,7 @@ from app.domain.jobs import ClosedArgs, CommentArgs, JobKind, PreviewArgs, PullR
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus, PrFootprint
 from runner import git
-from runner.bot import flow, manualholds, owners, pr_holds, render, requirements, view
+from runner.bot import flow, manual_holds, owners, pr_holds, render, requirements, view
 from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig
 from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, PLAN_CHECK, Context, complete, progress, refresh
@@ -203,9 +203,9 @@ def comment(ctx: Context, args: CommentArgs) -> Outcome:
     elif command.name is CommandName.UNLOCK:
         return JobStatus.SUCCEEDED, pr_holds.comment_unlock(ctx, repo, number, login)
     elif command.name is CommandName.HOLD:
-        return JobStatus.SUCCEEDED, manualholds.comment_hold(ctx, gh, repo, number, login, command.hold)
+        return JobStatus.SUCCEEDED, manual_holds.comment_hold(ctx, gh, repo, number, login, command.hold)
     elif command.name is CommandName.RELEASE:
-        return JobStatus.SUCCEEDED, manualholds.comment_release(ctx, repo, number, login, command.hold)
+        return JobStatus.SUCCEEDED, manual_holds.comment_release(ctx, repo, number, login, command.hold)
     elif command.name is CommandName.HELP:
         reply = commands.HELP
     else:

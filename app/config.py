@@ -18,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from app import envtable
-from app.domain.manualholds import (
+from app.domain.manual_holds import (
     DEFAULT_HOLD_SECONDS,
     DEFAULT_MAX_HOLDS_PER_STATE,
     DEFAULT_MAX_HOLDS_PER_TOKEN,

@@ -16,7 +16,7 @@ concurrent clients (threads, one ``requests.Session`` each) over HTTP, and 1 cli
 ``app.store.runs.open_run`` / ``release`` directly (with the candidates query both indexed and forced to a
 sequential scan), for each size, which has its own state. Every cell is measured in several short slices,
 and the slices of all cells take turns, so load from other processes on a shared machine spreads over all
-cells. Then ``EXPLAIN (ANALYZE, BUFFERS)`` of the candidates query (``app.store.holds._CANDIDATES``) on the
+cells. Then ``EXPLAIN (ANALYZE, BUFFERS)`` of the candidates query (``app.store.reservation_rows._CANDIDATES``) on the
 largest state: the planner's plan, the same with index scans disabled, and the generic plan a prepared
 statement may switch to; and whether Postgres does switch (on a fresh connection, as the app's pool uses
 it). Finally 1,000 other states with 10 reservations each join the table, and the store cell and HTTP
@@ -55,7 +55,7 @@ from app.domain.principal import default_principal
 from app.domain.reservations import DEFAULT_LEASE, glob_root, parse_wanted
 from app.errors import ReservationConflictError
 from app.store import acquire as store_acquire
-from app.store import holds
+from app.store import reservation_rows
 from app.store import runs as store_runs
 from app.store.db import Database
 from bench import common
@@ -308,7 +308,7 @@ class Cell:
     slices: int = 0
     acquire: list[float] = field(default_factory=list)
     cycle: list[float] = field(default_factory=list)
-    # probes around holds.candidates and find_conflicts (server side for HTTP: the server is in-process)
+    # probes around reservation_rows.candidates and find_conflicts (server side for HTTP: the server is in-process)
     probe_calls: int = 0
     probe_rows: int = 0
     probe_candidates: float = 0.0
@@ -443,10 +443,10 @@ _INDEXES_ON = "SELECT set_config('enable_indexscan', 'on', true), set_config('en
 
 @contextmanager
 def probes(probe: Probe, *, unindexed: bool) -> Iterator[None]:
-    """Time ``holds.candidates`` and ``find_conflicts`` inside ``open_run`` (bench process only;
+    """Time ``reservation_rows.candidates`` and ``find_conflicts`` inside ``open_run`` (bench process only;
     restored on exit). With ``unindexed``, the candidates query runs with index and bitmap scans
     disabled for that one statement (transaction-local settings, set before and restored after)."""
-    original_candidates = shim_target(holds, "candidates")
+    original_candidates = shim_target(reservation_rows, "candidates")
     original_find = shim_target(store_acquire, "find_conflicts")
 
     def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Any]:
@@ -472,12 +472,12 @@ def probes(probe: Probe, *, unindexed: bool) -> Iterator[None]:
             with probe.lock:
                 probe.conflict_checks += spent
 
-    holds.candidates = candidates  # type: ignore[assignment]
+    reservation_rows.candidates = candidates  # type: ignore[assignment]
     store_acquire.find_conflicts = find_conflicts  # type: ignore[assignment]
     try:
         yield
     finally:
-        holds.candidates = original_candidates  # type: ignore[assignment]
+        reservation_rows.candidates = original_candidates  # type: ignore[assignment]
         store_acquire.find_conflicts = original_find  # type: ignore[assignment]
 
 
@@ -608,7 +608,7 @@ class PlanChoice:
     executions: int
     generic: int
     custom: int
-    last_ms: float          # mean time of holds.candidates over the last 10 executions
+    last_ms: float          # mean time of reservation_rows.candidates over the last 10 executions
     custom_cost: float      # mean estimated total cost of the custom plans for the roots asked for
     generic_cost: float     # estimated total cost of the generic plan
     planning_surcharge: float  # what Postgres adds to a custom plan's cost before comparing
@@ -632,7 +632,7 @@ def explain_plans(h: Harness, state_id: int, roots: list[str], sz: Sizes, *, suf
     """EXPLAIN (ANALYZE, BUFFERS) of the candidates query for ``roots``: as planned with the values (the
     custom plan), with index and bitmap scans disabled, and the generic plan of the prepared statement."""
     params = (state_id, roots, False)
-    query = holds._CANDIDATES.strip()  # noqa: SLF001 - the query under test
+    query = reservation_rows._CANDIDATES.strip()  # noqa: SLF001 - the query under test
     plans: list[Plan] = []
     with psycopg.connect(h.url, autocommit=True, prepare_threshold=None) as conn:
         cur = psycopg.ClientCursor(conn)  # literal parameters: the planner sees the values, as in a custom plan
@@ -674,7 +674,7 @@ def plan_choice(h: Harness, state_id: int, layout: str, seed: int, executions: i
             roots = {glob_root(g["glob"]) for g in bench_globs(rng)}
             asked.append(sorted(roots))
             started = perf()
-            holds.candidates(conn, state_id, roots)
+            reservation_rows.candidates(conn, state_id, roots)
             times.append(perf() - started)
         row = conn.execute(
             "SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) FROM pg_prepared_statements "
@@ -682,7 +682,7 @@ def plan_choice(h: Harness, state_id: int, layout: str, seed: int, executions: i
         ).fetchone()
         conn.rollback()
     generic, custom = (int(row[0]), int(row[1])) if row else (0, 0)
-    query = holds._CANDIDATES.strip()  # noqa: SLF001 - the query under test
+    query = reservation_rows._CANDIDATES.strip()  # noqa: SLF001 - the query under test
     with psycopg.connect(h.url, autocommit=True, prepare_threshold=None) as conn:
         cur = psycopg.ClientCursor(conn)
 
@@ -817,7 +817,7 @@ def choices_table(e: ExplainResult) -> str:
              str(c.executions), str(c.custom), str(c.generic), f"{c.last_ms:.3f}"]
             for c in e.choices]
     return table(["table", "custom plan cost (mean) + surcharge", "generic plan cost", "executions",
-                  "custom plans", "generic plans", "holds.candidates ms (mean of the last 10)"], rows)
+                  "custom plans", "generic plans", "reservation_rows.candidates ms (mean of the last 10)"], rows)
 
 
 def reading(cells: Sequence[Cell], e: ExplainResult | None, sz: Sizes) -> str:
@@ -906,7 +906,7 @@ def render(command: str, machine: list[tuple[str, str]], sz: Sizes, cells: Seque
         plans_text = "\n\n".join(f"{p.label}:\n\n```\n{p.text}\n```" for p in e.plans)
         explain_text = f"""### EXPLAIN of the candidates query at {e.live:,} live reservations
 
-`app.store.holds._CANDIDATES` with the roots of one typical acquire ({", ".join(f"`{r}`" for r in e.roots)}),
+`app.store.reservation_rows._CANDIDATES` with the roots of one typical acquire ({", ".join(f"`{r}`" for r in e.roots)}),
 on a side connection, the last of {sz.explain_runs} runs. "Heap rows examined" counts the rows each scan node
 fetched (returned plus removed by filter or recheck); "index entries read" counts what the index scans produced.
 The last two rows were taken after the other states of the next section joined the table.
@@ -919,7 +919,7 @@ The last two rows were taken after the other states of the next section joined t
 
 What Postgres does with the app's own statement: psycopg prepares a query on its 5th execution on a
 connection (the app's pool connections too), and with `plan_cache_mode = auto` Postgres then chooses between
-custom plans and one generic plan by their estimated costs. `holds.candidates` executed on one fresh
+custom plans and one generic plan by their estimated costs. `reservation_rows.candidates` executed on one fresh
 connection with the roots of a new random acquire each time:
 
 {choices_table(e)}
@@ -1000,7 +1000,7 @@ itself keeps about one core busy).
 
 {results_table(store)}
 
-Where the acquire goes, for every cell above (probes around `holds.candidates` and `find_conflicts`, which
+Where the acquire goes, for every cell above (probes around `reservation_rows.candidates` and `find_conflicts`, which
 `open_run` calls twice: once for expired holdings, once for live ones; the server runs in the benchmark
 process, so this covers the HTTP cells' server side too, warm-up included):
 
@@ -1090,7 +1090,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             live = sz.levels[-1]
             scratch.vacuum()
             roots = typical_roots(args.seed)
-            query = holds._CANDIDATES.strip()  # noqa: SLF001 - the query under test
+            query = reservation_rows._CANDIDATES.strip()  # noqa: SLF001 - the query under test
             explained = ExplainResult(live=live, roots=roots, query=query)
             explained.plans += explain_plans(h, state_ids[live], roots, sz)
             total = sum(sz.levels)

@@ -115,6 +115,15 @@ def test_the_bot_package_is_the_only_importer_of_the_github_client():
     assert "github" in _imports(bot / "github.py")
 
 
+def test_pygithub_is_imported_by_the_github_client_alone_so_its_retry_policy_is_the_only_one():
+    # Every GitHub call goes through runner.bot.github's one retry policy (PyGithub's own retry is off):
+    # a second module holding PyGithub could call GitHub around it, or retry again on top of it.
+    client = REPO / "runner" / "bot" / "github.py"
+    for path in [p for top in ("app", "analyzer", "runner", "bench") for p in (REPO / top).rglob("*.py")]:
+        if path != client:
+            assert not any(i == "github" or i.startswith("github.") for i in _imports(path)), path
+
+
 def test_app_never_imports_the_bot_even_where_it_enqueues_its_jobs():
     for path in (REPO / "app").rglob("*.py"):
         assert not any(i == "runner.bot" or i.startswith("runner.bot.") for i in _imports(path)), path

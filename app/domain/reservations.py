@@ -19,7 +19,7 @@ from analyzer.globs import Glob, GlobError, canonical, parse_glob, stored_glob
 from app.domain.durations import format_duration as format_duration  # re-exported: its old home
 from app.domain.globindex import GlobIndex
 from app.domain.locking import LockInfo, lock_holder, rfc3339
-from app.domain.manualholds import is_manual_holder
+from app.domain.manual_holds import is_manual_holder
 from app.errors import BadRequestError
 
 DEFAULT_LEASE = timedelta(minutes=15)

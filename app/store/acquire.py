@@ -43,7 +43,7 @@ from app.domain.reservations import (
     waiting_ahead,
 )
 from app.errors import ReservationConflictError, StateNotFoundError, TicketExpiredError
-from app.store import events, holds, states
+from app.store import events, reservation_rows, states
 from app.store.db import Database
 
 Clock = Callable[[], datetime]
@@ -204,7 +204,7 @@ def _try_grant(
     if locked is None:
         row = states.locked_row(conn, principal, attempt.state_name, create=True)
         assert row is not None  # create=True
-        held = holds.candidates(conn, row.id, roots)
+        held = reservation_rows.candidates(conn, row.id, roots)
         earlier: list[tuple[Any, ...]] | None = None
     else:
         row, held, earlier = locked
@@ -213,7 +213,7 @@ def _try_grant(
     if expired:
         met = find_conflicts(attempt.wanted, expired, now=None, limit=CONFLICT_SCAN_LIMIT)
         if met:
-            holds.reclaim(conn, principal, state_id=row.id, state_name=attempt.state_name,
+            reservation_rows.reclaim(conn, principal, state_id=row.id, state_name=attempt.state_name,
                           run_ids=[c.held.run_id for c in met], now=now)
     live = [h for h in candidates if not h.is_expired(now)] + _held_by_terraform_lock(row)
     conflicts = find_conflicts(attempt.wanted, live, now, limit=CONFLICT_SCAN_LIMIT)
@@ -244,13 +244,13 @@ def _locked_reads(
     lapsed ones first) in one pipeline; None when the state is no longer the one ``state_id`` names."""
     with conn.pipeline():
         row_read = states.lock_row_read(conn, principal, attempt.state_name)
-        held_read = holds.candidates_read(conn, state_id, roots)
+        held_read = reservation_rows.candidates_read(conn, state_id, roots)
         conn.execute(_WAITER_PURGE, (state_id, now - window))
         earlier_read = conn.execute(_EARLIER_WAITERS, (state_id, mine, now - window))
     row = row_read.fetchone()
     if row is None or row.id != state_id:
         return None
-    return row, holds.candidates_of(held_read), earlier_read.fetchall()
+    return row, reservation_rows.candidates_of(held_read), earlier_read.fetchall()
 
 
 def _first_look(
@@ -267,7 +267,8 @@ def _first_look(
     if row is None:
         return None
     roots = {glob_root(w.text) for w in attempt.wanted}
-    live = [h for h in holds.candidates(conn, row.id, roots) if h.run_id != exclude_run and not h.is_expired(now)]
+    live = [h for h in reservation_rows.candidates(conn, row.id, roots)
+            if h.run_id != exclude_run and not h.is_expired(now)]
     conflicts = find_conflicts(attempt.wanted, live + _held_by_terraform_lock(row), now, limit=CONFLICT_SCAN_LIMIT)
     queued = False
     if not conflicts:

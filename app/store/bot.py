@@ -74,7 +74,7 @@ FROM webhook_deliveries WHERE delivery_id = %s
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class WebhookDelivery:
     delivery_id: str
     event: str
     action: str
@@ -126,8 +126,8 @@ def receive_delivery(db: Database, delivery_id: str, event: str, action: str, re
         yield Receipt(conn, delivery_id) if row is not None else None
 
 
-def get_delivery(db: Database, delivery_id: str) -> Delivery | None:
-    with db.transaction() as conn, conn.cursor(row_factory=class_row(Delivery)) as cur:
+def get_delivery(db: Database, delivery_id: str) -> WebhookDelivery | None:
+    with db.transaction() as conn, conn.cursor(row_factory=class_row(WebhookDelivery)) as cur:
         return cur.execute(_GET_DELIVERY, (delivery_id,)).fetchone()
 
 

@@ -34,7 +34,7 @@ from app.domain import commit as rules
 from app.domain import scopes
 from app.domain.principal import Principal
 from app.errors import BadRequestError, RunNotFoundError, StateLockedError, WriteOutsideReservationError
-from app.store import events, history, holds, resources, runs, states
+from app.store import events, history, reservation_rows, resources, runs, states
 from app.store.db import Database
 
 # Read before the lock: the run, its state and the head serial as of now (the staleness check re-reads
@@ -99,7 +99,6 @@ _FINISH = """
 UPDATE apply_runs SET status = 'committed', committed_serial = %s, finished_at = %s, counters = counters || %s
 WHERE id = %s
 """
-_RELEASE = "DELETE FROM resource_reservations WHERE run_id = %s"
 _KEEP_GLOBS = "UPDATE apply_runs SET info = info || %s::jsonb WHERE id = %s"
 
 
@@ -265,14 +264,14 @@ def _read_before(conn: psycopg.Connection, principal: Principal, run_id: str, ad
             rows_read = conn.execute(_BASE_ROWS, (state_id, addresses, base_serial, base_serial))
             outputs_read = conn.cursor(row_factory=class_row(OutputRow)).execute(
                 _BASE_OUTPUTS, (state_id, base_serial))
-            changed_read = conn.execute(holds.CHANGED_SINCE, (state_id, base_serial, base_serial))
+            changed_read = conn.execute(reservation_rows.CHANGED_SINCE, (state_id, base_serial, base_serial))
     reserved = tuple((g, m) for g, m in globs_read.fetchall())
     if base_serial is None:
         return _Before(state_id, None, seen_serial, reserved, {}, [], [])
     return _Before(
         state_id=state_id, base_serial=base_serial, seen_serial=seen_serial, reserved=reserved,
         base={(a, d): h for a, d, h in rows_read.fetchall()}, base_outputs=outputs_read.fetchall(),
-        changed=holds.changes_after(changed_read.fetchall(), base_serial))
+        changed=reservation_rows.changes_after(changed_read.fetchall(), base_serial))
 
 
 def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, before: _Before) -> Locked:
@@ -286,7 +285,7 @@ def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, bef
         globs_read = conn.execute(_LOCKED_GLOBS, (run_id,))
         head_read = conn.execute(_STATE_HEAD, (state_id,))
         outputs_read = conn.cursor(row_factory=class_row(OutputRow)).execute(_HEAD_OUTPUTS, (state_id,))
-        changed_read = conn.execute(holds.CHANGED_SINCE, (state_id, after, after))
+        changed_read = conn.execute(reservation_rows.CHANGED_SINCE, (state_id, after, after))
     (state_name,) = name_read.fetchone() or ("",)
     run = run_read.fetchone()
     if run is None:  # deleted with its state since the first read
@@ -300,7 +299,7 @@ def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, bef
         reserved=tuple((g, m) for g, m, _ in globs), expiries=[e for _, _, e in globs],
         lock_id=lock_id, lock_info=lock_info, head_serial=head_serial, lineage=lineage,
         head_version_id=head_version_id, terraform_version=tf_version, head_outputs=outputs_read.fetchall(),
-        changed=holds.changes_after(changed_read.fetchall(), before.base_serial or 0), locked_at=locked_at,
+        changed=reservation_rows.changes_after(changed_read.fetchall(), before.base_serial or 0), locked_at=locked_at,
     )
 
 
@@ -347,7 +346,7 @@ def _check_stale(before: _Before, locked: Locked, verdict: _Verdict, base_serial
     if locked.head_version_id is not None and locked.head_serial > base_serial and any(
             g.is_output or g.is_everything for g in globs):
         moved = rules.stale_outputs(before.base_outputs, locked.head_outputs, globs)
-    holds.raise_if_stale(base_serial, found, moved)
+    reservation_rows.raise_if_stale(base_serial, found, moved)
 
 
 def _write(
@@ -364,7 +363,7 @@ def _write(
     if delta.is_empty and not outputs_changed:
         with conn.pipeline():
             conn.execute(_FINISH, (None, now, json.dumps(counters), run_id))
-            conn.execute(_RELEASE, (run_id,))
+            reservation_rows.drop_run_reservations(conn, run_id)
             events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
                           holder=locked.actor, **counters, serial_written=False)
             conn.commit()
@@ -384,7 +383,7 @@ def _write(
             *resources.output_columns(outputs), serial, state_id))
         conn.execute(_FINISH, (serial, now, json.dumps(counters), run_id))
         conn.execute(_KEEP_GLOBS, (json.dumps(_written_globs(locked.reserved)), run_id))
-        conn.execute(_RELEASE, (run_id,))
+        reservation_rows.drop_run_reservations(conn, run_id)
         events.record(conn, principal, "run_commit", state_id=state_id, state_name=state_name, run_id=run_id,
                       serial=serial, holder=locked.actor, **counters, addresses=list(delta.addresses)[:200])
         conn.commit()  # in the pipeline: the writes and COMMIT are one round trip

@@ -159,7 +159,7 @@ class Writer:
 
 
 @dataclass(frozen=True, slots=True)
-class Change:
+class InstanceChange:
     """One step of an instance object's history: ``created``, ``changed`` or ``destroyed`` at ``serial``.
     ``attributes`` are the top-level names that changed (never values); ``sensitive`` how many more did that
     are not named. ``attributes`` is None when unknown (written before names were recorded)."""
@@ -178,7 +178,7 @@ class InstanceHistory:
 
     address: str
     deposed: str
-    changes: list[Change]
+    changes: list[InstanceChange]
     more: bool
 
 
@@ -232,17 +232,17 @@ def histories(
     return result
 
 
-def _changes(lives: list[tuple[Any, ...]], writers: dict[int, Writer]) -> list[Change]:
+def _changes(lives: list[tuple[Any, ...]], writers: dict[int, Writer]) -> list[InstanceChange]:
     """Changes from lifecycles newest first: a row opened where its predecessor closed is a change."""
     opened = {row[3] for row in lives}
-    changes: list[Change] = []
+    changes: list[InstanceChange] = []
     for index, (_, _, status, create, delete, names, hidden) in enumerate(lives):
         if delete is not None and delete not in opened:
-            changes.append(Change("destroyed", delete, writers.get(delete), status=status))
+            changes.append(InstanceChange("destroyed", delete, writers.get(delete), status=status))
         older = lives[index + 1] if index + 1 < len(lives) else None
         replaced = older is not None and older[4] == create
         kind = "changed" if replaced or names is not None else "created"
-        changes.append(Change(kind, create, writers.get(create), None if names is None else list(names),
+        changes.append(InstanceChange(kind, create, writers.get(create), None if names is None else list(names),
                               hidden, status))
     return changes
 
@@ -278,18 +278,18 @@ def _text(value: object) -> str | None:
 LAST_CHANGES_MAX = 1000  # drifted instances a drift answer names the last change of
 
 
-def last_changes(conn: psycopg.Connection, *, state_id: int, addresses: Sequence[str]) -> dict[str, Change]:
+def last_changes(conn: psycopg.Connection, *, state_id: int, addresses: Sequence[str]) -> dict[str, InstanceChange]:
     """The newest recorded change of each address (its newest lifecycle's opening or closing)."""
     found = histories(conn, state_id=state_id, addresses=list(dict.fromkeys(addresses))[:LAST_CHANGES_MAX],
                       per_address=1)
-    newest: dict[str, Change] = {}
+    newest: dict[str, InstanceChange] = {}
     for item in found:
         if item.changes and (item.address not in newest or item.changes[0].serial > newest[item.address].serial):
             newest[item.address] = item.changes[0]
     return newest
 
 
-def describe(change: Change, now: datetime) -> str:
+def describe(change: InstanceChange, now: datetime) -> str:
     """A change in words: "changed by PR #12 (acme/infra) at serial 40, 3d ago" or "created by token ci via
     terraform at serial 3, 2h ago"."""
     by = change.by

@@ -1,13 +1,13 @@
-"""Manual holds (app.domain.manualholds): take, list and release them, within the operator's bounds.
+"""Manual holds (app.domain.manual_holds): take, list and release them, within the operator's bounds.
 
 A hold is an apply run holding write reservations (the run's id is the hold's id), with
 ``{"manual_hold": {...}}`` in its info and the hold's lease: the acquisition, its conflicts, waiting, scope
 checks, Terraform's LOCK 423 and expiry are the reservation paths' own. This module adds the caps (per
 credential and per state, re-checked under the state's row lock after the grant, so concurrent takers never
 pass them), the audit events ``hold_taken`` and ``hold_released`` (``hold_expired`` is recorded where
-expired reservations are reclaimed, app.store.holds), and the listing.
+expired reservations are reclaimed, app.store.reservation_rows), and the listing.
 
-Must not: parse request bodies (app.web.holds) or decide bounds (app.domain.manualholds).
+Must not: parse request bodies (app.web.manual_holds) or decide bounds (app.domain.manual_holds).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from app.domain import scopes
-from app.domain.manualholds import UNTIL_RELEASED, HoldPolicy, holder_text
+from app.domain.manual_holds import UNTIL_RELEASED, HoldPolicy, holder_text
 from app.domain.principal import Principal
 from app.domain.reservations import Mode, RunStatus, Wanted, parse_wanted
 from app.errors import BadRequestError, HoldLimitError, HoldNotFoundError, RunClosedError, StateNotFoundError

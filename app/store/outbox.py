@@ -54,7 +54,7 @@ class Endpoint:
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class EventDelivery:
     endpoint: str
     event_id: int
     status: str
@@ -137,13 +137,13 @@ def failed_attempt(db: Database, endpoint_id: int, attempts: int, next_at: datet
                      (attempts, next_at, error[:500], endpoint_id))
 
 
-def deliveries(db: Database, *, status: str | None = None, limit: int = 100) -> list[Delivery]:
+def deliveries(db: Database, *, status: str | None = None, limit: int = 100) -> list[EventDelivery]:
     with db.transaction() as conn:
         rows = conn.execute(
             "SELECT e.name, d.event_id, d.status, d.attempts, d.last_error, d.at FROM event_deliveries d "
             "JOIN event_endpoints e ON e.id = d.endpoint_id WHERE (%s::text IS NULL OR d.status = %s) "
             "ORDER BY d.id DESC LIMIT %s", (status, status, limit)).fetchall()
-    return [Delivery(*r) for r in rows]
+    return [EventDelivery(*r) for r in rows]
 
 
 def event_row(db: Database, event_id: int) -> AuditRow | None:

@@ -35,7 +35,7 @@ from app.errors import (
     RunClosedError,
     RunNotFoundError,
 )
-from app.store import events, holds, states
+from app.store import events, reservation_rows, states
 from app.store.acquire import (
     CONFLICT_SCAN_LIMIT,
     POLL_SECONDS,
@@ -97,7 +97,6 @@ _RUN_GLOB_COUNT = "SELECT count(*) FROM resource_reservations WHERE run_id = %s"
 _STATE_NAME_FOR_UPDATE = "SELECT name FROM states WHERE id = %s FOR UPDATE"
 _RUN_RESERVATIONS = "SELECT glob, mode, expires_at FROM resource_reservations WHERE run_id = %s"
 _RENEW = "UPDATE resource_reservations SET expires_at = %s WHERE run_id = %s"
-_RELEASE_ALL = "DELETE FROM resource_reservations WHERE run_id = %s"
 _RELEASE_SOME = "DELETE FROM resource_reservations WHERE run_id = %s AND glob = ANY(%s)"
 _SET_STATUS = """
 UPDATE apply_runs SET status = %s, finished_at = %s, error_summary = coalesce(%s, error_summary),
@@ -175,7 +174,7 @@ def open_run(
             if base_serial > (row.current_serial or 0):
                 raise BadRequestError(f"base_serial {base_serial} is ahead of the trunk (serial {row.current_serial})")
             # A plan that is already stale would only fail at commit, after Terraform ran: refuse now.
-            holds.check_stale(conn, row.id, base_serial, [w.text for w in wanted])
+            reservation_rows.check_stale(conn, row.id, base_serial, [w.text for w in wanted])
         conn.execute(_INSERT_RUN, (run_id, principal.tenant_id, row.id, actor, base_serial,
                                    int(lease.total_seconds()), now, now, json.dumps(details), principal.credential))
         insert_reservations(conn, principal, row, run_id, attempt, now, details)
@@ -237,7 +236,8 @@ def check_live(
     lapsed = status == RunStatus.EXPIRED or any(e <= now for e in expiries)
     if lapsed:
         if RunStatus(status).is_live:
-            holds.reclaim(conn, principal, state_id=state_id, state_name=state_name, run_ids=[run_id], now=now)
+            reservation_rows.reclaim(conn, principal, state_id=state_id, state_name=state_name, run_ids=[run_id],
+                                     now=now)
             conn.commit()  # the reclaim stands although the caller is refused
         raise LeaseExpiredError(
             f"the lease of apply run {run_id} expired; its reservations were released and someone else may "
@@ -314,7 +314,7 @@ def release(
     with db.transaction() as conn:
         state_name, state_id = locked_live_run(conn, principal, run_id, holder, clock())
         if globs is None:
-            conn.execute(_RELEASE_ALL, (run_id,))
+            reservation_rows.drop_run_reservations(conn, run_id)
         else:
             conn.execute(_RELEASE_SOME, (run_id, list(globs)))
         events.record(conn, principal, "reservation_release", state_id=state_id, state_name=state_name,
@@ -341,7 +341,7 @@ def close_run(
     now = clock()
     with db.transaction() as conn:
         state_name, state_id = locked_live_run(conn, principal, run_id, holder, now)
-        conn.execute(_RELEASE_ALL, (run_id,))
+        reservation_rows.drop_run_reservations(conn, run_id)
         conn.execute(_SET_STATUS, (status.value, now, (error_summary or "")[:4000] or None,
                                    json.dumps(counters or {}), run_id))
         events.record(conn, principal, f"run_{status.value}", state_id=state_id, state_name=state_name,
@@ -371,7 +371,7 @@ def abort(
             events.record(conn, principal, "run_aborting", state_id=state_id, state_name=state_name, run_id=run_id,
                           holder=actor, reason=reason)
         else:
-            conn.execute(_RELEASE_ALL, (run_id,))
+            reservation_rows.drop_run_reservations(conn, run_id)
             conn.execute(_SET_STATUS, ("aborted", now, summary, "{}", run_id))
             events.record(conn, principal, "run_abort", state_id=state_id, state_name=state_name, run_id=run_id,
                           holder=actor, reason=reason, forced=force)

@@ -23,7 +23,7 @@ from app.domain.principal import Principal
 from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
-from app.store import assembly, events, history, holds, rawwrite, resources
+from app.store import assembly, events, history, rawwrite, reservation_rows, resources
 from app.store.db import Database
 
 _ENSURE = """
@@ -300,7 +300,7 @@ def _refuse_if_reserved(
     """Terraform's whole-state lock (and a lock-less whole-state POST) is a write reservation on
     ``*``: it must never run while a row-level apply holds reservations on this state."""
     now = datetime.now(UTC)
-    live = holds.live_for_state(conn, principal, state_id=row.id, state_name=name, now=now)
+    live = reservation_rows.live_for_state(conn, principal, state_id=row.id, state_name=name, now=now)
     if not live:
         return
     events.record(conn, principal, "reservation_conflict", state_id=row.id, state_name=name, lock_id=lock_id,

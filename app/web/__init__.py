@@ -25,12 +25,12 @@ from app.store.migrate import migrate
 from app.web import (
     backend,
     control,
-    drift,
+    drift_reports,
     engine,
     errors,
     exposure,
-    holds,
     inputs,
+    manual_holds,
     metrics,
     openapi,
     pruning,
@@ -116,8 +116,8 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
         app.register_blueprint(backend.bp)
         app.register_blueprint(engine.bp)
         app.register_blueprint(runs.bp)
-        app.register_blueprint(holds.bp)
-        app.register_blueprint(drift.bp)
+        app.register_blueprint(manual_holds.bp)
+        app.register_blueprint(drift_reports.bp)
         webhook.init_app(app, settings)  # always registered: with no secret it refuses every delivery
     if lanes in ("all", "control"):
         app.register_blueprint(control.bp)

@@ -12,7 +12,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from app.config import AuthMode
-from app.domain.blocks import scoped_backend_block
+from app.domain.backend_blocks import scoped_backend_block
 from app.errors import BadRequestError, ForbiddenError, UnauthorizedError
 from app.store import tenancy
 from app.web.auth import check_throttle, credentials_of, refuse, remote_address

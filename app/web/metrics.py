@@ -8,7 +8,7 @@ from Postgres at scrape time through ``app.store.gauges``.
 
 Labels never carry a tenant, address, holder or token, and only the two drift series carry a state
 name (``kilolock_drifted_instances`` and ``kilolock_drift_checks_total``, for states that were checked,
-bounded by ``app.store.drift.METRIC_STATES``): the endpoint may be scraped by anyone allowed to reach it
+bounded by ``app.store.drift_reports.METRIC_STATES``): the endpoint may be scraped by anyone allowed to reach it
 (``KL_METRICS_TOKEN`` guards it).
 Webhook delivery and job metrics are defined here for the GitHub bot and its workers.
 """
@@ -43,9 +43,8 @@ from app.errors import (
     StateLockedError,
     UnauthorizedError,
 )
-from app.store import Database, gauges
+from app.store import Database, drift_reports, gauges
 from app.store import bot as bot_store
-from app.store import drift as drift_store
 from app.store.runs import WAITER_STALE
 from app.web.context import services
 
@@ -206,7 +205,7 @@ def _job_durations(db: Database) -> Metric:
 
 def _drift_metrics(db: Database) -> Iterator[Metric]:
     """Per-state drift: read from the stored reports, so every worker process answers the same."""
-    found = drift_store.read_metrics(db)
+    found = drift_reports.read_metrics(db)
     drifted = GaugeMetricFamily("kilolock_drifted_instances",
                                 "Managed instances drifted at the state's latest drift check or refresh.",
                                 labels=["state"])

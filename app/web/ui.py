@@ -39,13 +39,12 @@ from werkzeug.wrappers import Response as Redirect
 
 from app.config import AuthMode, Settings
 from app.domain.attributes import AttributeChange, attribute_diff, sensitive_paths
-from app.domain.blocks import scoped_backend_block
+from app.domain.backend_blocks import scoped_backend_block
 from app.domain.principal import Principal, default_principal
 from app.domain.reservations import format_duration
 from app.domain.scopes import PLAN_ONLY, scope_set
 from app.errors import BadRequestError, ConflictError, ForbiddenError, KlError, RunClosedError, UnauthorizedError
-from app.store import Database, dashboard, graph, manual_holds, pr_holds, runs, tenancy
-from app.store import drift as drift_store
+from app.store import Database, dashboard, drift_reports, graph, manual_holds, pr_holds, runs, tenancy
 from app.store.secrets import SESSION_SECRET, shared_secret
 from app.web import errors, metrics, timeline
 from app.web.auth import Credentials, principal_for
@@ -286,7 +285,7 @@ def logout() -> Redirect:
 @bp.get("/")
 def states() -> str:
     found = dashboard.state_overviews(services().db, principal(), now=g.now)
-    drifted = drift_store.drifted_by_state(services().db, principal())
+    drifted = drift_reports.drifted_by_state(services().db, principal())
     return render_template("ui/states.html", states=found, drifted=drifted, nav="states")
 
 
@@ -297,7 +296,7 @@ def state(name: str) -> str:
     head = dashboard.state_head(services().db, principal(), name)
     page = dashboard.head_resources(services().db, principal(), name, contains=query or None, limit=MAX_ROWS)
     outputs = dashboard.head_outputs(services().db, principal(), name)
-    drift = next(iter(drift_store.reports(services().db, principal(), name, limit=1)), None)
+    drift = next(iter(drift_reports.reports(services().db, principal(), name, limit=1)), None)
     return render_template("ui/state.html", head=head, page=page, outputs=outputs, query=query, drift=drift,
                            nav="states")
 

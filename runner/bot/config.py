@@ -32,7 +32,7 @@ The format::
         owners: {"module.payments.*": ["@org/payments", "@alice"]}   # after the top-level owners
 
 Comment applies read ``apply_on_comment``, ``apply_requirements`` and ``owners`` from the default branch's file only
-(``runner.bot.holds``), so a pull request cannot relax its own gate. Likewise ``env``, ``hold_expiry`` and
+(``runner.bot.pr_holds``), so a pull request cannot relax its own gate. Likewise ``env``, ``hold_expiry`` and
 each project's state and server: the bot takes them from the default branch's file (``runner.bot.flow``).
 """
 

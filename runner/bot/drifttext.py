@@ -1,5 +1,5 @@
 """The Markdown of scheduled drift checks: the ``kilolock/drift`` check run (or commit status) and the
-drift issue of a project, rendered from a stored drift outcome (``runner.bot.drift``).
+drift issue of a project, rendered from a stored drift outcome (``runner.bot.drift_schedule``).
 
 Addresses and attribute **names** only: a stored outcome never holds values, and nothing here adds
 any. Must not: talk to GitHub, the database or Terraform.

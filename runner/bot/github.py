@@ -11,7 +11,9 @@ Retries wrap whole operations, not single HTTP requests: 5xx answers and connect
 retried with backoff, rate limits (403/429) after ``Retry-After`` or ``X-RateLimit-Reset``, within a
 bounded total wait. Because the operation is retried, a POST whose answer was lost cannot create a
 duplicate: the retry looks for the comment (by marker) or check run (by name) first. PyGithub's own
-urllib3 retry is off, since it re-sends POSTs blindly.
+urllib3 retry is off, since it re-sends POSTs blindly. This policy (``_Retrying``) is the only one for GitHub
+calls: no other module imports PyGithub (a layering test checks). A job that still fails is retried whole by
+RQ (``app.queue``), and that retry posts the outcome the first attempt stored.
 
 Used by jobs on workers only: never in a web request. Error messages never include tokens.
 """

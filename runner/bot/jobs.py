@@ -49,7 +49,7 @@ from app.domain.redaction import redact_logs
 from app.store import Database
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus
-from runner.bot import drift, flow, holds, merges, outgoing, pulls, render
+from runner.bot import drift_schedule, flow, merges, outgoing, pr_holds, pulls, render
 from runner.bot.context import (
     APPLY_CHECK,
     FOOTPRINT_CHECK,
@@ -178,8 +178,8 @@ def work(settings: Settings, *, burst: bool = False, name: str | None = None, wi
     # An idle worker wakes from its blocking dequeue every worker_ttl - 15 seconds, and only then runs the check.
     worker = Worker([rq_queue], connection=redis, serializer=serializer, name=name,
                     maintenance_interval=SCHEDULER_TAKEOVER_SECONDS, worker_ttl=SCHEDULER_TAKEOVER_SECONDS + 15)
-    if with_scheduler:  # the drift schedule: one tick stays scheduled (runner.bot.drift)
-        drift.schedule_tick(redis, settings.job_timeout, time.time())
+    if with_scheduler:  # the drift schedule: one tick stays scheduled (runner.bot.drift_schedule)
+        drift_schedule.schedule_tick(redis, settings.job_timeout, time.time())
         outgoing.schedule_tick(redis, settings.event_poll_seconds, time.time())
     outgoing.start(redis)  # what piled up while no worker ran goes out now
     return bool(worker.work(burst=burst, with_scheduler=with_scheduler, logging_level=settings.log_level))
@@ -226,16 +226,16 @@ def comment_command(repo: str, number: int, comment_id: int, login: str, body: s
 
 def pull_request_review(repo: str, number: int, head_sha: str) -> str:
     """A review was submitted or dismissed: the head's ``kilolock/apply`` check says whether a comment
-    apply may run now (``runner.bot.holds.review_readiness``)."""
+    apply may run now (``runner.bot.pr_holds.review_readiness``)."""
     return run(ReviewArgs(repo, number, head_sha), number, head_sha)
 
 
 def reconcile_holds(repo: str) -> str:
     """Run the merge or close job of every pull request that holds but is no longer open (its delivery
-    was missed): see ``runner.bot.holds.reconcile``."""
+    was missed): see ``runner.bot.pr_holds.reconcile``."""
     args = ReconcileArgs(repo)
     with opened(args) as ctx, _crash_reported(ctx, args):
-        ended = holds.reconcile(ctx, ctx.github(repo), repo)
+        ended = pr_holds.reconcile(ctx, ctx.github(repo), repo)
         return "reconciled " + (", ".join(f"#{n}" for n in ended) or "nothing")
 
 
@@ -243,14 +243,14 @@ def drift_tick(at: int) -> str:
     """Enqueue the drift checks due at ``at`` (epoch seconds) and schedule the next tick."""
     args = DriftTickArgs(at)
     with opened(args, at) as ctx, _crash_reported(ctx, args):
-        return "enqueued " + (", ".join(drift.tick(ctx, at, now=time.time())) or "nothing")
+        return "enqueued " + (", ".join(drift_schedule.tick(ctx, at, now=time.time())) or "nothing")
 
 
 def drift_check(repo: str, project: str, window: int, sha: str, branch: str) -> str:
     """The scheduled drift check of one project for the window starting at ``window``."""
     args = DriftCheckArgs(repo, project, window, sha, branch)
     with opened(args, project, window) as ctx, _crash_reported(ctx, args):
-        return drift.check(ctx, args)
+        return drift_schedule.check(ctx, args)
 
 
 def events_tick(at: int) -> str:

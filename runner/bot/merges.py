@@ -33,7 +33,8 @@ from app.domain.principal import Principal
 from app.store import bot as store
 from app.store import events
 from app.store.bot import BotJob, JobStatus, PrFootprint
-from runner.bot import flow, holds, render, view
+from runner.core import git
+from runner.bot import flow, pr_holds, render, view
 from runner.bot.config import BotConfig, Project
 from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, Context, complete, refresh
 from runner.bot.github import GitHub
@@ -61,23 +62,23 @@ def merge(ctx: Context, args: MergeArgs) -> Outcome:
     store.drop_footprints(ctx.db, repo, number)
     gh = ctx.github(repo)
     pr = gh.pull_request(number)
-    applied = holds.holds_heads(ctx.db, repo, number)
+    applied = pr_holds.holds_heads(ctx.db, repo, number)
     with flow.checkout(ctx.workbench, repo, merge_sha, gh.clone_token(),
                        also=(pr.base_sha, pr.head_sha, *applied)) as root:
         config, errors = flow.read_config(root)
         if config is None:
-            holds.release_all(ctx.db, repo, number, f"#{number} was merged")
+            pr_holds.release_all(ctx.db, repo, number, f"#{number} was merged")
             return JobStatus.FAILED, FanOutResult(config_errors=errors, notify=notify)
         base = flow.merge_diff_base(root, merge_sha, pr.base_sha, pr.head_sha)
         touched = flow.changed_for(config, root, base, merge_sha)
         elsewhere = _other_branch(ctx, gh, repo, root, config, pr.base_ref)
         if elsewhere is not None:
-            holds.release_all(ctx.db, repo, number, f"#{number} was merged into {pr.base_ref}")
-            not_applied = tuple(ApplyResult(name, (config.project(name) or holds.NO_PROJECT).state, merge_sha,
+            pr_holds.release_all(ctx.db, repo, number, f"#{number} was merged into {pr.base_ref}")
+            not_applied = tuple(ApplyResult(name, (config.project(name) or pr_holds.NO_PROJECT).state, merge_sha,
                                             "other_branch", error=elsewhere) for name in touched)
             return JobStatus.SUCCEEDED, FanOutResult(base=base, not_applied=not_applied, notify=notify)
         # The pull request's holds end here; what it applied before merge is not applied twice.
-        touched, before = holds.settle_merge(ctx, root, config, repo, number, merge_sha, touched)
+        touched, before = pr_holds.settle_merge(ctx, root, config, repo, number, merge_sha, touched)
     children, skipped = _fan_out(ctx, config, repo, number, merge_sha, base, touched, config.apply_on_merge,
                                  "apply on merge is off in .kilolock.yml")
     return JobStatus.SUCCEEDED, FanOutResult(base=base, children=children, not_applied=skipped + before,
@@ -92,7 +93,7 @@ def _other_branch(ctx: Context, gh: GitHub, repo: str, root: Path, config: BotCo
     trusted: BotConfig | None = config  # an invalid default-branch file: the default branch applies
     if base_ref != branch:
         _, trusted, _ = flow.default_config(ctx.workbench, repo, root, branch, gh.clone_token())
-    target = holds.apply_branch(trusted, branch)
+    target = pr_holds.apply_branch(trusted, branch)
     if base_ref == target:
         return None
     log.info("merge into %s on %s is not applied: the applied branch is %s", base_ref, repo, target)
@@ -222,7 +223,7 @@ def _owners_gate(ctx: Context, gh: GitHub, repo: str, args: ApplyProjectArgs, co
     pr = gh.pull_request(args.number) if args.number else None
 
     def check(scoped: ScopedFootprint) -> None:
-        problem = holds.exact_owners_problem(gh, owners_project, pr, scoped.write_globs)
+        problem = pr_holds.exact_owners_problem(gh, owners_project, pr, scoped.write_globs)
         if problem:
             raise Failed(f"owners_approved: {problem}")
 

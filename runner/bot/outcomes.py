@@ -131,7 +131,7 @@ class DriftTarget:
 
 @dataclass(frozen=True, slots=True)
 class DriftOutcome:
-    """One project's scheduled drift check in one window (``runner.bot.drift``); addresses and attribute
+    """One project's scheduled drift check in one window (``runner.bot.drift_schedule``); addresses and attribute
     names only. ``target`` is None when the check stopped before it read the project's schedule;
     ``error`` says why a check could not run, ``skipped`` why it did not; ``run_id`` is set once it ran."""
 

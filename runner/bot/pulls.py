@@ -15,7 +15,8 @@ from app.domain.commands import CommandName
 from app.domain.jobs import ClosedArgs, CommentArgs, JobKind, PreviewArgs, PullRequestArgs, ReviewArgs, job_id
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus, PrFootprint
-from runner.bot import flow, holds, manualholds, owners, render, requirements, view
+from runner.core import git
+from runner.bot import flow, manual_holds, owners, pr_holds, render, requirements, view
 from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig
 from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, PLAN_CHECK, Context, complete, progress, refresh
@@ -112,8 +113,8 @@ def deliver_footprint(ctx: Context, row: BotJob, result: JobResult) -> None:
     for other in result.notify:
         if other != number:
             refresh(ctx, gh, repo, other)
-    holds.mark_stale(gh, ctx.db, repo, number, row.sha)
-    holds.maybe_reconcile(ctx, repo)
+    pr_holds.mark_stale(gh, ctx.db, repo, number, row.sha)
+    pr_holds.maybe_reconcile(ctx, repo)
     if outcome.projects and any(not p.error for p in outcome.projects):
         ctx.enqueue(PreviewArgs(repo, number, row.sha), job_id(JobKind.PLAN_PREVIEW, repo, number, row.sha))
 
@@ -168,7 +169,7 @@ def closed(ctx: Context, args: ClosedArgs) -> Outcome:
     if pr.state == "open":
         return JobStatus.SKIPPED, ClosedResult(skipped=f"#{number} is open on GitHub: the close delivery is stale")
     notify = view.overlapping(ctx.db, repo, number, view.states_of(ctx.db, repo, number))
-    released, applied_before, neighbours = holds.released_on_close(ctx, repo, number)
+    released, applied_before, neighbours = pr_holds.released_on_close(ctx, repo, number)
     store.drop_footprints(ctx.db, repo, number)
     return JobStatus.SUCCEEDED, ClosedResult(notify=tuple(sorted(notify | set(neighbours))), released=released,
                                              applied_before=applied_before)
@@ -199,13 +200,13 @@ def comment(ctx: Context, args: CommentArgs) -> Outcome:
     elif command.name is CommandName.PLAN:
         reply = _replan(ctx, gh, repo, number, login)
     elif command.name is CommandName.APPLY:
-        return JobStatus.SUCCEEDED, holds.comment_apply(ctx, gh, repo, number, login, command.apply)
+        return JobStatus.SUCCEEDED, pr_holds.comment_apply(ctx, gh, repo, number, login, command.apply)
     elif command.name is CommandName.UNLOCK:
-        return JobStatus.SUCCEEDED, holds.comment_unlock(ctx, repo, number, login)
+        return JobStatus.SUCCEEDED, pr_holds.comment_unlock(ctx, repo, number, login)
     elif command.name is CommandName.HOLD:
-        return JobStatus.SUCCEEDED, manualholds.comment_hold(ctx, gh, repo, number, login, command.hold)
+        return JobStatus.SUCCEEDED, manual_holds.comment_hold(ctx, gh, repo, number, login, command.hold)
     elif command.name is CommandName.RELEASE:
-        return JobStatus.SUCCEEDED, manualholds.comment_release(ctx, repo, number, login, command.hold)
+        return JobStatus.SUCCEEDED, manual_holds.comment_release(ctx, repo, number, login, command.hold)
     elif command.name is CommandName.HELP:
         reply = commands.HELP
     else:
@@ -230,12 +231,12 @@ def deliver_comment(ctx: Context, row: BotJob, result: JobResult) -> None:
     gh = ctx.github(row.repo)
     others = list(result.notify)
     if result.pr_apply is not None:
-        others += holds.deliver_apply(gh, result.pr_apply, row.id)
+        others += pr_holds.deliver_apply(gh, result.pr_apply, row.id)
     gh.reply(number, result.reply)
     if result.command in (CommandName.APPLY, CommandName.UNLOCK):
         for other in [number, *sorted(set(others) - {number})]:
             refresh(ctx, gh, row.repo, other)
-    holds.maybe_reconcile(ctx, row.repo)
+    pr_holds.maybe_reconcile(ctx, row.repo)
 
 
 # --- reviews -------------------------------------------------------------------------------------------
@@ -243,7 +244,7 @@ def deliver_comment(ctx: Context, row: BotJob, result: JobResult) -> None:
 
 def review(ctx: Context, args: ReviewArgs) -> Outcome:
     """A review was submitted or dismissed: whether a comment apply may run on the head now."""
-    return holds.review_readiness(ctx, ctx.github(args.repo), args.repo, args.number, args.head_sha)
+    return pr_holds.review_readiness(ctx, ctx.github(args.repo), args.repo, args.number, args.head_sha)
 
 
 def deliver_review(ctx: Context, row: BotJob, result: JobResult) -> None:

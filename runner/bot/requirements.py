@@ -4,7 +4,7 @@ fails right now, each with the reason and what to do.
 
 Pure: the pull request, its reviews, which reviewers may write, who pushed the head and whether the head
 contains the base branch's tip come in; frozen
-results go out. Must not: talk to GitHub or git (``runner.bot.holds`` fetches), or read the requirements
+results go out. Must not: talk to GitHub or git (``runner.bot.pr_holds`` fetches), or read the requirements
 from anywhere but the caller (the default branch's ``.kilolock.yml``).
 """
 

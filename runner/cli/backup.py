@@ -102,8 +102,7 @@ def register(sub: Commands) -> None:
                                    "per-table counts and checksums. The archive holds state content and token "
                                    "hashes: keep it as safe as the database.")
     b.add_argument("file", metavar="FILE", help="archive to write (replaced once complete)")
-    b.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    b.add_argument("--json", action="store_true", help="print the per-table counts as JSON")
+    _report_options(b, counts="the per-table counts")
     b.set_defaults(func=cmd_backup)
 
     r = sub.add_parser("restore", help="load a kl backup into the database, verifying every count",
@@ -114,6 +113,12 @@ def register(sub: Commands) -> None:
     r.add_argument("file", metavar="FILE", help="archive written by kl backup")
     r.add_argument("--replace", action="store_true",
                    help="discard what the database holds (default: refuse unless it is empty)")
-    r.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    r.add_argument("--json", action="store_true", help="print the verified per-table counts as JSON")
+    _report_options(r, counts="the verified per-table counts")
     r.set_defaults(func=cmd_restore)
+
+
+def _report_options(parser: argparse.ArgumentParser, *, counts: str) -> None:
+    """How kl backup and kl restore report: progress on stderr unless ``--quiet``, and ``counts`` as JSON
+    with ``--json``."""
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--json", action="store_true", help=f"print {counts} as JSON")

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from app.domain.reservations import format_duration
 from app.errors import BadRequestError, ConfigError, ConflictError, KlError, NotFoundError
-from runner.cli import backup, changes, completion, drift, events, holds, operator, reads
+from runner.cli import backup, changes, completion, drift_commands, events, manual_holds, operator, reads
 from runner.cli.support import (
     EXIT_CONFLICT,
     EXIT_FAILED,
@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     operator.register_service(sub)
     reads.register(sub)
     changes.register(sub)
-    holds.register(sub)
-    drift.register(sub)
+    manual_holds.register(sub)
+    drift_commands.register(sub)
     operator.register_admin(sub)
     backup.register(sub)
     events.register(sub)

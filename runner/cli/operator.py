@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from app.domain.blocks import backend_block, scoped_backend_block
+from app.domain.backend_blocks import backend_block, scoped_backend_block
 from runner.cli.support import EXIT_OK, Commands, print_json
 from runner.core.errors import InvalidInput, UsageError
 

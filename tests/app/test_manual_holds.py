@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from app.config import AuthMode
-from app.domain.manualholds import HoldPolicy
+from app.domain.manual_holds import HoldPolicy
 from app.domain.principal import default_principal
 from app.store import manual_holds
 from tests.runner.test_cli_read import kl, write_backend

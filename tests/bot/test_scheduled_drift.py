@@ -21,7 +21,7 @@ from app.domain.jobs import DriftTickArgs
 from app.store import bot as store
 from bench.fakecloud.cloud import Cloud
 from bench.fakecloud.install import Installed, install
-from runner.bot import drift as botdrift
+from runner.bot import drift_schedule as botdrift
 from runner.bot.config import BotConfigError, RawConfig, parse, validate
 from tests.bot.botworld import REPO, SERIALIZER, World, world_factory  # noqa: F401  (fixture)
 from tests.fakecloud.world import FILES as CLOUD_FILES

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.domain import drift as rules
+from app.domain import drift_reports as rules
 from app.errors import BadRequestError
-from app.store import drift as store
+from app.store import drift_reports as store
 from tests.helpers import counted_state
 
 DRIFT = "/v1/engine/states/prod/drift"

@@ -7,7 +7,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from app.domain.manualholds import check_reason
+from app.domain.manual_holds import check_reason
 from app.errors import BadRequestError
 from app.store import manual_holds as store
 from app.web import inputs

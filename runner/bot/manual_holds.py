@@ -14,12 +14,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from app.domain.commands import HoldArgs
-from app.domain.manualholds import check_reason
+from app.domain.manual_holds import check_reason
 from app.errors import HoldNotFoundError, KlError
 from app.store import manual_holds
 from runner.bot import flow, markdown
 from runner.bot.github import GitHub
-from runner.bot.holds import bot_principal, bot_principals
+from runner.bot.pr_holds import bot_principal, bot_principals
 from runner.bot.results import CommentResult
 
 if TYPE_CHECKING:

@@ -46,6 +46,11 @@ def _held(rows: Iterable[tuple[str, str, str, str, datetime, datetime]]) -> list
     return [Held(glob=g, mode=modes[m], holder=h, run_id=r, acquired_at=a, expires_at=e) for g, m, h, r, a, e in rows]
 
 
+def drop_run_reservations(conn: psycopg.Connection, run_id: str) -> None:
+    """Free every address ``run_id`` holds: the one statement behind a commit, a close, an abort and a reclaim."""
+    conn.execute(_DROP_RUN_RESERVATIONS, (run_id,))
+
+
 def candidates(conn: psycopg.Connection, state_id: int, roots: set[str]) -> list[Held]:
     """Reservations of the state that could intersect globs with these roots (expired included)."""
     return candidates_of(candidates_read(conn, state_id, roots))
@@ -73,7 +78,7 @@ def reclaim(
     expired reservation reclaims it)."""
     for run_id in sorted(set(run_ids)):
         expired = conn.execute(_EXPIRE_RUN, (now, run_id)).fetchone()
-        conn.execute(_DROP_RUN_RESERVATIONS, (run_id,))
+        drop_run_reservations(conn, run_id)
         if expired is not None:
             events.record(conn, principal, "reservation_expired", state_id=state_id, state_name=state_name,
                           run_id=run_id, holder=expired[0], status=RunStatus.EXPIRED.value)

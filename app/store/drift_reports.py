@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from analyzer.globs import parse_glob
-from app.domain import drift as rules
+from app.domain import drift_reports as rules
 from app.domain import scopes
 from app.domain.principal import Principal
 from app.domain.reservations import Mode

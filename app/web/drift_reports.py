@@ -9,9 +9,9 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from app.domain import drift as rules
+from app.domain import drift_reports as rules
 from app.errors import BadRequestError
-from app.store import drift as store
+from app.store import drift_reports as store
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("drift", __name__, url_prefix="/v1/engine")

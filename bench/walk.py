@@ -101,7 +101,7 @@ class Walk:
         core = [m for m in modules if is_core(m)]
         pairs: Counter[str] = Counter()
         switches = 0
-        for before, after in zip(core, core[1:]):
+        for before, after in zip(core, core[1:], strict=False):
             if before != after:
                 switches += 1
                 a, b = sorted((before.rpartition(".")[2], after.rpartition(".")[2]))

@@ -29,6 +29,7 @@ An exact glob is one address, so there a keyless step means "no key", as in Terr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NoReturn
@@ -52,9 +53,12 @@ __all__ = [
     "Glob",
     "GlobError",
     "GlobKind",
+    "Mode",
+    "Reservation",
     "canonical",
     "conflicts",
     "covers",
+    "footprint_reservations",
     "intersects",
     "matches",
     "matches_output",
@@ -76,9 +80,44 @@ _OUTPUT = "output"
 _OUTPUT_PREFIX = _OUTPUT + "."
 _ALL_OUTPUTS = _OUTPUT_PREFIX + "*"
 
-READ = "read"
-WRITE = "write"
+
+
+class Mode(StrEnum):
+    """A reservation's mode. A StrEnum, so it is its own text in JSON, in the database and in comparisons."""
+
+    READ = "read"
+    WRITE = "write"
+
+
+READ = Mode.READ
+WRITE = Mode.WRITE
 _MODES = (READ, WRITE)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Reservation:
+    """One reservation as its text travels: a glob as written and its mode (plan files, request bodies,
+    the engine's answers, the rows a run holds). Orders by (glob, mode)."""
+
+    glob: str
+    mode: Mode
+
+    @classmethod
+    def of(cls, glob: object, mode: object) -> Reservation:
+        """From untyped input (a JSON object's fields, a database row); ValueError on a mode that is
+        neither read nor write."""
+        try:
+            return cls(str(glob), Mode(str(mode)))
+        except ValueError as exc:
+            raise ValueError(f"unknown reservation mode {mode!r}: use 'read' or 'write'") from exc
+
+    def to_json(self) -> dict[str, str]:
+        return {"glob": self.glob, "mode": str(self.mode)}
+
+
+def footprint_reservations(write_globs: Iterable[str], read_globs: Iterable[str]) -> tuple[Reservation, ...]:
+    """The reservations of a footprint: its write globs, then its read globs, in their given order."""
+    return tuple(Reservation(g, WRITE) for g in write_globs) + tuple(Reservation(g, READ) for g in read_globs)
 
 _ACCEPTED_FORMS = (
     "a glob is '*' (everything), an instance address ('aws_vpc.main', 'data.aws_ami.x', "
@@ -407,7 +446,7 @@ def conflicts(mode_a: str, glob_a: Glob, mode_b: str, glob_b: Glob) -> bool:
     """
     for mode in (mode_a, mode_b):
         if mode not in _MODES:
-            raise ValueError(f"unknown reservation mode {mode!r}: use {READ!r} or {WRITE!r}")
+            raise ValueError(f"unknown reservation mode {mode!r}: use 'read' or 'write'")
     if mode_a == READ and mode_b == READ:
         return False
     return intersects(glob_a, glob_b)

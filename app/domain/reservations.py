@@ -16,6 +16,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from analyzer.globs import Glob, GlobError, canonical, parse_glob, stored_glob
+from analyzer.globs import Mode as Mode  # re-exported: its old home
 from app.domain.durations import format_duration as format_duration  # re-exported: its old home
 from app.domain.globindex import GlobIndex
 from app.domain.locking import LockInfo, lock_holder, rfc3339
@@ -33,11 +34,6 @@ DEFAULT_MAX_GLOBS_PER_REQUEST = 1000
 DEFAULT_MAX_GLOBS_PER_RUN = 5000
 # How many conflicts an answer and its audit event list; the rest are counted.
 SHOWN_CONFLICTS = 20
-
-
-class Mode(StrEnum):
-    READ = "read"
-    WRITE = "write"
 
 
 class RunStatus(StrEnum):

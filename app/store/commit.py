@@ -29,6 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
+from analyzer.globs import Mode, Reservation
 from analyzer.state import EncryptedState, OutputRow, ParsedState
 from app.domain import commit as rules
 from app.domain import scopes
@@ -132,7 +133,7 @@ class _Before:
     state_id: int
     base_serial: int | None
     seen_serial: int  # the head serial when these were read
-    reserved: tuple[tuple[str, str], ...]  # (glob, mode), sorted
+    reserved: tuple[Reservation, ...]  # sorted by (glob, mode)
     base: dict[tuple[str, str], str]  # (address, deposed) -> attributes hash at the base serial
     base_outputs: list[OutputRow]
     changed: list[tuple[str, int]]  # rows changed after the base serial, up to seen_serial at least
@@ -146,7 +147,7 @@ class Locked:
     status: str
     actor: str
     credential: str
-    reserved: tuple[tuple[str, str], ...]
+    reserved: tuple[Reservation, ...]
     expiries: list[datetime]
     lock_id: str | None
     lock_info: bytes | None
@@ -173,7 +174,7 @@ class _Verdict:
 class _Checked:
     """The delta and its verdict, for one set of reservations."""
 
-    reserved: tuple[tuple[str, str], ...]
+    reserved: tuple[Reservation, ...]
     delta: rules.CommitDelta
     verdict: _Verdict
 
@@ -265,7 +266,7 @@ def _read_before(conn: psycopg.Connection, principal: Principal, run_id: str, ad
             outputs_read = conn.cursor(row_factory=class_row(OutputRow)).execute(
                 _BASE_OUTPUTS, (state_id, base_serial))
             changed_read = conn.execute(reservation_rows.CHANGED_SINCE, (state_id, base_serial, base_serial))
-    reserved = tuple((g, m) for g, m in globs_read.fetchall())
+    reserved = tuple(Reservation.of(g, m) for g, m in globs_read.fetchall())
     if base_serial is None:
         return _Before(state_id, None, seen_serial, reserved, {}, [], [])
     return _Before(
@@ -296,7 +297,7 @@ def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, bef
         None, None, 0, None, None, None, None)
     return Locked(
         state_name=state_name, status=status, actor=actor, credential=credential,
-        reserved=tuple((g, m) for g, m, _ in globs), expiries=[e for _, _, e in globs],
+        reserved=tuple(Reservation.of(g, m) for g, m, _ in globs), expiries=[e for _, _, e in globs],
         lock_id=lock_id, lock_info=lock_info, head_serial=head_serial, lineage=lineage,
         head_version_id=head_version_id, terraform_version=tf_version, head_outputs=outputs_read.fetchall(),
         changed=reservation_rows.changes_after(changed_read.fetchall(), before.base_serial or 0), locked_at=locked_at,
@@ -304,11 +305,11 @@ def read_locked(conn: psycopg.Connection, principal: Principal, run_id: str, bef
 
 
 def _check(
-    before: _Before, reserved: tuple[tuple[str, str], ...], parsed: ParsedState, slice_addresses: list[str],
+    before: _Before, reserved: tuple[Reservation, ...], parsed: ParsedState, slice_addresses: list[str],
     prune_outputs: rules.Prune,
 ) -> _Checked:
     """The delta against the base rows, judged by ``_judge``."""
-    write_globs = rules.parse_globs(g for g, mode in reserved if mode == "write")
+    write_globs = rules.parse_globs(r.glob for r in reserved if r.mode is Mode.WRITE)
     delta = rules.commit_delta(before.base, parsed.instances, slice_addresses,
                                skip=rules.unreserved_read(write_globs))
     changed_outputs = rules.changed_outputs(before.base_outputs, parsed.outputs, prune=prune_outputs)
@@ -316,17 +317,17 @@ def _check(
 
 
 def _judge(
-    before: _Before, reserved: tuple[tuple[str, str], ...], addresses: Sequence[str], changed_outputs: Sequence[str],
+    before: _Before, reserved: tuple[Reservation, ...], addresses: Sequence[str], changed_outputs: Sequence[str],
 ) -> _Verdict:
     """The addresses and outputs a change writes outside the write globs (data sources no write glob covers
     are reads, as in the delta), and which of the changes read before the lock touch a reserved address.
     The one write-set rule of the commit and of its dry run."""
-    write_globs = rules.parse_globs(g for g, mode in reserved if mode == "write")
+    write_globs = rules.parse_globs(r.glob for r in reserved if r.mode is Mode.WRITE)
     skip = rules.unreserved_read(write_globs)
     written = tuple(sorted({a for a in addresses if not skip(a)}))
     outside = rules.outside(written, write_globs) + [
         f"output.{n}" for n in rules.outputs_outside(changed_outputs, write_globs)]
-    return _Verdict(written, outside, rules.stale(before.changed, rules.parse_globs(g for g, _ in reserved)),
+    return _Verdict(written, outside, rules.stale(before.changed, rules.parse_globs(r.glob for r in reserved)),
                     tuple(changed_outputs))
 
 
@@ -340,7 +341,7 @@ def check_scopes(principal: Principal, state_name: str, verdict: _Verdict) -> No
 def _check_stale(before: _Before, locked: Locked, verdict: _Verdict, base_serial: int) -> None:
     """StalePlanError when a reserved address or root output changed after the base serial: the changes
     read before the lock were checked already; the few read under it are checked here."""
-    globs = rules.parse_globs(g for g, _ in locked.reserved)
+    globs = rules.parse_globs(r.glob for r in locked.reserved)
     found = sorted(set(verdict.stale) | set(rules.stale(locked.changed, globs)))
     moved: list[str] = []
     if locked.head_version_id is not None and locked.head_serial > base_serial and any(
@@ -397,8 +398,8 @@ def _write(
 _KEPT_GLOBS = 200
 
 
-def _written_globs(reserved: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+def _written_globs(reserved: tuple[Reservation, ...]) -> dict[str, Any]:
     """The write globs a committed run held, kept on the run (the first 200, and how many more) so a plan
     from a checkout that lacks the run's commit can say which of its changes it would undo."""
-    write = sorted(g for g, mode in reserved if mode == "write")
+    write = sorted(r.glob for r in reserved if r.mode is Mode.WRITE)
     return {"write_globs": write[:_KEPT_GLOBS], "write_globs_more": max(len(write) - _KEPT_GLOBS, 0)}

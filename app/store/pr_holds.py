@@ -21,7 +21,7 @@ from datetime import datetime
 
 from psycopg.rows import class_row
 
-from analyzer.globs import texts_conflict
+from analyzer.globs import footprint_reservations, texts_conflict
 from app.domain.names import split_scoped_path
 from app.domain.principal import Principal
 from app.domain.reservations import HOLD_LEASE, Mode, RunStatus, Wanted, parse_wanted
@@ -179,13 +179,13 @@ def blocking(db: Database, repo: str, number: int, state: str, write_globs: Sequ
              read_globs: Sequence[str]) -> list[tuple[PrHold, list[str]]]:
     """Other pull requests' live holds on ``state`` that a run with these globs would conflict with, and
     the globs of theirs it meets."""
-    mine = [(g, "write") for g in write_globs] + [(g, "read") for g in read_globs]
+    mine = footprint_reservations(write_globs, read_globs)
     found: list[tuple[PrHold, list[str]]] = []
     for hold in on_state(db, repo, state):
         if hold.number == number or not hold.live:
             continue
         met = [theirs for theirs in hold.write_globs
-               if any(texts_conflict(mode, glob, "write", theirs) for glob, mode in mine)]
+               if any(texts_conflict(r.mode, r.glob, Mode.WRITE, theirs) for r in mine)]
         if met:
             found.append((hold, met))
     return found

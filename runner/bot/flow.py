@@ -23,13 +23,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from analyzer.globs import texts_conflict
+from analyzer.globs import footprint_reservations, texts_conflict
 from app.config import Settings
 from app.domain.redaction import Redactor
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
 from runner.bot.config import BotConfig, BotConfigError, Project, load, projects_for, read_raw
 from runner.bot.credentials import engine_token
-from runner.bot.outcomes import ApplyResult, LiveConflict, ProjectFootprint, ProjectPreview
+from runner.bot.outcomes import ApplyResult, ApplyStatus, LiveConflict, ProjectFootprint, ProjectPreview
 from runner.core import childenv, git
 from runner.core.apply import ApplyOptions
 from runner.core.config import ClientConfig, ClientConfigError, data_dir, process_env, split_backend_address
@@ -235,14 +235,15 @@ def live_conflicts(write_globs: Sequence[str], read_globs: Sequence[str],
                    held: Sequence[Mapping[str, object]]) -> tuple[LiveConflict, ...]:
     """Live reservations (as ``GET /v1/engine/reservations`` lists them) that a run holding these globs
     would conflict with, by the reservation conflict matrix."""
-    mine = [(g, "write") for g in write_globs] + [(g, "read") for g in read_globs]
+    mine = footprint_reservations(write_globs, read_globs)
     found: list[LiveConflict] = []
     for row in held:
         theirs, their_mode = str(row["glob"]), str(row["mode"])
-        for glob, mode in mine:
-            if texts_conflict(mode, glob, their_mode, theirs):
+        for mine_one in mine:
+            if texts_conflict(mine_one.mode, mine_one.glob, their_mode, theirs):
                 run_id = row.get("run_id")
-                found.append(LiveConflict(glob, mode, theirs, their_mode, str(row.get("holder") or "unknown"),
+                found.append(LiveConflict(mine_one.glob, mine_one.mode, theirs, their_mode,
+                                          str(row.get("holder") or "unknown"),
                                           str(run_id) if run_id else None))
     return tuple(sorted(set(found), key=lambda c: (c.glob, c.theirs, c.holder)))
 
@@ -344,7 +345,7 @@ def apply_project(workbench: Workbench, repo: str, root: Path, project: Project,
             spec = saved.spec
             outcome = apply_files(client, ctx, spec, options, {}, planned=scoped.footprint, saved=saved)
     except NothingToDo:
-        return ApplyResult(project.name, project.state, sha, "no_changes")
+        return ApplyResult(project.name, project.state, sha, ApplyStatus.NO_CHANGES)
     except KlExit as exc:
         return _failed(project, sha, workbench.redact(str(exc)), _hint(exc), client, actor)
     except (git.GitError, ClientConfigError) as exc:
@@ -354,9 +355,10 @@ def apply_project(workbench: Workbench, repo: str, root: Path, project: Project,
         return _failed(project, sha, workbench.redact(str(exc)), "the Kilolock server refused or could not be reached; "
                        "re-run the kilolock/apply check once it is available", client, actor)
     if not outcome.run_id or outcome.serial is None:
-        return ApplyResult(project.name, project.state, sha, "no_changes", run_id=outcome.run_id or None,
+        return ApplyResult(project.name, project.state, sha, ApplyStatus.NO_CHANGES, run_id=outcome.run_id or None,
                            waited_seconds=round(waited, 1))
-    return ApplyResult(project.name, project.state, sha, "committed", serial=outcome.serial, run_id=outcome.run_id,
+    return ApplyResult(project.name, project.state, sha, ApplyStatus.COMMITTED, serial=outcome.serial,
+                       run_id=outcome.run_id,
                        actions=tuple(sorted(spec.actions.items())), waited_seconds=round(waited, 1))
 
 
@@ -373,7 +375,8 @@ def _hint(exc: KlExit) -> str:
 
 def _failed(project: Project, sha: str, error: str, hint: str, client: EngineClient | None,
             actor: str) -> ApplyResult:
-    return ApplyResult(project.name, project.state, sha, "failed", run_id=latest_run(client, project.state, actor),
+    return ApplyResult(project.name, project.state, sha, ApplyStatus.FAILED,
+                       run_id=latest_run(client, project.state, actor),
                        error=error, hint=hint)
 
 

@@ -13,7 +13,7 @@ from app.store.pr_holds import PrHold
 from runner.bot.markdown import cell, mention, prose
 from runner.bot.markdown import code as _code
 from runner.bot.markdown import commit as _short
-from runner.bot.outcomes import ApplyResult
+from runner.bot.outcomes import ApplyResult, ApplyStatus
 from runner.bot.render import counts
 from runner.bot.requirements import Unmet
 from runner.bot.results import AppliedBefore
@@ -76,10 +76,10 @@ def blocked_by(blocking: Sequence[tuple[PrHold, Sequence[str]]]) -> str:
 
 def _result_line(result: ApplyResult) -> str:
     name = _code(result.project)
-    if result.status == "committed":
+    if result.status == ApplyStatus.COMMITTED:
         return (f"- {name}: committed at serial {result.serial} (run {_code(result.run_id or '')}): "
                 f"{counts(result.actions)}")
-    if result.status == "no_changes":
+    if result.status == ApplyStatus.NO_CHANGES:
         return f"- {name}: no changes; the trunk is unchanged"
     run = f" (run {_code(result.run_id)})" if result.run_id else ""
     error = prose((result.error or "unknown error")[-1500:])

@@ -33,12 +33,11 @@ from app.domain.principal import Principal
 from app.store import bot as store
 from app.store import events
 from app.store.bot import BotJob, JobStatus, PrFootprint
-from runner.core import git
 from runner.bot import flow, pr_holds, render, view
 from runner.bot.config import BotConfig, Project
 from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, Context, complete, refresh
 from runner.bot.github import GitHub
-from runner.bot.outcomes import ApplyResult, FootprintOutcome
+from runner.bot.outcomes import ApplyResult, ApplyStatus, FootprintOutcome
 from runner.bot.results import ApplyProjectResult, FanOutResult, JobResult, result_of
 from runner.core import git
 from runner.core.errors import Failed, ReservationRefused
@@ -75,7 +74,7 @@ def merge(ctx: Context, args: MergeArgs) -> Outcome:
         if elsewhere is not None:
             pr_holds.release_all(ctx.db, repo, number, f"#{number} was merged into {pr.base_ref}")
             not_applied = tuple(ApplyResult(name, (config.project(name) or pr_holds.NO_PROJECT).state, merge_sha,
-                                            "other_branch", error=elsewhere) for name in touched)
+                                            ApplyStatus.OTHER_BRANCH, error=elsewhere) for name in touched)
             return JobStatus.SUCCEEDED, FanOutResult(base=base, not_applied=not_applied, notify=notify)
         # The pull request's holds end here; what it applied before merge is not applied twice.
         touched, before = pr_holds.settle_merge(ctx, root, config, repo, number, merge_sha, touched)
@@ -144,7 +143,7 @@ def _fan_out(ctx: Context, config: BotConfig, repo: str, number: int, sha: str, 
         assert project is not None
         if not enabled or not project.apply_on_merge:
             reason = why_off if not enabled else f"apply_on_merge is off for project {name}"
-            skipped.append(ApplyResult(name, project.state, sha, "skipped", error=reason))
+            skipped.append(ApplyResult(name, project.state, sha, ApplyStatus.SKIPPED, error=reason))
             continue
         ctx.enqueue(ApplyProjectArgs(repo, number, sha, name, base),
                     job_id(JobKind.APPLY_PROJECT, repo, number, sha, name))
@@ -172,7 +171,7 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
         project = config.project(name) if config is not None else None
         if config is None or project is None:
             why = "; ".join(errors) or f"project {name!r} is no longer in .kilolock.yml"
-            result = ApplyResult(name, "", sha, "failed", error=why, hint="fix .kilolock.yml and re-run the "
+            result = ApplyResult(name, "", sha, ApplyStatus.FAILED, error=why, hint="fix .kilolock.yml and re-run the "
                                  "kilolock/apply check")
             return JobStatus.FAILED, ApplyProjectResult(apply=result)
         deadline = time.monotonic() + config.merge_wait
@@ -198,7 +197,7 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
                                               "or committed")
         except JobTimeoutException:
             ended = flow.end_live_runs(ctx.workbench, repo, root, project, actor, "the bot job timed out")
-            result = ApplyResult(name, project.state, sha, "failed", run_id=ended[0] if ended else None,
+            result = ApplyResult(name, project.state, sha, ApplyStatus.FAILED, run_id=ended[0] if ended else None,
                                  error=f"the apply job timed out after {ctx.settings.job_timeout} s; Terraform "
                                        "was interrupted and nothing was committed",
                                  hint="raise KL_JOB_TIMEOUT or make the change smaller, then re-run the "
@@ -240,7 +239,7 @@ def crash_result(args: ApplyProjectArgs, error: str) -> ApplyProjectResult:
     """What an apply job that kept crashing stores: a failed apply, reported in the merge's check with
     the others."""
     return ApplyProjectResult(apply=ApplyResult(
-        args.project, "", args.sha, "failed", error=error,
+        args.project, "", args.sha, ApplyStatus.FAILED, error=error,
         hint="re-run the kilolock/apply check once the cause is fixed"))
 
 

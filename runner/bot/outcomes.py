@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 from analyzer.drift import DriftedInstance
@@ -87,17 +88,26 @@ class PreviewOutcome:
         return bool(self.config_errors) or any(p.error for p in self.projects)
 
 
+class ApplyStatus(StrEnum):
+    """How one project's apply after a merge ended; a StrEnum, so stored results keep the same text."""
+
+    COMMITTED = "committed"
+    NO_CHANGES = "no_changes"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # apply on merge is off
+    OTHER_BRANCH = "other_branch"  # merged into a branch that is not applied
+    PENDING = "pending"  # not finished yet
+    APPLIED_BEFORE_MERGE = "applied_before_merge"  # a comment apply of the same files; not applied again
+
+
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
-    """One project's apply after a merge (or a push to the default branch). ``status`` is ``committed``,
-    ``no_changes``, ``failed``, ``skipped`` (apply on merge is off), ``other_branch`` (merged into a branch
-    that is not applied), ``pending`` (not finished yet) or ``applied_before_merge`` (a comment apply of the
-    same files; not applied again)."""
+    """One project's apply after a merge (or a push to the default branch), ended as ``status`` says."""
 
     project: str
     state: str
     sha: str
-    status: str
+    status: ApplyStatus
     serial: int | None = None
     run_id: str | None = None
     actions: tuple[tuple[str, str], ...] = ()
@@ -107,7 +117,7 @@ class ApplyResult:
 
     @property
     def failed(self) -> bool:
-        return self.status == "failed"
+        return self.status == ApplyStatus.FAILED
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +219,7 @@ def preview_from_json(doc: Mapping[str, Any]) -> PreviewOutcome:
 
 
 def apply_from_json(doc: Mapping[str, Any]) -> ApplyResult:
-    return ApplyResult(**{**doc, "actions": _pairs(doc.get("actions", ()))})
+    return ApplyResult(**{**doc, "status": ApplyStatus(doc["status"]), "actions": _pairs(doc.get("actions", ()))})
 
 
 def drift_from_json(doc: Mapping[str, Any]) -> DriftOutcome:

@@ -41,7 +41,7 @@ from runner.bot.config import BotConfig, Project
 from runner.bot.context import Context, refresh
 from runner.bot.credentials import EngineToken, engine_token, repository_tokens
 from runner.bot.github import GitHub, PullInfo, Review
-from runner.bot.outcomes import ApplyResult
+from runner.bot.outcomes import ApplyResult, ApplyStatus
 from runner.bot.owners import OwnedGlob, owned_globs
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
 from runner.core import git
@@ -51,7 +51,6 @@ from runner.core.filescoped import ScopedFootprint
 log = logging.getLogger("kilolock.holds")
 APPLY_CHECK = "kilolock/apply"
 RECONCILE_EVERY = 300  # seconds between two reconciliations of one repository's holds
-APPLIED_BEFORE = "applied_before_merge"
 
 
 def bot_principal(settings: Settings, db: Database, repo: str, project: str) -> Principal:
@@ -300,11 +299,11 @@ def _apply_project(ctx: Context, gh: GitHub, root: Path, project: Project, base:
     serial = previous[0].applied_serial if previous else None
     run_id = previous[0].applied_run_id if previous else None
     head = previous[0].head_sha if previous else sha
-    if result.status in ("committed", "no_changes"):
+    if result.status in (ApplyStatus.COMMITTED, ApplyStatus.NO_CHANGES):
         # No changes: the trunk already has what the head says (an earlier apply, here or unlocked): hold it.
         globs |= set(footprint.get("write", ()))
         head = sha
-    if result.status == "committed":
+    if result.status == ApplyStatus.COMMITTED:
         serial, run_id = result.serial, result.run_id
     if globs:
         try:
@@ -353,7 +352,7 @@ def applied_before(db: Database, repo: str, number: int) -> tuple[AppliedBefore,
     for result in results_of(rows, CommentResult):
         if result.pr_apply is not None:
             for r in result.pr_apply.results:
-                if r.status == "committed":
+                if r.status == ApplyStatus.COMMITTED:
                     found[r.project] = AppliedBefore(r.project, r.serial, r.state)
     return tuple(found[k] for k in sorted(found))
 
@@ -379,7 +378,7 @@ def settle_merge(ctx: Context, root: Path, config: BotConfig, repo: str, number:
         if differs:
             continue
         remaining.pop(hold.project, None)
-        reported.append(ApplyResult(hold.project, hold.state_name, merge_sha, APPLIED_BEFORE,
+        reported.append(ApplyResult(hold.project, hold.state_name, merge_sha, ApplyStatus.APPLIED_BEFORE_MERGE,
                                     serial=hold.applied_serial or serials.get(hold.project),
                                     run_id=hold.applied_run_id))
     return remaining, tuple(reported)

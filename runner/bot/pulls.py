@@ -15,7 +15,6 @@ from app.domain.commands import CommandName
 from app.domain.jobs import ClosedArgs, CommentArgs, JobKind, PreviewArgs, PullRequestArgs, ReviewArgs, job_id
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus, PrFootprint
-from runner.core import git
 from runner.bot import flow, manual_holds, owners, pr_holds, render, requirements, view
 from runner.bot import trust as trust_rules
 from runner.bot.config import BotConfig

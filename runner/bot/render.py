@@ -24,6 +24,7 @@ from runner.bot.markdown import marker
 from runner.bot.markdown import prose as _inline
 from runner.bot.outcomes import (
     ApplyResult,
+    ApplyStatus,
     FootprintOutcome,
     Overlap,
     PreviewOutcome,
@@ -183,9 +184,9 @@ def _preview_lines(preview: ProjectPreview | None, view: CommentView, shown: int
 
 def _apply_lines(result: ApplyResult, shown: int) -> list[str]:
     sha = _short(result.sha)
-    if result.status == "pending":
+    if result.status == ApplyStatus.PENDING:
         return [f"**Apply** {sha}: waiting for reservations or applying…", ""]
-    if result.status == "committed":
+    if result.status == ApplyStatus.COMMITTED:
         waited = f" after waiting {result.waited_seconds:.0f} s for an earlier overlapping merge" \
             if result.waited_seconds >= 1 else ""
         lines = [f"**Applied** {sha}{waited}: committed at serial {result.serial} (run {_code(result.run_id or '')}): "
@@ -193,12 +194,12 @@ def _apply_lines(result: ApplyResult, shown: int) -> list[str]:
         lines += _table(["| action | address |", "| --- | --- |"],
                         [f"| {a} | {_cell(addr)} |" for addr, a in _by_action(result.actions)], shown)
         return lines
-    if result.status == "no_changes":
+    if result.status == ApplyStatus.NO_CHANGES:
         return [f"**Applied** {sha}: no changes; the trunk is unchanged.", ""]
-    if result.status == "applied_before_merge":
+    if result.status == ApplyStatus.APPLIED_BEFORE_MERGE:
         return [f"**Not applied again** ({sha}): applied before merge at serial {result.serial} (run "
                 f"{_code(result.run_id or '')}); the merge commit's project files equal the applied head's.", ""]
-    if result.status in ("skipped", "other_branch"):
+    if result.status in (ApplyStatus.SKIPPED, ApplyStatus.OTHER_BRANCH):
         return [f"**Not applied** ({sha}): {_inline(result.error or 'apply on merge is off for this project')}", ""]
     run = f" (run {_code(result.run_id)})" if result.run_id else ""
     lines = [f"**Apply failed** {sha}{run}; nothing was committed and the trunk is unchanged:", "",
@@ -268,23 +269,23 @@ def plan_check(outcome: PreviewOutcome) -> CheckOutput:
 
 def apply_check(results: Sequence[ApplyResult]) -> CheckOutput:
     failed = [r for r in results if r.failed]
-    done = [r for r in results if r.status == "committed"]
-    before = [r for r in results if r.status == "applied_before_merge"]
+    done = [r for r in results if r.status == ApplyStatus.COMMITTED]
+    before = [r for r in results if r.status == ApplyStatus.APPLIED_BEFORE_MERGE]
     if failed:
         title = f"apply failed for {', '.join(r.project for r in failed)}; the trunk is unchanged"
     elif done or before:
         title = "applied: " + ", ".join([f"{r.project} at serial {r.serial}" for r in done] +
                                         [f"{r.project} before merge at serial {r.serial}" for r in before])
-    elif all(r.status == "other_branch" for r in results):
+    elif all(r.status == ApplyStatus.OTHER_BRANCH for r in results):
         title = "not applied: " + _first_line(results[0].error or "merged into a branch that is not applied")
-    elif all(r.status == "skipped" for r in results):
+    elif all(r.status == ApplyStatus.SKIPPED for r in results):
         title = "not applied: apply on merge is off"
     else:
         title = "applied: no changes"
     summary_lines: list[str] = []
     for r in results:
         summary_lines += _apply_lines(r, FOLD_AFTER)
-    idle = all(r.status in ("skipped", "other_branch") for r in results)
+    idle = all(r.status in (ApplyStatus.SKIPPED, ApplyStatus.OTHER_BRANCH) for r in results)
     conclusion = "failure" if failed else ("neutral" if idle else "success")
     return CheckOutput(conclusion, title, _limit("\n".join(summary_lines)))
 

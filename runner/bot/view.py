@@ -15,7 +15,7 @@ from app.store import Database, pr_holds
 from app.store import bot as store
 from app.store.bot import BotJob
 from runner.bot import holdtext
-from runner.bot.outcomes import ApplyResult, FootprintOutcome, Overlap, compact_shared
+from runner.bot.outcomes import ApplyResult, ApplyStatus, FootprintOutcome, Overlap, compact_shared
 from runner.bot.render import CommentView
 from runner.bot.results import (
     AppliedBefore,
@@ -45,11 +45,12 @@ def comment_view(db: Database, repo: str, number: int) -> CommentView:
     applies: list[ApplyResult] = []
     last = result_of(merges[-1]) if merges else None
     if isinstance(last, FanOutResult) and last.config_errors:
-        applies = [ApplyResult(".kilolock.yml", "", merges[-1].sha, "failed", error="\n".join(last.config_errors),
+        applies = [ApplyResult(".kilolock.yml", "", merges[-1].sha, ApplyStatus.FAILED,
+                               error="\n".join(last.config_errors),
                                hint="fix .kilolock.yml, then re-run the kilolock/apply check")]
     elif merges:
         results, waiting = apply_results(db, merges[-1])
-        applies = results + [ApplyResult(n, "", merges[-1].sha, "pending") for n in waiting]
+        applies = results + [ApplyResult(n, "", merges[-1].sha, ApplyStatus.PENDING) for n in waiting]
     return CommentView(repo, number, fp, preview, pending, tuple(applies),
                        overlaps_of(db, repo, number, fp) if fp is not None and not merges else {},
                        merged_sha=merges[-1].sha if merges else None,

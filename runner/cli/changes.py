@@ -194,7 +194,7 @@ def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
     from runner.core.filescoped import apply_files
     from runner.core.plan import summary
     from runner.core.recovery import ApplyOutcome
-    from runner.core.spec import PlanSpec
+    from runner.core.spec import PlanMode, PlanSpec
 
     env = process_env()
     supplied = dict(raw.split("=", 1) for kind, raw in _var_args(args) if kind == "var")
@@ -222,7 +222,7 @@ def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
     else:
         raise UsageError("give a plan file (kl apply kl-plan.json) or files (kl apply -f FILE --confirm-scope)")
     client.on_wait = WaitProgress(sys.stderr) if args.wait else None  # says that, on whom and how long it waits
-    if spec.mode == "files":
+    if spec.mode == PlanMode.FILES:
         outcome = apply_files(client, terraform_context(env), spec, options, {}, saved=saved)
     else:
         outcome = apply_spec(client, terraform_context(env), spec, Path(spec.config_dir), options)
@@ -264,7 +264,7 @@ def plan_document(spec: Any, plan_file: Path | None) -> dict[str, Any]:
         "selected_files": list(spec.selected_files),
         "write_set": list(spec.write_set),
         "read_set": list(spec.read_set),
-        "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations],
+        "reservations": [r.to_json() for r in spec.reservations],
         "actions": dict(spec.actions),
         "counts": terraform_counts(spec.actions),
         "output_changes": dict(spec.output_changes),

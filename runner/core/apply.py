@@ -30,7 +30,7 @@ from app.domain.commit import commit_delta, is_data_source, parse_globs, unreser
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES, RunStatus
 from runner.core import workspace
 from runner.core.counts import counts_line
-from runner.core.engine_client import EngineClient, EngineError
+from runner.core.engine_client import EngineClient, EngineError, OpenedRun
 from runner.core.errors import REFUSALS, RUN_LOST, EngineCode, Failed, InvalidInput, KlExit, StalePlan, refusal
 from runner.core.plan import (
     TerraformContext,
@@ -42,8 +42,8 @@ from runner.core.plan import (
     terraform,
     var_flags,
 )
-from runner.core.recovery import ApplyOutcome, forget, has_kept_state, pruned_outputs, rows_of, save_recovery
-from runner.core.spec import PlanSpec
+from runner.core.recovery import ApplyOutcome, forget, has_kept_state, pruned_outputs, save_recovery
+from runner.core.spec import PinKind, PlanMode, PlanSpec
 from runner.core.terraform import TerraformBinary
 
 
@@ -90,16 +90,16 @@ def check_spec(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplie
     """Refuse (exit 2: re-plan) when the configuration or the pinned inputs moved since kl plan."""
     if workspace.config_hash(config_dir) != spec.config_hash:
         raise StalePlan(f"the configuration in {config_dir} changed since kl plan: re-run kl plan")
-    pinned_env = {v.name for v in spec.variables if v.kind == "env"}
+    pinned_env = {v.name for v in spec.variables if v.kind == PinKind.ENV}
     for key in sorted(k for k in env if k.startswith("TF_VAR_") and k not in pinned_env):
         raise StalePlan(f"{key} is set but was not when kl plan ran: re-run kl plan")
     for var in spec.variables:
-        if var.kind in ("var-file", "auto-var-file"):
+        if var.kind in (PinKind.VAR_FILE, PinKind.AUTO_VAR_FILE):
             path = Path(var.name)
             if not path.is_file() or workspace.file_hash(path) != var.sha256:
                 raise StalePlan(f"{var.name} changed or vanished since kl plan (the variable values differ): "
                                 "re-run kl plan")
-        elif var.kind == "env":
+        elif var.kind == PinKind.ENV:
             if hashlib.sha256(env.get(var.name, "").encode()).hexdigest() != var.sha256:
                 raise StalePlan(f"{var.name} differs from what kl plan saw: re-run kl plan")
         elif var.value is None:
@@ -145,10 +145,10 @@ class Heartbeat:
                 continue
             try:
                 if renew:
-                    answer = self._client.run_action(self._run_id, "renew", {"holder": self._holder})
+                    run = self._client.renew(self._run_id, self._holder)
                     waited = 0.0
                 else:
-                    answer = self._client.get_run(self._run_id)
+                    run = self._client.run(self._run_id)
             except EngineError as exc:
                 if exc.code in RUN_LOST:
                     self._lose(str(exc))
@@ -158,10 +158,9 @@ class Heartbeat:
                 continue
             if not self.watching.is_set():
                 continue  # before and after the apply the caller itself moves the run on
-            run = answer.get("run") or {}
-            status = run.get("status")
+            status = run.status
             if status == RunStatus.ABORTING and self.aborted is None:
-                self.aborted = str(run.get("error_summary") or "aborted")
+                self.aborted = run.error_summary or "aborted"
                 self._echo(f"kl: run {self._run_id} is being aborted ({self.aborted}): stopping Terraform")
                 self.stop.set()
             elif status not in LIVE_STATUSES:
@@ -182,7 +181,7 @@ def _fail(client: EngineClient, run_id: str, holder: str, summary: str, status: 
         pass  # the lease or an operator may have ended it already; the error below is what matters
 
 
-def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, opened: Mapping[str, Any]
+def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, opened: OpenedRun
                        ) -> str | None:
     """Why the saved plan may not be applied as it is (None: it may), given the answer that opened the run.
 
@@ -203,10 +202,10 @@ def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, 
       server refuses any other writer on them until this run ends. The rows a rebuild would fetch are
       therefore the rows the plan was made over.
     Anything else (a server that does not say, a commit in between) takes the re-plan."""
-    serial, lineage = opened.get("granted_at_serial"), opened.get("granted_at_lineage")
+    serial, lineage = opened.granted_at_serial, opened.granted_at_lineage
     if saved.spec != spec or saved.binary != ctx.binary:
         return "the saved plan is not this plan's"
-    if opened["run"].get("base_serial") != spec.base_serial or not isinstance(serial, int):
+    if opened.run.base_serial != spec.base_serial or not isinstance(serial, int):
         return "the server did not say where the trunk stood when the reservations were granted"
     if serial != spec.base_serial:
         return f"the trunk moved since the plan (serial {spec.base_serial}, now {serial})"
@@ -254,10 +253,10 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
         if exc.code in REFUSALS:
             raise refusal(exc.code)(str(exc)) from exc
         raise
-    run_id = opened["run"]["id"]
+    run_id = opened.id
     echo(f"reserved for run {run_id} ({options.actor}):")
-    for g, m in spec.reservations:
-        echo(f"  {m:<5} {g}")
+    for r in spec.reservations:
+        echo(f"  {r.mode:<5} {r.glob}")
     if options.dry_run:
         client.run_action(run_id, "close", {"holder": options.actor, "status": "aborted",
                                             "error_summary": "dry run: reservations released"})
@@ -303,7 +302,7 @@ def _replan(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, prepare
     # A file-scoped workspace lacks the other files' outputs, which Terraform plans as deletes: only the deletes
     # the plan file itself names (outputs its files declare or deleted) are changes of this apply.
     outputs = {name for name, action in changed_outputs(analysis).items()
-               if spec.mode == "full" or action != "delete" or name in spec.output_changes}
+               if spec.mode == PlanMode.FULL or action != "delete" or name in spec.output_changes}
     return Planned(tuple(sorted(writes)), tuple(sorted(outputs)))
 
 
@@ -421,7 +420,7 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
         raise Failed(f"{reason}; nothing was committed; the post-apply state is kept in {where}: run "
                         f"kl recover {run_id} to commit it")
     try:
-        answer = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses,
+        commit = client.commit(run_id, holder=holder, state=json.loads(result), slice_addresses=slice_addresses,
                                prune_outputs=pruned_outputs(spec))
     except EngineError as exc:
         where = save_recovery(options.data_dir, run_id, spec, holder, result, slice_addresses, str(exc))
@@ -435,14 +434,13 @@ def _commit(client: EngineClient, spec: PlanSpec, options: ApplyOptions, run_id:
         raise refusal(exc.code)(f"commit refused after apply ({cause}): {exc}\nthe post-apply state is kept in "
                                 f"{where}: run kl recover {run_id} to commit it (the infrastructure already "
                                 "changed; do not re-apply)") from exc
-    serial = answer["commit"]["serial"]
+    serial = commit.serial
     ctx_line = f"committed at serial {serial} (run {run_id})" if serial is not None else \
         f"nothing changed on the trunk (run {run_id})"
-    c = answer["commit"]
     # Counted as Terraform counts them (a replace is one added and one destroyed), from the plan's actions.
     echo(f"apply complete: {counts_line(spec.actions)}")
     echo(ctx_line)
-    return ApplyOutcome(run_id, serial, tuple(c["addresses"]), rows_of(c))
+    return ApplyOutcome(run_id, serial, commit.addresses, commit.rows)
 
 
 def run_info(config_hash: str, dry_run: bool, config_dir: Path) -> dict[str, Any]:

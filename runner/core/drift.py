@@ -22,7 +22,7 @@ from typing import Any
 
 from analyzer.addresses import parse_instance_address
 from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
-from analyzer.globs import Glob, GlobError, GlobKind, matches, parse_glob
+from analyzer.globs import Glob, GlobError, GlobKind, Mode, Reservation, matches, parse_glob
 from analyzer.state import ParsedState, parse_state
 from app.domain.reservations import DEFAULT_LEASE
 from runner.core import workspace
@@ -170,8 +170,8 @@ def _open(client: EngineClient, request: DriftRequest, scope: Scope, *, write: b
           kind: str) -> tuple[str, Slice]:
     """Fetch the slice and open a run holding the scope's reservations at the slice's serial (re-fetched
     when a commit landed on the slice in between)."""
-    mode = "write" if write else "read"
-    reservations = [(g, mode) for g in scope.checked] + [(g, "read") for g in scope.read]
+    mode = Mode.WRITE if write else Mode.READ
+    reservations = [Reservation(g, mode) for g in scope.checked] + [Reservation(g, Mode.READ) for g in scope.read]
     for _ in range(3):
         chosen = fetch(client, request.state, scope)
         try:
@@ -185,7 +185,7 @@ def _open(client: EngineClient, request: DriftRequest, scope: Scope, *, write: b
                 refused = ReservationRefused if write else Failed
                 raise refused(f"cannot reserve the slice for kl {kind}:\n{exc}") from exc
             raise
-        return str(opened["run"]["id"]), chosen
+        return opened.id, chosen
     raise Failed("the slice kept changing under commits of other runs: retry kl " + kind)
 
 
@@ -322,7 +322,7 @@ def _refresh_run(client: EngineClient, ctx: TerraformContext, request: DriftRequ
                                prune_outputs=False)
     except EngineError as exc:
         raise refusal(exc.code)(f"commit refused: {exc}") from exc
-    serial = answer["commit"]["serial"]
+    serial = answer.serial
     committed = DriftResult(result.state, serial if serial is not None else chosen.serial, result.checked,
                             result.globs, drifted, run_id)
     _record(client, request, committed, source="refresh", refreshed=len(drifted))

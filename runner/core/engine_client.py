@@ -10,15 +10,17 @@ change that happened.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from analyzer.globs import Reservation
+from app.domain.reservations import RunStatus
 from runner.core.config import ClientConfig
 from runner.core.errors import EngineCode
 
@@ -41,6 +43,121 @@ class EngineBadRequest(EngineError):
 def engine_error(message: str, *, status: int, code: str, body: dict[str, Any] | None = None) -> EngineError:
     kind = EngineBadRequest if status == 400 else EngineError
     return kind(message, status=status, code=code, body=body)
+
+
+class MalformedAnswer(EngineError):
+    """A success answer without the fields the client reads from it (a server of another version, or not
+    Kilolock's): nothing the answer said is acted on."""
+
+
+# --- the answers kl acts on, parsed in one place (``parse_answer``) -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A run as the engine describes it: the fields kl acts on (the rest of the answer is ignored)."""
+
+    id: str
+    state: str
+    status: RunStatus
+    actor: str  # the holder: who opened it, and must name itself to renew, commit or close it
+    base_serial: int | None = None
+    committed_serial: int | None = None
+    error_summary: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunAnswer:
+    """An answer that carries one run (get, renew, running, close, reservations)."""
+
+    run: Run
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedRun:
+    """A granted run: the run, the reservations it holds, and where the trunk stood when they were granted
+    (the head serial and its lineage, read under the state's row lock in the granting transaction)."""
+
+    run: Run
+    reservations: tuple[Reservation, ...] = ()
+    granted_at_serial: int | None = None
+    granted_at_lineage: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.run.id
+
+    @property
+    def holder(self) -> str:
+        return self.run.actor
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """What a row-level commit wrote: the new serial (None when nothing changed), the addresses and the
+    counts of rows created, updated and deleted, and the root outputs it changed."""
+
+    serial: int | None
+    addresses: tuple[str, ...] = ()
+    created: int = 0
+    updated: int = 0
+    deleted: int = 0
+    outputs_changed: tuple[str, ...] = ()
+
+    @property
+    def rows(self) -> dict[str, int]:
+        return {"created": self.created, "updated": self.updated, "deleted": self.deleted}
+
+
+@dataclass(frozen=True, slots=True)
+class CommitAnswer:
+    run: Run
+    commit: Commit
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One dependency edge of the trunk: ``address`` depends on ``depends_on``."""
+
+    address: str
+    depends_on: str
+
+
+@dataclass(frozen=True, slots=True)
+class EdgesAnswer:
+    edges: tuple[Edge, ...]
+
+
+_Answer = TypeVar("_Answer")
+
+
+_ADAPTERS: dict[type[Any], Any] = {}
+
+
+def _adapter(kind: type[Any]) -> Any:
+    """pydantic's validator of one answer type, built on first use (so kl's commands that parse no answer
+    never import pydantic)."""
+    if kind not in _ADAPTERS:
+        from pydantic import TypeAdapter
+
+        _ADAPTERS[kind] = TypeAdapter(kind)
+    return _ADAPTERS[kind]
+
+
+def parse_answer(kind: type[_Answer], body: Mapping[str, Any], what: str) -> _Answer:
+    """``body`` (a decoded success answer to ``what``) as ``kind``; MalformedAnswer naming the fields that
+    are missing or of the wrong type (never their values)."""
+    from pydantic import ValidationError
+
+    try:
+        answer: _Answer = _adapter(kind).validate_python(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'the answer'}: {e['msg']}"
+                             for e in exc.errors()[:5])
+        raise MalformedAnswer(f"the server's answer to {what} is not what kl expects ({problems}): is the "
+                              "address a Kilolock server of a matching version?", status=200,
+                              code=EngineCode.MALFORMED_ANSWER) from exc
+    return answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +375,16 @@ class EngineClient:
         return result
 
     def get_run(self, run_id: str) -> dict[str, Any]:
+        """The run's whole answer, as ``kl runs show`` prints it (``run`` is the typed view kl acts on)."""
         result: dict[str, Any] = self._get(f"/runs/{quote(run_id)}").json()
         return result
+
+    def run(self, run_id: str) -> Run:
+        return parse_answer(RunAnswer, self.get_run(run_id), "a run read").run
+
+    def renew(self, run_id: str, holder: str) -> Run:
+        """Extend the run's lease by its length; the run as it now stands."""
+        return parse_answer(RunAnswer, self.run_action(run_id, "renew", {"holder": holder}), "a renewal").run
 
     def list_events(self, state: str, *, limit: int = 1000) -> list[dict[str, Any]]:
         """The state's newest audit events, newest first."""
@@ -268,15 +393,16 @@ class EngineClient:
         return result
 
     def open_run(
-        self, state: str, *, actor: str, reservations: list[tuple[str, str]], wait_seconds: float | None = None,
+        self, state: str, *, actor: str, reservations: Sequence[Reservation], wait_seconds: float | None = None,
         lease_seconds: float | None = None, base_serial: int | None = None, info: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"actor": actor, "reservations": [{"glob": g, "mode": m} for g, m in reservations]}
+    ) -> OpenedRun:
+        body: dict[str, Any] = {"actor": actor, "reservations": [r.to_json() for r in reservations]}
         for key, value in (("wait_seconds", wait_seconds), ("lease_seconds", lease_seconds),
                            ("base_serial", base_serial), ("info", info)):
             if value is not None:
                 body[key] = value
-        return self._acquire(self._state_path(state) + "/runs", body, wait_seconds)
+        return parse_answer(OpenedRun, self._acquire(self._state_path(state) + "/runs", body, wait_seconds),
+                            "opening a run")
 
     def run_action(self, run_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
         """renew, release, running, close, abort or reservations on one run (``reservations``
@@ -288,9 +414,10 @@ class EngineClient:
         return self._post(path, body)
 
     def commit(self, run_id: str, *, holder: str, state: dict[str, Any], slice_addresses: list[str],
-               prune_outputs: bool | list[str] = True) -> dict[str, Any]:
+               prune_outputs: bool | list[str] = True) -> Commit:
         body = {"holder": holder, "state": state, "slice_addresses": slice_addresses, "prune_outputs": prune_outputs}
-        return self._post(f"/runs/{quote(run_id)}/commit", body, timeout=self.timeout * 5)
+        answer = self._post(f"/runs/{quote(run_id)}/commit", body, timeout=self.timeout * 5)
+        return parse_answer(CommitAnswer, answer, "a commit").commit
 
     def dry_commit(self, run_id: str, *, holder: str, addresses: list[str], outputs: list[str]) -> dict[str, Any]:
         """The commit's refusals for the changes a plan will make (raises the refusal as EngineError);
@@ -311,7 +438,7 @@ class EngineClient:
 
     def edges(self, state: str, globs: list[str]) -> list[tuple[str, str]]:
         body = self._post(self._state_path(state) + "/edges", {"globs": globs}, read=True)
-        return [(e["address"], e["depends_on"]) for e in body["edges"]]
+        return [(e.address, e.depends_on) for e in parse_answer(EdgesAnswer, body, "an edges query").edges]
 
     def drift(self, state: str) -> dict[str, Any]:
         """The state's latest drift report (its outstanding drift and when it was checked)."""

@@ -60,10 +60,11 @@ class EngineCode(StrEnum):
     # Made by the client itself, never sent by the server.
     UNREACHABLE = "unreachable"
     HTTP_ERROR = "http_error"
+    MALFORMED_ANSWER = "malformed_answer"  # a success answer that lacks what the client reads from it
 
 
-# The server's codes (the two the client makes itself are not among them).
-SERVER_CODES = frozenset(EngineCode) - {EngineCode.UNREACHABLE, EngineCode.HTTP_ERROR}
+# The server's codes (the ones the client makes itself are not among them).
+SERVER_CODES = frozenset(EngineCode) - {EngineCode.UNREACHABLE, EngineCode.HTTP_ERROR, EngineCode.MALFORMED_ANSWER}
 
 # A refusal that another try can get past: a conflicting holder, a lapsed queue place, a moved trunk.
 REFUSALS = frozenset({EngineCode.RESERVATION_CONFLICT, EngineCode.STALE_PLAN, EngineCode.WAIT_TICKET_EXPIRED})

@@ -45,6 +45,8 @@ from runner.core.git import work_tree_root
 from runner.core.parsecache import load_cache, prune_cache, save_cache
 from runner.core.parsecache import signature as _signature
 from runner.core.plan import (
+    PlannedChanges,
+    PlanSource,
     Snapshot,
     TerraformContext,
     auto_var_files,
@@ -57,7 +59,7 @@ from runner.core.plan import (
     spec_from_plan,
 )
 from runner.core.recovery import ApplyOutcome
-from runner.core.spec import PlanSpec, is_plan_file
+from runner.core.spec import PlanMode, PlanSpec, is_plan_file
 
 __all__ = ["Selection", "apply_files", "changed_selection", "file_selection", "module_sources", "plan_files",
            "plan_files_saved", "read_configuration"]
@@ -330,20 +332,20 @@ def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str,
     warnings += drift_warnings(drift_in_plan(plan)) if refresh else []
     write_set = tuple(sorted(analysis.write_set | rewritten))
     spec = spec_from_plan(
-        client, ctx, state=state, config_dir=config_dir, snapshot=snapshot, plan=plan, analysis=analysis,
-        var_args=var_args, config_hash="", write_set=write_set,
-        read_set=tuple(sorted(set(slice_addresses) - set(write_set))), write_globs=write_globs,
-        read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))), described=described,
-        warnings=tuple(warnings),
-        # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a
-        # file-scoped commit removes only the outputs it declares (one that became null) and those whose blocks
-        # the change deleted, so the others are not changes of this plan.
-        output_changes={**{name: action for name, action in changed_outputs(analysis).items()
-                           if action != "delete" or name in fp.outputs}, **{name: "delete" for name in removed}},
-        refresh=refresh,
+        PlanSource(address=client.config.base_url, state=state, config_dir=config_dir, snapshot=snapshot,
+                   plan=plan, analysis=analysis, var_args=tuple(var_args), env=ctx.env, refresh=refresh),
+        PlannedChanges(
+            config_hash="", write_set=write_set, read_set=tuple(sorted(set(slice_addresses) - set(write_set))),
+            write_globs=write_globs, read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))),
+            described=described, warnings=tuple(warnings),
+            # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a
+            # file-scoped commit removes only the outputs it declares (one that became null) and those whose
+            # blocks the change deleted, so the others are not changes of this plan.
+            output_changes={**{name: action for name, action in changed_outputs(analysis).items()
+                               if action != "delete" or name in fp.outputs}, **{name: "delete" for name in removed}}),
     )
     spec = replace(
-        spec, mode="files", selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, layout),
+        spec, mode=PlanMode.FILES, selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, layout),
         seed_variables=selection.variables,
         deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},
         deleted_globs=gone, validation_globs=tuple(fp.validation_globs), slice_globs=slice_globs,

@@ -24,7 +24,7 @@ from analyzer.state_assembly import assemble_state
 from runner.core import workspace
 from runner.core.engine_client import EngineClient, EngineError
 from runner.core.errors import EngineCode, Failed, InvalidInput
-from runner.core.spec import PinnedVar, PlanSpec
+from runner.core.spec import PinKind, PinnedVar, PlanMode, PlanSpec
 from runner.core.terraform import TerraformBinary, TerraformError, run
 
 PLAN_FILE = "kl.tfplan"
@@ -137,10 +137,10 @@ def var_flags(variables: Sequence[PinnedVar], supplied: Mapping[str, str]) -> li
     """Terraform flags for pinned inputs; sensitive values come from ``supplied`` (name → value)."""
     flags: list[str] = []
     for var in variables:
-        if var.kind == "var":
+        if var.kind == PinKind.VAR:
             value = var.value if var.value is not None else supplied.get(var.name)
             flags.append(f"-var={var.name}={value}")
-        elif var.kind == "var-file":
+        elif var.kind == PinKind.VAR_FILE:
             flags.append(f"-var-file={var.name}")
     return flags
 
@@ -168,19 +168,19 @@ def pin_variables(
     variables (hash only). Terraform's precedence among them is its own: kl passes them on unchanged."""
     pinned: list[PinnedVar] = []
     for path in auto_var_files(config_dir) if config_dir is not None else ():
-        pinned.append(PinnedVar("auto-var-file", str(path.resolve()), workspace.file_hash(path)))
+        pinned.append(PinnedVar(PinKind.AUTO_VAR_FILE, str(path.resolve()), workspace.file_hash(path)))
     for kind, raw in var_args:
         if kind == "var":
             name, _, value = raw.partition("=")
             digest = hashlib.sha256(value.encode()).hexdigest()
-            pinned.append(PinnedVar("var", name, digest, None if name in sensitive else value))
+            pinned.append(PinnedVar(PinKind.VAR, name, digest, None if name in sensitive else value))
         else:
             path = Path(raw).resolve()
             if not path.is_file():
                 raise InvalidInput(f"-var-file {raw}: no such file")
-            pinned.append(PinnedVar("var-file", str(path), workspace.file_hash(path)))
+            pinned.append(PinnedVar(PinKind.VAR_FILE, str(path), workspace.file_hash(path)))
     for key in sorted(k for k in env if k.startswith("TF_VAR_")):
-        pinned.append(PinnedVar("env", key, hashlib.sha256(env[key].encode()).hexdigest()))
+        pinned.append(PinnedVar(PinKind.ENV, key, hashlib.sha256(env[key].encode()).hexdigest()))
     return tuple(pinned)
 
 
@@ -246,13 +246,16 @@ def make_plan(
     write_set = tuple(sorted((analysis.write_set | rewritten) - left_alone))
     output_changes = changed_outputs(analysis)
     return spec_from_plan(
-        client, ctx, state=state, config_dir=config_dir, snapshot=snapshot, plan=plan, analysis=analysis,
-        var_args=var_args, config_hash=workspace.config_hash(config_dir), write_set=write_set,
-        read_set=tuple(sorted(analysis.read_set - left_alone)),
-        write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes)
-                                 | {canonical(Glob.exact(a)) for a in rewritten})),
-        read_globs=tuple(analysis.read_globs), described=tuple(sorted(described)), warnings=tuple(warnings),
-        output_changes=output_changes, refresh=refresh, left_alone=tuple(sorted(left_alone)), targets=tuple(targets),
+        PlanSource(address=client.config.base_url, state=state, config_dir=config_dir, snapshot=snapshot, plan=plan,
+                   analysis=analysis, var_args=tuple(var_args), env=ctx.env, refresh=refresh,
+                   targets=tuple(targets)),
+        PlannedChanges(
+            config_hash=workspace.config_hash(config_dir), write_set=write_set,
+            read_set=tuple(sorted(analysis.read_set - left_alone)),
+            write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes)
+                                     | {canonical(Glob.exact(a)) for a in rewritten})),
+            read_globs=tuple(analysis.read_globs), described=tuple(sorted(described)), warnings=tuple(warnings),
+            output_changes=output_changes, left_alone=tuple(sorted(left_alone))),
     )
 
 
@@ -273,24 +276,53 @@ def changed_outputs(analysis: PlanAnalysis, ignored: frozenset[tuple[str, ...]] 
             if tuple(actions) not in ignored}
 
 
-def spec_from_plan(
-    client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, snapshot: Snapshot,
-    plan: Mapping[str, Any], analysis: PlanAnalysis, var_args: Sequence[tuple[str, str]], config_hash: str,
-    write_set: tuple[str, ...], read_set: tuple[str, ...], write_globs: tuple[str, ...],
-    read_globs: tuple[str, ...], described: tuple[str, ...], warnings: tuple[str, ...],
-    output_changes: dict[str, str], refresh: bool, left_alone: tuple[str, ...] = (), targets: tuple[str, ...] = (),
-) -> PlanSpec:
-    """The kl-plan.json of a plan over ``snapshot``: where and when it was made, its sets and reservations,
-    each written address's action, and every input it used (file-scoped plans add their fields to it)."""
+@dataclass(frozen=True, slots=True)
+class PlanSource:
+    """Where a plan was made: the server and state, the configuration, the trunk snapshot it was made over,
+    Terraform's plan of it and that plan's analysis, and the inputs it was given."""
+
+    address: str  # the server's base URL
+    state: str
+    config_dir: Path
+    snapshot: Snapshot
+    plan: Mapping[str, Any]
+    analysis: PlanAnalysis
+    var_args: tuple[tuple[str, str], ...]  # ("var" | "var-file", text) as given
+    env: Mapping[str, str]  # the process environment (its TF_VAR_ variables are pinned)
+    refresh: bool = False
+    targets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChanges:
+    """What a plan changes and reserves, as the planner that made it worked it out."""
+
+    config_hash: str  # empty for a file-scoped plan, whose files are pinned one by one instead
+    write_set: tuple[str, ...]
+    read_set: tuple[str, ...]
+    write_globs: tuple[str, ...]
+    read_globs: tuple[str, ...]
+    described: tuple[str, ...]
+    warnings: tuple[str, ...]
+    output_changes: dict[str, str]
+    left_alone: tuple[str, ...] = ()  # trunk instances the configuration has no block for
+
+
+def spec_from_plan(source: PlanSource, changes: PlannedChanges) -> PlanSpec:
+    """The kl-plan.json of a plan over ``source.snapshot``: where and when it was made, its sets and
+    reservations, each written address's action, and every input it used (file-scoped plans add their
+    fields to it)."""
+    snapshot, analysis = source.snapshot, source.analysis
     return PlanSpec(
-        state=state, address=client.config.base_url, lineage=snapshot.lineage, base_serial=snapshot.serial,
-        terraform_version=analysis.terraform_version, config_dir=str(config_dir.resolve()),
-        config_hash=config_hash, created_at=datetime.now(UTC).isoformat(),
-        write_set=write_set, read_set=read_set, write_globs=write_globs, read_globs=read_globs,
-        actions={c.address: c.summary for c in analysis.changes if c.address in write_set},
-        described_resources=described, orphans=left_alone, warnings=warnings,
-        variables=pin_variables(var_args, ctx.env, sensitive_variables(plan), config_dir), targets=targets,
-        output_changes=output_changes, refresh=refresh,
+        state=source.state, address=source.address, lineage=snapshot.lineage, base_serial=snapshot.serial,
+        terraform_version=analysis.terraform_version, config_dir=str(source.config_dir.resolve()),
+        config_hash=changes.config_hash, created_at=datetime.now(UTC).isoformat(),
+        write_set=changes.write_set, read_set=changes.read_set, write_globs=changes.write_globs,
+        read_globs=changes.read_globs,
+        actions={c.address: c.summary for c in analysis.changes if c.address in changes.write_set},
+        described_resources=changes.described, orphans=changes.left_alone, warnings=changes.warnings,
+        variables=pin_variables(source.var_args, source.env, sensitive_variables(source.plan), source.config_dir),
+        targets=source.targets, output_changes=changes.output_changes, refresh=source.refresh,
     )
 
 
@@ -310,7 +342,7 @@ def output_write_globs(output_changes: Mapping[str, str]) -> set[str]:
 def summary(spec: PlanSpec) -> str:
     """The readable account kl plan prints."""
     lines = [f"kl plan: state {spec.state!r} at serial {spec.base_serial}"]
-    if spec.mode == "files":
+    if spec.mode == PlanMode.FILES:
         lines.append("File-scoped: " + ", ".join(spec.selected_files or ("(deleted files only)",)))
         # deleted_files also holds the earlier text of each changed file ("NAME@REF"), whose blocks are
         # reserved in case they were removed; only files that are really gone are named here.

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from analyzer.globs import canonical, matches_output, parse_glob
+from analyzer.globs import Mode, Reservation, canonical, matches_output, parse_glob
 from analyzer.state import InstanceRow, ParsedState, parse_state
 from analyzer.state_assembly import assemble_state
 from app import atomic
 from app.domain.reservations import LIVE_STATUSES
-from runner.core.engine_client import EngineClient, EngineError
+from runner.core.engine_client import Commit, EngineClient, EngineError
 from runner.core.errors import REFUSALS, EngineCode, Failed, InvalidInput, KlExit, NothingToDo, refusal
-from runner.core.spec import PlanSpec
+from runner.core.spec import PlanMode, PlanSpec
 
 Echo = Callable[[str], None]
 
@@ -40,10 +40,6 @@ class ApplyOutcome:
     rows: Mapping[str, int] = field(default_factory=dict)  # the commit's created/updated/deleted row counts
 
 
-def rows_of(commit: Mapping[str, Any]) -> dict[str, int]:
-    return {k: int(commit.get(k) or 0) for k in ("created", "updated", "deleted")}
-
-
 def kept_dir(data_dir: Path, run_id: str) -> Path:
     return data_dir / "runs" / run_id
 
@@ -52,7 +48,7 @@ def pruned_outputs(spec: PlanSpec) -> bool | list[str]:
     """Which trunk outputs the commit may remove when the post-apply state lacks them: every one for a
     workspace of the whole configuration; for a file-scoped one, the outputs it declares (reserved for
     writing): one it declares but Terraform left out of the state became null."""
-    if spec.mode == "full":
+    if spec.mode == PlanMode.FULL:
         return True
     return sorted(g.removeprefix("output.") for g in spec.write_globs if g.startswith("output.") and g != "output.*")
 
@@ -69,7 +65,7 @@ def save_recovery(data_dir: Path, run_id: str, spec: PlanSpec, holder: str, resu
     meta: dict[str, Any] = {
         "run_id": run_id, "state": spec.state, "address": spec.address, "holder": holder,
         "base_serial": spec.base_serial, "slice_addresses": slice_addresses,
-        "reservations": [{"glob": g, "mode": m} for g, m in spec.reservations], "reason": reason,
+        "reservations": [r.to_json() for r in spec.reservations], "reason": reason,
         "prune_outputs": pruned_outputs(spec),
     }
     if workspace_state is not None:
@@ -137,15 +133,15 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
         raise Failed(f"the state kept for {run_id} is not JSON (is its Terraform still stopping?): "
                      "try again in a moment") from exc
     holder, target, opened = meta["holder"], run_id, None
-    if client.get_run(run_id)["run"]["status"] not in LIVE_STATUSES:
+    if client.run(run_id).status not in LIVE_STATUSES:
         holder = actor or holder
         try:
             answer = client.open_run(meta["state"], actor=holder, reservations=[
-                (r["glob"], r["mode"]) for r in meta["reservations"]], base_serial=meta["base_serial"],
+                Reservation.of(r["glob"], r["mode"]) for r in meta["reservations"]], base_serial=meta["base_serial"],
                 info={"recovers": run_id})
         except EngineError as exc:
             raise refusal(exc.code)(f"cannot recover {run_id}: {exc}; nothing was opened or committed") from exc
-        target = opened = answer["run"]["id"]
+        target = opened = answer.id
     try:
         commit = _commit_widening(client, target, holder, state, meta, echo)
     except BaseException as exc:
@@ -156,20 +152,19 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
         if isinstance(exc, KlExit):
             raise type(exc)(f"{exc}{closed}") from exc
         raise
-    _done(where, run_id, target, commit["serial"])
-    echo(f"recovered {run_id}: committed at serial {commit['serial']} (run {target})")
-    return ApplyOutcome(target, commit["serial"], tuple(commit["addresses"]), rows_of(commit))
+    _done(where, run_id, target, commit.serial)
+    echo(f"recovered {run_id}: committed at serial {commit.serial} (run {target})")
+    return ApplyOutcome(target, commit.serial, commit.addresses, commit.rows)
 
 
 def _commit_widening(client: EngineClient, run_id: str, holder: str, state: dict[str, Any],
-                     meta: Mapping[str, Any], echo: Echo) -> dict[str, Any]:
+                     meta: Mapping[str, Any], echo: Echo) -> Commit:
     """Commit; when the server names changes outside the write reservations (Terraform did what its plan
     did not say), ask for write reservations on exactly those, without waiting, and commit once more: all of
     it when they were granted, else only what lies inside the reservations (the rest keeps the trunk's copy)."""
-    def commit() -> dict[str, Any]:
-        answer = client.commit(run_id, holder=holder, state=state, slice_addresses=meta["slice_addresses"],
-                               prune_outputs=meta.get("prune_outputs", True))
-        return answer["commit"]  # type: ignore[no-any-return]
+    def commit() -> Commit:
+        return client.commit(run_id, holder=holder, state=state, slice_addresses=meta["slice_addresses"],
+                             prune_outputs=meta.get("prune_outputs", True))
 
     try:
         return commit()
@@ -181,7 +176,7 @@ def _commit_widening(client: EngineClient, run_id: str, holder: str, state: dict
              "reserving them to commit what it did")
         try:
             client.run_action(run_id, "reservations", {"holder": holder, "wait_seconds": 0, "reservations": [
-                {"glob": a, "mode": "write"} for a in outside]})
+                Reservation(a, Mode.WRITE).to_json() for a in outside]})
         except EngineError as more:
             if more.code not in REFUSALS:
                 raise EngineError(f"{exc}; reserving them failed too: {more}", status=more.status, code=more.code,

@@ -7,9 +7,16 @@ never the value of a sensitive variable (only its hash, so ``kl apply`` can chec
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from analyzer.globs import Reservation, footprint_reservations
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter, ValidationError
 
 SPEC_VERSION = 1
 
@@ -37,11 +44,34 @@ class SpecError(Exception):
     """The plan file is missing, unreadable or not a kl-plan.json."""
 
 
+class PinKind(StrEnum):
+    """Where a pinned input came from."""
+
+    VAR = "var"  # -var NAME=VALUE
+    VAR_FILE = "var-file"  # -var-file PATH
+    AUTO_VAR_FILE = "auto-var-file"  # terraform.tfvars, *.auto.tfvars…: loaded by Terraform itself
+    ENV = "env"  # TF_VAR_NAME
+
+
+class PlanMode(StrEnum):
+    """What a plan covers: the whole configuration, or the files ``kl plan -f`` selected."""
+
+    FULL = "full"
+    FILES = "files"
+
+
+# pydantic's configuration of the plan file's dataclasses: a field the plan file does not know is refused
+# (a file from a newer kl). A plain dict, so importing this module does not import pydantic.
+_STRICT_FIELDS = {"extra": "forbid"}
+
+
 @dataclass(frozen=True, slots=True)
 class PinnedVar:
     """One ``-var``/``-var-file``/``TF_VAR_`` input. ``value`` is None for sensitive variables."""
 
-    kind: str  # "var" | "var-file" | "env"
+    __pydantic_config__ = _STRICT_FIELDS
+
+    kind: PinKind
     name: str  # variable name, or the var file's path
     sha256: str
     value: str | None = None
@@ -49,6 +79,8 @@ class PinnedVar:
 
 @dataclass(frozen=True, slots=True)
 class PlanSpec:
+    __pydantic_config__ = _STRICT_FIELDS
+
     state: str
     address: str
     lineage: str | None
@@ -69,7 +101,7 @@ class PlanSpec:
     targets: tuple[str, ...] = ()
     output_changes: dict[str, str] = field(default_factory=dict)
     # File-scoped plans (kl plan -f) only:
-    mode: str = "full"                                    # "full" | "files"
+    mode: PlanMode = PlanMode.FULL
     selected_files: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)   # every file the workspace was cut from -> sha256
     deleted_files: dict[str, str] = field(default_factory=dict)  # deleted at REF -> sha256 of the old text
@@ -82,12 +114,12 @@ class PlanSpec:
     removed_outputs: tuple[str, ...] = ()                  # root outputs whose blocks the change deleted
 
     @property
-    def reservations(self) -> list[tuple[str, str]]:
-        return [(g, "write") for g in self.write_globs] + [(g, "read") for g in self.read_globs]
+    def reservations(self) -> tuple[Reservation, ...]:
+        return footprint_reservations(self.write_globs, self.read_globs)
 
     def to_json(self) -> str:
-        doc: dict[str, Any] = {"kilolock_plan": SPEC_VERSION, **asdict(self)}
-        doc["reservations"] = [{"glob": g, "mode": m} for g, m in self.reservations]
+        doc: dict[str, Any] = {"kilolock_plan": SPEC_VERSION, **_adapter().dump_python(self, mode="json")}
+        doc["reservations"] = [r.to_json() for r in self.reservations]
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -101,13 +133,26 @@ class PlanSpec:
         if not isinstance(doc, dict) or doc.get("kilolock_plan") != SPEC_VERSION:
             raise SpecError(f"{path} is not a kl-plan.json (version {SPEC_VERSION}); re-run kl plan")
         doc.pop("kilolock_plan")
-        doc.pop("reservations", None)
+        doc.pop("reservations", None)  # derived from the globs
+        from pydantic import ValidationError
+
         try:
-            doc["variables"] = tuple(PinnedVar(**v) for v in doc.get("variables", ()))
-            for key in ("write_set", "read_set", "write_globs", "read_globs", "described_resources", "orphans",
-                        "warnings", "targets", "selected_files", "deleted_globs", "validation_globs", "slice_globs",
-                        "diagnostics", "seed_variables", "removed_outputs"):
-                doc[key] = tuple(doc.get(key, ()))
-            return cls(**doc)
-        except TypeError as exc:
-            raise SpecError(f"{path} is missing fields ({exc}); re-run kl plan") from exc
+            return _adapter().validate_python(doc)
+        except ValidationError as exc:
+            raise SpecError(f"{path} is missing fields or has malformed ones ({_problems(exc)}); "
+                            "re-run kl plan") from exc
+
+
+@cache
+def _adapter() -> TypeAdapter[PlanSpec]:
+    """The plan file's one (de)serialiser (pydantic over the frozen dataclasses), built on first use."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(PlanSpec)
+
+
+def _problems(exc: ValidationError, shown: int = 5) -> str:
+    """The first few problems of a malformed plan file: where, and what (never the values found there)."""
+    found = [f"{'.'.join(str(p) for p in e['loc']) or 'the document'}: {e['msg']}" for e in exc.errors()]
+    more = f"; {len(found) - shown} more" if len(found) > shown else ""
+    return "; ".join(found[:shown]) + more

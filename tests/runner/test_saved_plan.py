@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import requests
 
+from app.domain.reservations import RunStatus
 from runner.cli.entry import main
 from runner.core.apply import Prepared, SavedPlan, saved_plan_refusal
-from runner.core.engine_client import EngineClient
+from runner.core.engine_client import EngineClient, OpenedRun, Run
 from runner.core.plan import TerraformContext
 from runner.core.spec import PlanSpec
 from runner.core.terraform import BinaryKind, TerraformBinary
@@ -133,13 +134,16 @@ def test_the_saved_plan_is_applied_only_at_the_plans_serial_and_lineage():
     saved = SavedPlan(Prepared(Workspace(Path("/ws")), None, []), spec, binary)
     ctx = TerraformContext(binary=binary, env={}, plugin_cache=Path("/cache"), echo=print)
 
-    def answer(serial: int | None = 3, lineage: str | None = "L1", base: int = 3) -> dict[str, Any]:
-        return {"run": {"base_serial": base}, "granted_at_serial": serial, "granted_at_lineage": lineage}
+    def answer(serial: int | None = 3, lineage: str | None = "L1", base: int = 3) -> OpenedRun:
+        return OpenedRun(run(base), granted_at_serial=serial, granted_at_lineage=lineage)
+
+    def run(base: int) -> Run:
+        return Run("ar_1", "files", RunStatus.RESERVED, "alice", base_serial=base)
 
     assert saved_plan_refusal(saved, spec, ctx, answer()) is None
     assert "moved since the plan (serial 3, now 4)" in str(saved_plan_refusal(saved, spec, ctx, answer(4)))
     assert "replaced" in str(saved_plan_refusal(saved, spec, ctx, answer(lineage="L2")))
-    assert "did not say" in str(saved_plan_refusal(saved, spec, ctx, {"run": {"base_serial": 3}}))
+    assert "did not say" in str(saved_plan_refusal(saved, spec, ctx, OpenedRun(run(3))))
     assert saved_plan_refusal(saved, replace(spec, refresh=True), ctx, answer()) is not None
     other = TerraformContext(binary=TerraformBinary(Path("/bin/tofu"), BinaryKind.TOFU), env={},
                              plugin_cache=Path("/cache"), echo=print)

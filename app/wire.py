@@ -1,5 +1,5 @@
 """The one serialisation layer: JSON-shaped documents (request bodies, ``.kilolock.yml``, the bot's stored
-results) read into typed values through pydantic models, and the same models' JSON schemas.
+results) read into typed values through pydantic, and the same models' JSON schemas.
 
 A model states each field's type strictly (no coercion: ``"1"`` is not a number, ``true`` is not an
 integer). When a document does not fit, :func:`parse` raises :class:`WireError` with the product's own
@@ -8,15 +8,19 @@ message for the first field that failed, in field order: the :class:`Problem` at
 :func:`refusal`, or, for a field without one, its dotted path and pydantic's short text. Messages never
 quote the refused value. :func:`schema_of` renders a model's JSON schema for documentation: no titles, and
 a field that may be ``null`` is documented by its type alone (null means absent everywhere here).
+
+What the product stored itself (the bot's results and outcomes, frozen dataclasses) goes through
+:func:`write` and back through :func:`read`, the same pydantic machinery over the dataclasses as they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue, models_json_schema
 from pydantic_core import ErrorDetails, PydanticCustomError, core_schema
 
@@ -162,3 +166,30 @@ def schemas_of(models: tuple[type[BaseModel], ...], ref_template: str,
     _, combined = models_json_schema([(m, mode) for m in models], ref_template=ref_template,
                                      schema_generator=_Documented)
     return dict(combined.get("$defs", {}))
+
+
+T = TypeVar("T")
+
+
+@cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
+
+
+def read(kind: type[T], doc: object) -> T:
+    """A document this product stored (a bot result, an outcome) back into its frozen dataclass ``kind``:
+    lax, as the stored JSON has lists where the types have tuples; keys it does not know are ignored and
+    missing ones take their defaults. Raises pydantic's ValidationError on a document of another shape."""
+    value: T = _adapter(kind).validate_python(doc)
+    return value
+
+
+def read_as(hint: object, doc: object) -> Any:
+    """``read`` for a type hint that is not a class (``tuple[int, ...]``, ``Outcome | None``)."""
+    return _adapter(hint).validate_python(doc)
+
+
+def write(value: object, hint: object = None) -> Any:
+    """``value`` (a frozen dataclass, or what ``hint`` describes) as the JSON document ``read`` takes back:
+    dataclasses as objects in field order, tuples as lists, enums as their values."""
+    return _adapter(type(value) if hint is None else hint).dump_python(value, mode="json")

@@ -32,7 +32,7 @@ class Problem:
     """A field's refusal message: ``message`` for any error, or the one ``by_type`` names for a pydantic
     error type (``missing``, ``string_too_short``, ...)."""
 
-    message: str  # "{field}" stands for the field's name
+    message: str  # "{field}" stands for the field's name, "{value}" for the refused value's repr
     by_type: Mapping[str, str] = field(default_factory=dict)
 
     def text(self, error_type: str) -> str:
@@ -94,7 +94,7 @@ def _problem_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[Pro
         if fields is None or step not in fields:
             break
         info = fields[step]
-        problem = next((m for m in info.metadata if isinstance(m, Problem)), None)
+        problem = next((m for m in reversed(info.metadata) if isinstance(m, Problem)), None)  # the outermost
         found = (problem, step) if problem is not None else found
         current = _nested_model(info.annotation)
     return found
@@ -117,10 +117,13 @@ def explain(model: type[Wire], error: ErrorDetails) -> str:
         return error["msg"]
     if not loc:
         return model.refusal
+    if error["type"] == "extra_forbidden":
+        return f"unknown key {loc[-1]!r} (known: {', '.join(sorted(model.model_fields))})"
     found = _problem_at(model, loc)
     if found is not None:
         problem, name = found
-        return problem.text(error["type"]).replace("{field}", name)
+        text = problem.text(error["type"]).replace("{field}", name)
+        return text.replace("{value}", repr(error.get("input"))) if "{value}" in text else text
     return f"{'.'.join(str(s) for s in loc)}: {error['msg'][:1].lower()}{error['msg'][1:]}"
 
 
@@ -131,6 +134,34 @@ def parse(model: type[M], doc: object) -> M:
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
         raise WireError(explain(model, first), tuple(first["loc"])) from None
+
+
+def collect(model: type[M], doc: Mapping[str, Any]) -> tuple[M, list[tuple[str, str]]]:
+    """Every problem of ``doc`` at once, for a file a person edits, each with the key it is about ("" for
+    an unknown key; the model must forbid extras to see them): unknown keys first, by name, then the fields
+    in order. And the model read from what is left once each refused value is taken out (so it holds its
+    default). Raises WireError when even that fails (a required field)."""
+    try:
+        return model.model_validate(doc), []
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
+    errors.sort(key=lambda e: (e["type"] != "extra_forbidden",
+                               str(e["loc"][-1]) if e["type"] == "extra_forbidden" else ""))
+    problems = [("" if e["type"] == "extra_forbidden" else str(e["loc"][0]), explain(model, e)) for e in errors]
+    return parse(model, _without(doc, [tuple(e["loc"]) for e in errors])), problems
+
+
+def _without(doc: Any, locs: list[tuple[int | str, ...]]) -> Any:
+    """``doc`` with the value at each location taken out (a list item by its index, a key from its mapping)."""
+    if not locs or any(not loc for loc in locs):
+        return doc
+    if isinstance(doc, Mapping):
+        return {k: _without(v, [loc[1:] for loc in locs if loc[0] == k]) for k, v in doc.items()
+                if (k,) not in locs}
+    if isinstance(doc, list):
+        return [_without(v, [loc[1:] for loc in locs if loc[0] == i]) for i, v in enumerate(doc)
+                if (i,) not in locs]
+    return doc
 
 
 def dump(value: Wire) -> dict[str, Any]:

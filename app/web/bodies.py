@@ -65,7 +65,7 @@ _SCOPES = {"type": "array", "maxItems": 1000, "items": {"type": "string", "descr
 class Wanted(Wire):
     # One reservation asked for; app.domain.reservations.parse_wanted reads both values as text.
 
-    glob: Annotated[Any, WithJsonSchema({"type": "string"})] = ""
+    glob: Loose = ""
     mode: Annotated[Any, WithJsonSchema({"type": "string", "enum": ["read", "write"]})] = ""
     model_config = {"json_schema_extra": {"required": ["glob", "mode"]}}
 

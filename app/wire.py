@@ -211,7 +211,7 @@ def read(kind: type[T], doc: object) -> T:
     """A document this product stored (a bot result, an outcome) back into its frozen dataclass ``kind``:
     lax, as the stored JSON has lists where the types have tuples; keys it does not know are ignored and
     missing ones take their defaults. Raises pydantic's ValidationError on a document of another shape."""
-    value: T = _adapter(kind).validate_python(doc)
+    value: T = read_as(kind, doc)
     return value
 
 

@@ -2,7 +2,8 @@
 trigger them, and how merges are applied.
 
 Owns: reading the file as it is (``RawConfig``, atlantis's raw shape), validating it into frozen
-dataclasses (``BotConfig``, ``Project``) with every problem listed at once, discovering projects when
+dataclasses (``BotConfig``, ``Project``) with every problem listed at once (each key's type and value through
+the models of ``runner.bot.configfile``; here what needs the checkout or the file's lines), discovering projects when
 the file is absent (each directory whose ``.tf`` files hold a ``backend "http"`` block), and matching
 changed paths to projects with the trigger globs. Errors are :class:`BotConfigError`; the jobs report
 them in the check run, because nobody reads a worker's log.

@@ -7,7 +7,7 @@ kept off the public network.
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import TypeVar
 
 from flask import Blueprint, Response, jsonify, request
 
@@ -15,9 +15,12 @@ from app.config import AuthMode
 from app.domain.backend_blocks import scoped_backend_block
 from app.errors import BadRequestError, ForbiddenError, UnauthorizedError
 from app.store import tenancy
+from app.web import bodies, inputs
 from app.web.auth import check_throttle, credentials_of, refuse, remote_address
 from app.web.context import services
+from app.wire import Wire
 
+W = TypeVar("W", bound=Wire)
 bp = Blueprint("control", __name__, url_prefix="/v1/api")
 
 
@@ -47,11 +50,8 @@ def _require_control_token() -> None:
     check_control_token(creds.secret if creds else "", creds.username if creds else "")
 
 
-def _body() -> dict[str, Any]:
-    doc = request.get_json(force=True, silent=True)
-    if not isinstance(doc, dict):
-        raise BadRequestError("request body must be a JSON object")
-    return doc
+def _body(model: type[W]) -> W:
+    return inputs.body_as(model, request.get_json(force=True, silent=True))
 
 
 def public_base_url() -> str:
@@ -61,9 +61,8 @@ def public_base_url() -> str:
 
 @bp.post("/tenants")
 def create_tenant() -> tuple[Response, int]:
-    doc = _body()
-    tenant = tenancy.create_tenant(services().db, str(doc.get("slug", "")), str(doc.get("name", "")),
-                                   actor="control-api")
+    body = _body(bodies.CreateTenant)
+    tenant = tenancy.create_tenant(services().db, str(body.slug), str(body.name), actor="control-api")
     return jsonify({"ok": True, "tenant": tenant}), 201
 
 
@@ -74,29 +73,29 @@ def list_tenants() -> Response:
 
 @bp.post("/tenants/<slug>/tokens")
 def create_token(slug: str) -> tuple[Response, int]:
-    doc = _body()
+    body = _body(bodies.CreateToken)
     secret, info = tenancy.create_token(
-        services().db, slug, name=str(doc.get("name", "")), environment=str(doc.get("environment", "")),
-        workspace=str(doc.get("workspace") or "default"), actor="control-api", scopes=_scopes(doc),
+        services().db, slug, name=str(body.name), environment=str(body.environment),
+        workspace=str(body.workspace or "default"), actor="control-api", scopes=_scopes(body),
     )
     block = scoped_backend_block(public_base_url(), info.workspace_id, info.environment_id)
     return jsonify({"ok": True, "token_secret": secret, "token": info, "workspace_id": info.workspace_id,
                     "environment_id": info.environment_id, "backend_block": block}), 201
 
 
-def _scopes(doc: dict[str, Any]) -> object:
+def _scopes(body: bodies.CreateToken | bodies.SetScopes) -> object:
     """``scopes`` (a list of 'GLOB:MODE'), or ``plan_only: true`` for the preset '*:read'."""
-    return tenancy.requested_scopes(doc.get("scopes"), doc.get("plan_only", False))
+    return tenancy.requested_scopes(body.scopes, body.plan_only)
 
 
 @bp.put("/tenants/<slug>/tokens/<token_id>/scopes")
 def set_scopes(slug: str, token_id: str) -> Response:
     """Replace a token's address scopes: ``{"scopes": [...]}`` (``[]``: the whole state) or ``{"plan_only": true}``."""
-    doc = _body()
-    if "scopes" not in doc and not doc.get("plan_only"):
+    body = _body(bodies.SetScopes)
+    if "scopes" not in body.model_fields_set and not body.plan_only:
         raise BadRequestError('body must be {"scopes": ["GLOB:MODE", ...]} ([] for the whole state) or '
                               '{"plan_only": true}')
-    info = tenancy.set_token_scopes(services().db, slug, token_id, _scopes(doc) or [], actor="control-api")
+    info = tenancy.set_token_scopes(services().db, slug, token_id, _scopes(body) or [], actor="control-api")
     return jsonify({"ok": True, "token": info})
 
 

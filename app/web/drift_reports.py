@@ -12,6 +12,7 @@ from flask import Blueprint, Response, jsonify, request
 from app.domain import drift_reports as rules
 from app.errors import BadRequestError
 from app.store import drift_reports as store
+from app.web import bodies, inputs
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("drift", __name__, url_prefix="/v1/engine")
@@ -47,12 +48,9 @@ def history(name: str) -> Response:
 @bp.post("/states/<path:name>/drift")
 def record(name: str) -> tuple[Response, int]:
     doc = request.get_json(force=True, silent=True)
-    if not isinstance(doc, dict):
-        raise BadRequestError('body must be {"globs": [...], "checked": N, "drifted": [...], "source": "drift"}')
-    refreshed = doc.get("refreshed", 0)
-    if not isinstance(refreshed, int) or isinstance(refreshed, bool) or not 0 <= refreshed <= rules.MAX_CHECKED:
-        raise BadRequestError("refreshed must be the number of instances a refresh committed")
+    body = inputs.body_as(bodies.DriftRecord, doc)
     submitted = rules.parse_submitted({k: v for k, v in doc.items() if k != "refreshed"})
     chosen = state_name(name)
-    report = store.record(services().db, principal(), chosen, submitted, refreshed=refreshed, now=datetime.now(UTC))
+    report = store.record(services().db, principal(), chosen, submitted, refreshed=body.refreshed,
+                          now=datetime.now(UTC))
     return jsonify(_latest(chosen, [report])), 201

@@ -11,7 +11,7 @@ from flask import Blueprint, Response, jsonify, request
 from app.errors import BadRequestError
 from app.store import events as events_store
 from app.store import graph, states
-from app.web import inputs
+from app.web import bodies, inputs
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("engine", __name__, url_prefix="/v1/engine")
@@ -96,11 +96,7 @@ def events(name: str) -> Response:
 
 def _globs_body() -> list[str]:
     """The ``{"globs": [...]}`` body of the slice and edges reads."""
-    doc = request.get_json(force=True, silent=True)
-    globs = doc.get("globs") if isinstance(doc, dict) else None
-    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
-        raise BadRequestError('body must be {"globs": ["module.web.*", ...]}')
-    return globs
+    return inputs.body_as(bodies.GlobsRead, request.get_json(force=True, silent=True)).globs
 
 
 @bp.post("/states/<path:name>/slice")

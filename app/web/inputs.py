@@ -6,7 +6,8 @@ before any view runs. Bodies are read whole but bounded (``read_body``: 413 when
 whether or not the client sent a Content-Length; never a truncated body); JSON bodies go through
 ``analyzer.jsontext.load_json`` (bounded depth, no NUL or lone surrogates, 64-bit integers, finite
 numbers) via the app's JSON provider, so ``request.get_json`` everywhere gets the same rules. Query
-integers come from ``int_arg``.
+integers come from ``int_arg``. A parsed document becomes a typed body through ``body_as`` and the
+models of ``app.web.bodies`` (``app.wire``: the field's own message on a refusal).
 
 Refusals raise KlErrors, which ``app.web.errors`` turns into the lane's answer; messages name the
 offending field and never quote its value.
@@ -19,7 +20,7 @@ import ctypes.util
 import gc
 import re
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 from flask import Flask, Request, current_app, g, request
 from werkzeug.exceptions import BadRequest, RequestEntityTooLarge
@@ -27,6 +28,9 @@ from werkzeug.exceptions import BadRequest, RequestEntityTooLarge
 from analyzer.jsontext import INT64_MAX, JsonInputError, load_json
 from app.config import Settings
 from app.errors import BadRequestError, BodyCapacityError, InvalidStateNameError
+from app.wire import Wire, WireError, parse
+
+W = TypeVar("W", bound=Wire)
 
 # C0 controls, DEL and C1 controls: never part of a name, an ID or a URL we route.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -153,6 +157,15 @@ def json_body(what: str = "request body") -> Any:
         return load_json(read_body())
     except JsonInputError as exc:
         raise BadRequestError(f"{what}: {exc}") from None
+
+
+def body_as(model: type[W], doc: object) -> W:
+    """A parsed JSON document as the body ``model`` describes, or BadRequestError with the refused field's
+    message."""
+    try:
+        return parse(model, doc)
+    except WireError as exc:
+        raise BadRequestError(exc.message) from None
 
 
 def check_json(raw: bytes | bytearray, what: str) -> bool:

@@ -3,50 +3,33 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Blueprint, Response, jsonify, request
 
 from app.domain.manual_holds import check_reason
 from app.errors import BadRequestError
 from app.store import manual_holds as store
-from app.web import inputs
+from app.web import bodies, inputs
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("holds", __name__, url_prefix="/v1/engine")
 _HOLD_ID_MAX = 40
 
 
-def _globs(doc: dict[str, Any]) -> list[str]:
-    items = doc.get("globs")
+def _globs(globs: list[str]) -> list[str]:
     limit = services().settings.max_globs_per_request
-    if not isinstance(items, list) or not items or not all(isinstance(g, str) for g in items):
-        raise BadRequestError('globs must be a non-empty list of address globs, e.g. ["module.db.*"]')
-    if len(items) > limit:
-        raise BadRequestError(f"a hold may name at most {limit} globs, not {len(items)}")
-    return items
-
-
-def _until(doc: dict[str, Any]) -> tuple[float | None, bool]:
-    seconds, released = doc.get("until_seconds"), doc.get("until_released", False)
-    if not isinstance(released, bool):
-        raise BadRequestError("until_released must be true or false")
-    if seconds is not None and (not isinstance(seconds, int | float) or isinstance(seconds, bool)
-                                or not 0 <= seconds < 10**9):
-        raise BadRequestError("until_seconds must be a number of seconds")
-    return (None if seconds is None else float(seconds)), released
+    if len(globs) > limit:
+        raise BadRequestError(f"a hold may name at most {limit} globs, not {len(globs)}")
+    return globs
 
 
 @bp.post("/states/<path:name>/holds")
 def take(name: str) -> tuple[Response, int]:
-    doc = inputs.json_body()
-    if not isinstance(doc, dict):
-        raise BadRequestError('body must be {"globs": [...], "reason": "...", "until_seconds": N}')
-    seconds, released = _until(doc)
+    body = inputs.body_as(bodies.TakeHold, inputs.json_body())
     settings = services().settings
-    hold = store.take(services().db, principal(), state_name(name), globs=_globs(doc),
-                      reason=check_reason(doc.get("reason")), policy=settings.hold_policy,
-                      until_seconds=seconds, until_released=released, max_globs=settings.max_globs_per_run)
+    hold = store.take(services().db, principal(), state_name(name), globs=_globs(body.globs),
+                      reason=check_reason(body.reason), policy=settings.hold_policy,
+                      until_seconds=body.until_seconds, until_released=body.until_released,
+                      max_globs=settings.max_globs_per_run)
     return jsonify({"ok": True, "hold": hold.payload()}), 201
 
 

@@ -1,33 +1,33 @@
 """The OpenAPI 3.1 description of the engine lane (/v1/engine) and the control API (/v1/api), served at
 ``GET /v1/openapi.json`` (no authentication: it describes, it holds nothing).
 
-The operations are declared once, below, as data; ``document()`` renders them. A test checks this table
-against the app's registered routes in both directions (every route documented, no stale entry), and a
+The operations are declared once, below, as data; ``document()`` renders them. Request bodies and the error
+envelope are the models of ``app.web.bodies`` that the views parse with, so their component schemas are
+generated from the code that enforces them (``app.wire.schemas_of``), never kept by hand. A test checks this
+table against the app's registered routes in both directions (every route documented, no stale entry), and a
 property-based fuzz drives every operation from it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from flask import Flask, Response, jsonify
 
+from app.web import bodies
+from app.wire import Wire, schemas_of
+
 PATH = "/v1/openapi.json"
+_REF = "#/components/schemas/{model}"
 
 _STR = {"type": "string"}
 _INT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
-_GLOBS = {"type": "array", "items": _STR,
-          "description": "address globs: exact, prefix.*, TYPE.*, output.NAME, output.PREFIX* or *"}
-_WANTED = {
-    "type": "array",
-    "items": {"type": "object", "required": ["glob", "mode"], "properties": {
-        "glob": _STR, "mode": {"type": "string", "enum": ["read", "write"]}}},
-}
-_HOLDER = {"holder": {**_STR, "description": "the run's holder name, as opened"}}
-_SCOPES = {"type": "array", "maxItems": 1000, "items": {**_STR, "description": "GLOB:read or GLOB:write, e.g. "
-                                                               "module.payments.*:write, output.payments_*:write"},
-           "description": "address scopes (write implies read); none: the whole state"}
+
+
+def _limit(maximum: int) -> dict[str, Any]:
+    return {"type": "integer", "minimum": 1, "maximum": maximum}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,28 +44,33 @@ class Operation:
     path: str
     summary: str
     params: tuple[Param, ...] = ()
-    body: dict[str, Any] | None = None  # a JSON object schema
-    required: tuple[str, ...] = ()
+    model: type[Wire] | None = None  # the JSON body, as the view parses it
     success: int = 200
     tags: tuple[str, ...] = field(default=("engine",))
 
+    @property
+    def body(self) -> dict[str, Any]:
+        """The body's properties by name (none without a body)."""
+        if self.model is None:
+            return {}
+        return dict(_schemas()[self.model.__name__].get("properties", {}))
 
-def _engine_state(path: str, method: str, summary: str, *params: Param, body: dict[str, Any] | None = None,
-                  required: tuple[str, ...] = (), success: int = 200) -> Operation:
+
+def _engine_state(path: str, method: str, summary: str, *params: Param, body: type[Wire] | None = None,
+                  success: int = 200) -> Operation:
     return Operation(method, "/v1/engine/states/{name}" + path, summary,
-                     (Param("name", _STR, True, "path"), *params), body, required, success)
+                     (Param("name", _STR, True, "path"), *params), body, success)
 
 
-def _run(path: str, summary: str, body: dict[str, Any] | None = None, required: tuple[str, ...] = ("holder",),
-         method: str = "post") -> Operation:
+def _run(path: str, summary: str, body: type[Wire] | None = None, method: str = "post") -> Operation:
     return Operation(method, "/v1/engine/runs/{run_id}" + path, summary, (Param("run_id", _STR, True, "path"),),
-                     body, required if body is not None else ())
+                     body)
 
 
-def _control(method: str, path: str, summary: str, *params: str, body: dict[str, Any] | None = None,
-             required: tuple[str, ...] = (), success: int = 200) -> Operation:
+def _control(method: str, path: str, summary: str, *params: str, body: type[Wire] | None = None,
+             success: int = 200) -> Operation:
     return Operation(method, "/v1/api" + path, summary, tuple(Param(p, _STR, True, "path") for p in params), body,
-                     required, success, ("control",))
+                     success, ("control",))
 
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -76,103 +81,58 @@ OPERATIONS: tuple[Operation, ...] = (
     _engine_state("/history", "get", "Every lifecycle of one instance address (address=), or who changed each "
                   "instance under a glob (glob=), a page at a time",
                   Param("address", _STR), Param("glob", _STR), Param("after", _STR),
-                  Param("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
-                  Param("changes", {"type": "integer", "minimum": 1, "maximum": 200})),
+                  Param("limit", _limit(1000)),
+                  Param("changes", _limit(200))),
     _engine_state("/dependencies", "get", "Recorded dependency edges at a serial", Param("serial", _INT)),
     _engine_state("/assembled", "get", "The v4 state re-assembled from rows at a serial", Param("serial", _INT)),
     _engine_state("/events", "get", "The state's audit trail, newest first",
-                  Param("limit", {"type": "integer", "minimum": 1, "maximum": 1000})),
+                  Param("limit", _limit(1000))),
     _engine_state("/drift", "get", "The latest drift report: outstanding drifted instances, last check"),
     _engine_state("/drift/history", "get", "Drift reports, newest first",
-                  Param("limit", {"type": "integer", "minimum": 1, "maximum": 500})),
-    _engine_state("/drift", "post", "Record a drift check or refresh (addresses and attribute names only)", body={
-        "source": {"type": "string", "enum": ["drift", "refresh"]}, "globs": _GLOBS,
-        "checked": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}, "serial": _INT, "run_id": _STR,
-        "actor": _STR, "refreshed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
-        "drifted": {"type": "array", "maxItems": 10000, "items": {
-            "type": "object", "required": ["address"], "properties": {
-                "address": _STR, "attributes": {"type": "array", "items": _STR, "maxItems": 200},
-                "gone": {"type": "boolean"}}}},
-    }, required=("globs",), success=201),
-    _engine_state("/slice", "post", "The head's instances under the globs, as a v4 state",
-                  body={"globs": _GLOBS}, required=("globs",)),
-    _engine_state("/edges", "post", "Dependency edges at the head touching the globs",
-                  body={"globs": _GLOBS}, required=("globs",)),
+                  Param("limit", _limit(500))),
+    _engine_state("/drift", "post", "Record a drift check or refresh (addresses and attribute names only)",
+                  body=bodies.DriftRecord, success=201),
+    _engine_state("/slice", "post", "The head's instances under the globs, as a v4 state", body=bodies.GlobsRead),
+    _engine_state("/edges", "post", "Dependency edges at the head touching the globs", body=bodies.GlobsRead),
     _engine_state("/runs", "post", "Open an apply run holding reservations (all or nothing); the answer's "
-                  "granted_at_serial and granted_at_lineage are the head's when they were granted", body={
-        "actor": _STR, "reservations": _WANTED, "lease_seconds": {"type": "number", "minimum": 1, "maximum": 43200},
-        "wait_seconds": {"type": "number", "minimum": 0},
-        "base_serial": {**_INT, "description": "the serial the plan was made at: refused when a reserved address "
-                        "changed since"}, "info": {"type": "object"},
-    }, required=("actor", "reservations"), success=201),
+                  "granted_at_serial and granted_at_lineage are the head's when they were granted",
+                  body=bodies.OpenRun, success=201),
     Operation("get", "/v1/engine/runs", "List apply runs", (
-        Param("state", _STR), Param("status", _STR), Param("limit", {"type": "integer", "minimum": 1,
-                                                                     "maximum": 1000}))),
+        Param("state", _STR), Param("status", _STR), Param("limit", _limit(1000)))),
     Operation("get", "/v1/engine/reservations", "List live reservations", (Param("state", _STR),)),
     _engine_state("/holds", "post", "Take a manual hold: write reservations with a reason and an owner, at once or "
                   "not at all, expiring after until_seconds (default KL_HOLD_DEFAULT_SECONDS) unless until_released",
-                  body={"globs": {**_GLOBS, "minItems": 1}, "reason": {**_STR, "minLength": 1, "maxLength": 200},
-                        "until_seconds": {"type": "number", "minimum": 60},
-                        "until_released": {"type": "boolean"}}, required=("globs", "reason"), success=201),
+                  body=bodies.TakeHold, success=201),
     Operation("get", "/v1/engine/holds", "List live manual holds, oldest first", (
-        Param("state", _STR), Param("limit", {"type": "integer", "minimum": 1, "maximum": 500}))),
+        Param("state", _STR), Param("limit", _limit(500)))),
     Operation("delete", "/v1/engine/holds/{hold_id}", "Release a manual hold (the credential that took it)",
               (Param("hold_id", _STR, True, "path"),)),
     Operation("get", "/v1/engine/runs/{run_id}", "One run with its reservations",
               (Param("run_id", _STR, True, "path"),)),
-    _run("/reservations", "Acquire more reservations for a live run",
-         {**_HOLDER, "reservations": _WANTED, "wait_seconds": {"type": "number", "minimum": 0}},
-         ("holder", "reservations")),
+    _run("/reservations", "Acquire more reservations for a live run", bodies.AcquireMore),
     Operation("post", "/v1/engine/tickets/{ticket}/cancel", "Give up a queue place (the waiting client stopped): "
               "cancelled is false when it is gone already or not this credential's and holder's",
-              (Param("ticket", _STR, True, "path"),),
-              {"holder": {**_STR, "description": "the actor or holder the waiting request named"}}, ("holder",)),
-    _run("/renew", "Extend the run's lease", _HOLDER),
-    _run("/release", "Release some (globs) or all of the run's reservations", {**_HOLDER, "globs": _GLOBS}),
-    _run("/running", "Mark the run as applying", _HOLDER),
-    _run("/close", "Close the run as failed or aborted", {
-        **_HOLDER, "status": {"type": "string", "enum": ["failed", "aborted"]}, "error_summary": _STR,
-        "counters": {"type": "object"}}, ("holder", "status")),
+              (Param("ticket", _STR, True, "path"),), bodies.CancelTicket),
+    _run("/renew", "Extend the run's lease", bodies.HolderOnly),
+    _run("/release", "Release some (globs) or all of the run's reservations", bodies.Release),
+    _run("/running", "Mark the run as applying", bodies.HolderOnly),
+    _run("/close", "Close the run as failed or aborted", bodies.Close),
     _run("/abort", "Abort a run (operators): releases its reservations, or, while its Terraform applies, marks it "
-         "aborting until its client has stopped Terraform and closed it (force: release at once)",
-         {"reason": _STR, "force": {"type": "boolean"}}, ()),
+         "aborting until its client has stopped Terraform and closed it (force: release at once)", bodies.Abort),
     _run("/dry-commit", "Check the changes a plan will make against the commit's refusals, before applying "
-         "(changes no row)", {
-             **_HOLDER, "addresses": {"type": "array", "items": _STR, "description": "the instance addresses the "
-                                      "plan writes"},
-             "outputs": {"type": "array", "items": _STR, "description": "the root outputs the plan changes"}},
-         ("holder",)),
-    _run("/commit", "Row-level commit of the run's post-apply slice", {
-        **_HOLDER, "state": {"type": "object", "description": "the post-apply v4 state of the slice"},
-        "slice_addresses": {"type": "array", "items": _STR}, "prune_outputs": {
-            "oneOf": [{"type": "boolean"}, {"type": "array", "items": _STR}],
-            "description": "true: outputs missing from the state were removed; a list: only these may be"}},
-        ("holder", "state")),
-    _control("post", "/tenants", "Create a tenant", body={"slug": _STR, "name": _STR}, required=("slug",),
-             success=201),
+         "(changes no row)", bodies.DryCommit),
+    _run("/commit", "Row-level commit of the run's post-apply slice", bodies.Commit),
+    _control("post", "/tenants", "Create a tenant", body=bodies.CreateTenant, success=201),
     _control("get", "/tenants", "List tenants"),
     _control("post", "/tenants/{slug}/tokens", "Create a token (the secret is shown once)", "slug",
-             body={"name": _STR, "environment": _STR, "workspace": _STR, "scopes": _SCOPES,
-                   "plan_only": {"type": "boolean", "description": "the preset scope '*:read'"}},
-             required=("name", "environment"), success=201),
+             body=bodies.CreateToken, success=201),
     _control("put", "/tenants/{slug}/tokens/{token_id}/scopes", "Replace a token's address scopes (audited)",
-             "slug", "token_id", body={"scopes": _SCOPES, "plan_only": {"type": "boolean"}}),
+             "slug", "token_id", body=bodies.SetScopes),
     _control("get", "/tenants/{slug}/tokens", "List a tenant's tokens (never secrets)", "slug"),
     _control("post", "/tenants/{slug}/tokens/{token_id}/revoke", "Revoke a token", "slug", "token_id"),
     _control("delete", "/tenants/{slug}/tokens/{token_id}", "Revoke a token (DELETE form)", "slug", "token_id"),
 )
 
-_ERROR = {
-    "type": "object",
-    "required": ["ok", "code", "error", "status"],
-    "properties": {"ok": {"const": False}, "code": _STR, "error": _STR, "status": {"type": "integer"},
-                   "glob": {**_STR, "description": "address_scope: the glob or address refused"},
-                   "mode": {"type": "string", "enum": ["read", "write"]},
-                   "nearest_scope": {**_STR, "description": "address_scope: the token's closest scope"},
-                   "state": _STR},
-    "description": "The JSON error envelope; some codes add fields (conflicts, waiting, lock_info, retry_after; "
-                   "address_scope adds glob, mode, nearest_scope and state).",
-}
 _ERRORS = {
     "400": "malformed request: the message names the field",
     "401": "no credentials",
@@ -196,14 +156,22 @@ def _operation(op: Operation) -> dict[str, Any]:
             "schema": {"type": "object", "properties": {"ok": {"const": True}}}}}}},
     }
     doc["responses"].update({code: {"description": text, "content": {"application/json": {"schema": {
-        "$ref": "#/components/schemas/Error"}}}} for code, text in _ERRORS.items()})
+        "$ref": _REF.format(model=bodies.Error.__name__)}}}} for code, text in _ERRORS.items()})
     if op.params:
         doc["parameters"] = [{"name": p.name, "in": p.where, "required": p.required or p.where == "path",
                               "schema": p.schema} for p in op.params]
-    if op.body is not None:
-        doc["requestBody"] = {"required": bool(op.required), "content": {"application/json": {"schema": {
-            "type": "object", "properties": op.body, "required": list(op.required)}}}}
+    if op.model is not None:
+        required = bool(_schemas()[op.model.__name__].get("required"))
+        doc["requestBody"] = {"required": required, "content": {"application/json": {"schema": {
+            "$ref": _REF.format(model=op.model.__name__)}}}}
     return doc
+
+
+@cache
+def _schemas() -> dict[str, Any]:
+    """The component schemas: every body model of OPERATIONS, the models they nest and the error envelope."""
+    models = {op.model: None for op in OPERATIONS if op.model is not None}
+    return schemas_of((*models, bodies.Error), _REF)
 
 
 def document() -> dict[str, Any]:
@@ -219,7 +187,7 @@ def document() -> dict[str, Any]:
                                 "KL_CONTROL_TOKEN). Errors use one JSON envelope."},
         "paths": paths,
         "components": {
-            "schemas": {"Error": _ERROR},
+            "schemas": _schemas(),
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "a Kilolock token"},
                 "basic": {"type": "http", "scheme": "basic", "description": "workspace id : token secret"},

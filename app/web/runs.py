@@ -9,7 +9,6 @@ ticket at once and asks again with it (docs/reservations.md, "Waiting").
 from __future__ import annotations
 
 import json
-import re
 from datetime import timedelta
 from typing import Any
 
@@ -20,13 +19,12 @@ from app.domain.reservations import RunStatus, Wanted, lease_for, parse_wanted
 from app.errors import BadRequestError
 from app.store import commit as commit_store
 from app.store import runs
-from app.web import inputs, metrics
+from app.web import bodies, inputs, metrics
 from app.web.context import principal, services, state_name
 
 bp = Blueprint("runs", __name__, url_prefix="/v1/engine")
 # A commit's post-apply state holds Terraform's numbers, which may be integers beyond 64 bits.
 _STATE_KEY = frozenset({"state"})
-_GIT_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 def _body(*, exact_under: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -44,53 +42,20 @@ def _body(*, exact_under: frozenset[str] = frozenset()) -> dict[str, Any]:
     return doc
 
 
-_MAX_PRUNED = 10_000
-
-
-def _prune(value: object) -> bool | frozenset[str]:
-    """``prune_outputs``: true, false, or the output names a partial workspace declares."""
-    if isinstance(value, bool):
-        return value
-    if not isinstance(value, list) or len(value) > _MAX_PRUNED or not all(
-            isinstance(n, str) and 0 < len(n) <= 256 for n in value):
-        raise BadRequestError(f"prune_outputs must be true, false or a list of at most {_MAX_PRUNED} output names")
-    return frozenset(value)
-
-
-def _text(doc: dict[str, Any], key: str, *, required: bool = True) -> str:
-    value = doc.get(key)
-    if value is None or value == "":
-        if required:
-            raise BadRequestError(f"{key} is required")
-        return ""
-    if not isinstance(value, str):
-        raise BadRequestError(f"{key} must be a string")
-    return value
-
-
-def _wanted(doc: dict[str, Any]) -> tuple[Wanted, ...]:
-    items = doc.get("reservations", [])
-    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-        raise BadRequestError('reservations must be a list of {"glob": ..., "mode": "read"|"write"}')
+def _wanted(items: list[bodies.Wanted]) -> tuple[Wanted, ...]:
     limit = services().settings.max_globs_per_request
     if len(items) > limit:
         raise BadRequestError(f"a request may name at most {limit} reservation globs, not {len(items)}: "
                               "reserve a module or resource prefix ('module.NAME.*', 'TYPE.NAME.*') instead")
-    return parse_wanted(((str(i.get("glob", "")), str(i.get("mode", ""))) for i in items), limit=limit)
+    return parse_wanted((i.pair() for i in items), limit=limit)
 
 
-def _wait(doc: dict[str, Any]) -> runs.WaitPolicy:
+def _wait(ticket: str | None, value: float | None) -> runs.WaitPolicy:
     settings = services().settings
-    value = doc.get("wait_seconds")
-    ticket = doc.get("ticket")
-    if ticket is not None and not isinstance(ticket, str):
-        raise BadRequestError("ticket must be the string a 202 answer gave")
     window = timedelta(seconds=settings.wait_ticket_seconds)
     if value is None:
         return runs.WaitPolicy(ticket=ticket or None, window=window)
-    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < 10**9:
-        raise BadRequestError("wait_seconds must be a number of seconds, zero or more")
-    wait = timedelta(seconds=min(float(value), settings.max_wait_seconds))
+    wait = timedelta(seconds=min(value, settings.max_wait_seconds))
     return runs.WaitPolicy(wait=wait or None, ticket=ticket or None, window=window)
 
 
@@ -102,15 +67,6 @@ def _ticket_response(ticket: runs.Ticket) -> tuple[Response, int]:
     })
     response.headers["Retry-After"] = str(max(int(ticket.poll_after), 1))
     return response, 202
-
-
-def _number(doc: dict[str, Any], key: str) -> float | None:
-    value = doc.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise BadRequestError(f"{key} must be a number")
-    return float(value)
 
 
 def _run_payload(run: runs.Run) -> dict[str, Any]:
@@ -131,19 +87,11 @@ def _run_response(run: runs.Run, status: int = 200, **extra: Any) -> tuple[Respo
 @bp.post("/states/<path:name>/runs")
 @metrics.engine_call("open")
 def open_run(name: str) -> tuple[Response, int]:
-    doc = _body()
-    base_serial = doc.get("base_serial")
-    if base_serial is not None and (not isinstance(base_serial, int) or isinstance(base_serial, bool)):
-        raise BadRequestError("base_serial must be an integer")
-    info = doc.get("info", {})
-    if not isinstance(info, dict):
-        raise BadRequestError("info must be a JSON object")
-    commit = info.get("git_commit")
-    if commit is not None and not (isinstance(commit, str) and _GIT_COMMIT.fullmatch(commit)):
-        raise BadRequestError("info.git_commit must be a git commit id (40 or 64 lowercase hex digits)")
+    body = inputs.body_as(bodies.OpenRun, _body())
     run = runs.open_run(
-        services().db, principal(), state_name(name), actor=_text(doc, "actor"), wanted=_wanted(doc),
-        lease=lease_for(_number(doc, "lease_seconds")), policy=_wait(doc), base_serial=base_serial, info=info,
+        services().db, principal(), state_name(name), actor=body.actor, wanted=_wanted(body.reservations),
+        lease=lease_for(body.lease_seconds), policy=_wait(body.ticket, body.wait_seconds),
+        base_serial=body.base_serial, info=body.info,
     )
     if isinstance(run, runs.Ticket):
         return _ticket_response(run)
@@ -178,9 +126,9 @@ def get_run(run_id: str) -> tuple[Response, int]:
 @bp.post("/runs/<run_id>/reservations")
 @metrics.engine_call("more")
 def acquire_more(run_id: str) -> tuple[Response, int]:
-    doc = _body()
-    run = runs.acquire_more(services().db, principal(), run_id, holder=_text(doc, "holder"),
-                            wanted=_wanted(doc), policy=_wait(doc),
+    body = inputs.body_as(bodies.AcquireMore, _body())
+    run = runs.acquire_more(services().db, principal(), run_id, holder=body.holder,
+                            wanted=_wanted(body.reservations), policy=_wait(body.ticket, body.wait_seconds),
                             max_globs=services().settings.max_globs_per_run)
     if isinstance(run, runs.Ticket):
         return _ticket_response(run)
@@ -194,47 +142,38 @@ def cancel_ticket(ticket: str) -> tuple[Response, int]:
     doc = _body()
     if len(ticket) > 40:
         raise BadRequestError("ticket must be the string a 202 answer gave")
-    cancelled = runs.cancel_ticket(services().db, principal(), ticket, _text(doc, "holder"))
+    body = inputs.body_as(bodies.CancelTicket, doc)
+    cancelled = runs.cancel_ticket(services().db, principal(), ticket, body.holder)
     return jsonify({"ok": True, "ticket": ticket, "cancelled": cancelled}), 200
 
 
 @bp.post("/runs/<run_id>/renew")
 @metrics.engine_call("renew")
 def renew(run_id: str) -> tuple[Response, int]:
-    doc = _body()
-    return _run_response(runs.renew(services().db, principal(), run_id, holder=_text(doc, "holder")))
+    body = inputs.body_as(bodies.HolderOnly, _body())
+    return _run_response(runs.renew(services().db, principal(), run_id, holder=body.holder))
 
 
 @bp.post("/runs/<run_id>/release")
 @metrics.engine_call("release")
 def release(run_id: str) -> tuple[Response, int]:
-    doc = _body()
-    globs = doc.get("globs")
-    if globs is not None and (not isinstance(globs, list) or not all(isinstance(g, str) for g in globs)):
-        raise BadRequestError("globs must be a list of strings (omit it to release everything)")
-    return _run_response(runs.release(services().db, principal(), run_id, holder=_text(doc, "holder"), globs=globs))
+    body = inputs.body_as(bodies.Release, _body())
+    return _run_response(runs.release(services().db, principal(), run_id, holder=body.holder, globs=body.globs))
 
 
 @bp.post("/runs/<run_id>/running")
 @metrics.engine_call("running")
 def running(run_id: str) -> tuple[Response, int]:
-    doc = _body()
-    return _run_response(runs.mark_running(services().db, principal(), run_id, holder=_text(doc, "holder")))
+    body = inputs.body_as(bodies.HolderOnly, _body())
+    return _run_response(runs.mark_running(services().db, principal(), run_id, holder=body.holder))
 
 
 @bp.post("/runs/<run_id>/close")
 @metrics.engine_call("close")
 def close(run_id: str) -> tuple[Response, int]:
-    doc = _body()
-    try:
-        status = RunStatus(_text(doc, "status"))
-    except ValueError as exc:
-        raise BadRequestError("status must be failed or aborted") from exc
-    counters = doc.get("counters", {})
-    if not isinstance(counters, dict):
-        raise BadRequestError("counters must be a JSON object")
-    run = runs.close_run(services().db, principal(), run_id, holder=_text(doc, "holder"), status=status,
-                         error_summary=_text(doc, "error_summary", required=False) or None, counters=counters)
+    body = inputs.body_as(bodies.Close, _body())
+    run = runs.close_run(services().db, principal(), run_id, holder=body.holder, status=body.run_status,
+                         error_summary=body.error_summary or None, counters=body.counters)
     return _run_response(run)
 
 
@@ -243,25 +182,9 @@ def close(run_id: str) -> tuple[Response, int]:
 def abort(run_id: str) -> tuple[Response, int]:
     """End a run; one that is applying becomes ``aborting`` until its client has stopped Terraform
     (``{"force": true}`` releases at once)."""
-    doc = _body()
-    force = doc.get("force", False)
-    if not isinstance(force, bool):
-        raise BadRequestError("force must be true or false")
-    run = runs.abort(services().db, principal(), run_id, reason=_text(doc, "reason", required=False), force=force)
+    body = inputs.body_as(bodies.Abort, _body())
+    run = runs.abort(services().db, principal(), run_id, reason=body.reason, force=body.force)
     return _run_response(run)
-
-
-# A plan's changes, bounded like a commit's body: far more than any plan a workspace can hold.
-_MAX_PLANNED = 100_000
-
-
-def _names(doc: dict[str, Any], key: str) -> list[str]:
-    value = doc.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
-        raise BadRequestError(f"{key} must be a list of strings")
-    if len(value) > _MAX_PLANNED:
-        raise BadRequestError(f"{key} may hold at most {_MAX_PLANNED} entries, not {len(value)}")
-    return value
 
 
 @bp.post("/runs/<run_id>/dry-commit")
@@ -269,9 +192,9 @@ def _names(doc: dict[str, Any], key: str) -> list[str]:
 def dry_commit(run_id: str) -> tuple[Response, int]:
     """The commit's refusals for the changes a plan will make, before Terraform applies them:
     ``{"holder", "addresses": [instance addresses], "outputs": [root output names]}``. Changes no row."""
-    doc = _body()
-    result = commit_store.dry_commit_run(services().db, principal(), run_id, holder=_text(doc, "holder"),
-                                         addresses=_names(doc, "addresses"), outputs=_names(doc, "outputs"))
+    body = inputs.body_as(bodies.DryCommit, _body())
+    result = commit_store.dry_commit_run(services().db, principal(), run_id, holder=body.holder,
+                                         addresses=body.addresses, outputs=body.outputs)
     return jsonify({"ok": True, "dry_commit": {
         "run_id": result.run_id, "base_serial": result.base_serial, "head_serial": result.head_serial,
         "addresses": list(result.addresses), "outputs": list(result.outputs)}}), 200
@@ -283,17 +206,10 @@ def commit(run_id: str) -> tuple[Response, int]:
     """Row-level commit of the run's post-apply slice: ``{"holder", "state", "slice_addresses",
     "prune_outputs"}`` (prune: true when the workspace held every output, so missing ones were removed; a
     list of the output names a partial workspace declares, whose missing ones were removed)."""
-    doc = _body(exact_under=_STATE_KEY)
-    state = doc.get("state")
-    if not isinstance(state, dict):
-        raise BadRequestError("state must be the post-apply Terraform state (a JSON object)")
-    slice_addresses = doc.get("slice_addresses", [])
-    if not isinstance(slice_addresses, list) or not all(isinstance(a, str) for a in slice_addresses):
-        raise BadRequestError("slice_addresses must be a list of instance addresses")
-    prune = _prune(doc.get("prune_outputs", True))
+    body = inputs.body_as(bodies.Commit, _body(exact_under=_STATE_KEY))
     result = commit_store.commit_run(
-        services().db, principal(), run_id, holder=_text(doc, "holder"),
-        state_body=json.dumps(state).encode(), slice_addresses=slice_addresses, prune_outputs=prune,
+        services().db, principal(), run_id, holder=body.holder,
+        state_body=json.dumps(body.state).encode(), slice_addresses=body.slice_addresses, prune_outputs=body.prune,
     )
     payload = {"serial": result.serial, "created": result.created, "updated": result.updated,
                "deleted": result.deleted, "addresses": list(result.addresses),

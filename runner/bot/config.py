@@ -2,7 +2,8 @@
 trigger them, and how merges are applied.
 
 Owns: reading the file as it is (``RawConfig``, atlantis's raw shape), validating it into frozen
-dataclasses (``BotConfig``, ``Project``) with every problem listed at once, discovering projects when
+dataclasses (``BotConfig``, ``Project``) with every problem listed at once (each key's type and value through
+the models of ``runner.bot.configfile``; here what needs the checkout or the file's lines), discovering projects when
 the file is absent (each directory whose ``.tf`` files hold a ``backend "http"`` block), and matching
 changed paths to projects with the trigger globs. Errors are :class:`BotConfigError`; the jobs report
 them in the check run, because nobody reads a worker's log.
@@ -50,28 +51,12 @@ import yaml
 
 from analyzer.globs import GlobError, parse_glob
 from analyzer.hcl import HclError, ParseCache, find_http_backend
-from app.domain.durations import parse_duration
+from app.wire import Wire, collect
+from runner.bot.configfile import DEFAULT_MERGE_WAIT, DEFAULT_REQUIREMENTS, DriftKeys, FileKeys, ProjectKeys
 from runner.bot.owners import MAX_OWNERS_PER_RULE, MAX_RULES, OwnerHandleError, OwnerRule, parse_owner
-from runner.core import childenv
 from runner.core.config import ClientConfigError, read_tf_files, split_backend_address
 
 CONFIG_NAMES = (".kilolock.yml", ".kilolock.yaml")
-DEFAULT_MERGE_WAIT = 600
-MAX_MERGE_WAIT = 6 * 3600
-# Scheduled drift windows: the scheduler ticks every few minutes, so shorter windows would be missed,
-# and a check older than a month says little about now.
-MIN_DRIFT_EVERY = 15 * 60
-MAX_DRIFT_EVERY = 31 * 86400
-_TOP_KEYS = frozenset({"version", "apply_on_merge", "apply_on_push", "merge_wait", "projects", "apply_on_comment",
-                       "apply_requirements", "drift", "env", "hold_expiry", "apply_branch",
-                       "untrusted_previews", "owners"})
-_PROJECT_KEYS = frozenset({"dir", "name", "state", "files", "apply_on_merge", "apply_on_comment", "drift", "env",
-                           "owners"})
-MIN_HOLD_EXPIRY = 3600
-MAX_HOLD_EXPIRY = 366 * 86400
-_DRIFT_KEYS = frozenset({"every", "issue"})
-REQUIREMENTS = ("approved", "last_push_approved", "owners_approved", "mergeable", "undiverged")
-DEFAULT_REQUIREMENTS = ("approved", "mergeable")
 _SKIP_DIRS = frozenset({".git", ".terraform", "node_modules"})
 
 
@@ -186,26 +171,17 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
     if raw.document is None:
         return BotConfig(projects=tuple(_project_from(d, None, None, None, True, root, [], "")
                                         for d in discover(root)), source="discovered")
-    doc, problems = raw.document, []
-    for key in sorted(set(doc) - _TOP_KEYS):
-        problems.append(f"unknown key {key!r} (known: {', '.join(sorted(_TOP_KEYS))})")
-    version = doc.get("version", 1)
-    if version != 1:
-        problems.append(f"version must be 1, got {version!r}")
-    apply_on_merge = _boolean(doc, "apply_on_merge", True, "", problems)
-    apply_on_push = _boolean(doc, "apply_on_push", False, "", problems)
-    merge_wait = _duration(doc.get("merge_wait", DEFAULT_MERGE_WAIT), "merge_wait", problems)
-    apply_on_comment = _boolean(doc, "apply_on_comment", False, "", problems)
-    requirements = _requirements(doc.get("apply_requirements", list(DEFAULT_REQUIREMENTS)), problems)
-    drift = drift_schedule(doc.get("drift"), "drift", problems)
-    env = _env_names(doc.get("env"), "env", problems)
-    hold_expiry = _hold_expiry(doc.get("hold_expiry"), problems)
-    untrusted_previews = _boolean(doc, "untrusted_previews", False, "", problems)
-    apply_branch = _text(doc, "apply_branch", "top level", problems)
+    doc = raw.document
+    keys, found = collect(FileKeys, doc)
+    top = _Problems(FileKeys, found)
+    apply_on_merge, apply_on_comment = keys.apply_on_merge, keys.apply_on_comment
+    drift = drift_schedule(keys.drift, "drift", top.under("drift"))
+    env = tuple(dict.fromkeys(keys.env or ()))
     lines = owner_lines(raw.text) if _has_owners(doc) else {}
-    owners = owner_rules(doc.get("owners"), "owners", lines.get(None, ()), problems)
-    items = doc.get("projects")
+    owners = owner_rules(keys.owners, "owners", lines.get(None, ()), top.under("owners"))
+    items = keys.projects
     projects: list[Project] = []
+    problems = top.listed()
     if items is None:
         projects = [replace(_project_from(d, None, None, None, apply_on_merge, root, problems, "", apply_on_comment),
                             drift=drift, env=env, owners=owners) for d in discover(root)]
@@ -217,21 +193,23 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
             if not isinstance(item, dict):
                 problems.append(f"{where} must be a mapping with at least dir:, got {item!r}")
                 continue
-            for key in sorted(set(item) - _PROJECT_KEYS):
-                problems.append(f"{where}: unknown key {key!r} (known: {', '.join(sorted(_PROJECT_KEYS))})")
-            directory = _directory(item.get("dir"), where, root, problems)
-            if directory is None:
+            own, found = collect(ProjectKeys, item)
+            mine = _Problems(ProjectKeys, [(key, f"{where}: {p}") for key, p in found])
+            directory = _directory(own.dir, where, root, mine.under("dir"))
+            if directory is None:  # nothing else about a project without its directory
+                problems += mine.listed(only=("", "dir"))
                 continue
-            name = _text(item, "name", where, problems)
-            state = _text(item, "state", where, problems)
-            files = _globs(item.get("files"), where, problems)
-            own_apply = _boolean(item, "apply_on_merge", apply_on_merge, where + ": ", problems)
-            own_comment = _boolean(item, "apply_on_comment", apply_on_comment, where + ": ", problems)
-            own_drift = drift_schedule(item["drift"], f"{where}: drift", problems) if "drift" in item else drift
-            own_env = env + tuple(n for n in _env_names(item.get("env"), f"{where}: env", problems) if n not in env)
-            own_owners = owners + owner_rules(item.get("owners"), f"{where}: owners", lines.get(index, ()), problems)
-            projects.append(replace(_project_from(directory, name, state, files, own_apply, root, problems, where,
-                                                  own_comment), drift=own_drift, env=own_env, owners=own_owners))
+            files = _globs(own.files, where, mine.under("files"))
+            own_drift = (drift_schedule(item["drift"], f"{where}: drift", mine.under("drift")) if "drift" in item
+                         else drift)
+            own_env = env + tuple(n for n in dict.fromkeys(own.env or ()) if n not in env)
+            own_owners = owners + owner_rules(own.owners, f"{where}: owners", lines.get(index, ()),
+                                              mine.under("owners"))
+            problems += mine.listed()
+            own_apply = apply_on_merge if own.apply_on_merge is None else own.apply_on_merge
+            own_comment = apply_on_comment if own.apply_on_comment is None else own.apply_on_comment
+            projects.append(replace(_project_from(directory, own.name, own.state, files, own_apply, root, problems,
+                                                  where, own_comment), drift=own_drift, env=own_env, owners=own_owners))
     seen: dict[str, int] = {}
     for project in projects:
         seen[project.name] = seen.get(project.name, 0) + 1
@@ -239,36 +217,30 @@ def validate(raw: RawConfig, root: Path) -> BotConfig:
                  for name, count in seen.items() if count > 1]
     if problems:
         raise BotConfigError(problems, source=raw.source)
-    return BotConfig(projects=tuple(projects), apply_on_merge=apply_on_merge, apply_on_push=apply_on_push,
-                     merge_wait=merge_wait, source=raw.source, apply_requirements=requirements,
-                     hold_expiry=hold_expiry, apply_branch=apply_branch,
-                     untrusted_previews=untrusted_previews)
+    return BotConfig(projects=tuple(projects), apply_on_merge=apply_on_merge, apply_on_push=keys.apply_on_push,
+                     merge_wait=keys.merge_wait, source=raw.source, apply_requirements=tuple(keys.apply_requirements),
+                     hold_expiry=keys.hold_expiry, apply_branch=keys.apply_branch,
+                     untrusted_previews=keys.untrusted_previews)
 
 
-def _env_names(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        problems.append(f"{where} must be a list of variable names (AWS_PROFILE, \"TF_VAR_*\"), got {value!r}")
-        return ()
-    found: list[str] = []
-    for name in value:
-        problem = childenv.passthrough_problem(name)
-        if problem:
-            problems.append(f"{where}: {problem}")
-        elif name not in found:
-            found.append(name)
-    return tuple(found)
+class _Problems:
+    """The problems of one mapping of the file, each under the key it is about ("" for unknown keys), listed
+    in the format's order: unknown keys first, then each key's in the order the model declares them."""
 
+    def __init__(self, keys: type[Wire], found: list[tuple[str, str]]) -> None:
+        self._order = ["", *keys.model_fields]
+        self._found = list(found)
+        self._lists: list[tuple[str, list[str]]] = []
 
-def _hold_expiry(value: Any, problems: list[str]) -> int | None:
-    if value is None:
-        return None
-    seconds = _whole_seconds(value)
-    if seconds is None or not MIN_HOLD_EXPIRY <= seconds <= MAX_HOLD_EXPIRY:
-        problems.append(f"hold_expiry must be a duration from 1h to 366d (7d, 48h), got {value!r}")
-        return None
-    return seconds
+    def under(self, key: str) -> list[str]:
+        """A list a check appends the problems of ``key`` to."""
+        self._lists.append((key, []))
+        return self._lists[-1][1]
+
+    def listed(self, only: tuple[str, ...] | None = None) -> list[str]:
+        found = self._found + [(key, p) for key, items in self._lists for p in items]
+        return [p for key, p in sorted(found, key=lambda kp: self._order.index(kp[0]))
+                if only is None or key in only]
 
 
 def discover(root: Path) -> list[str]:
@@ -397,16 +369,6 @@ def _directory(value: Any, where: str, root: Path, problems: list[str]) -> str |
     return cleaned
 
 
-def _text(item: Mapping[str, Any], key: str, where: str, problems: list[str]) -> str | None:
-    value = item.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        problems.append(f"{where}: {key} must be a non-empty string, got {value!r}")
-        return None
-    return value.strip()
-
-
 def _globs(value: Any, where: str, problems: list[str]) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -422,50 +384,6 @@ def _globs(value: Any, where: str, problems: list[str]) -> tuple[str, ...] | Non
     return globs
 
 
-def _boolean(doc: Mapping[str, Any], key: str, default: bool, where: str, problems: list[str]) -> bool:
-    value = doc.get(key, default)
-    if not isinstance(value, bool):
-        problems.append(f"{where}{key} must be true or false, got {value!r}")
-        return default
-    return value
-
-
-def _requirements(value: Any, problems: list[str]) -> tuple[str, ...]:
-    """``apply_requirements``: a list (possibly empty) of known requirement names."""
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        problems.append(f"apply_requirements must be a list such as [approved, mergeable, undiverged] (or []), "
-                        f"got {value!r}")
-        return DEFAULT_REQUIREMENTS
-    unknown = [v for v in value if v not in REQUIREMENTS]
-    if unknown:
-        problems.append(f"apply_requirements: unknown requirement(s) {', '.join(map(repr, unknown))} (known: "
-                        f"{', '.join(REQUIREMENTS)})")
-        return DEFAULT_REQUIREMENTS
-    return tuple(r for r in REQUIREMENTS if r in value)
-
-
-def _duration(value: Any, key: str, problems: list[str]) -> int:
-    """Seconds, or text such as ``90s``, ``10m``, ``1h30m``."""
-    seconds = _whole_seconds(value)
-    if seconds is None or not 0 <= seconds <= MAX_MERGE_WAIT:
-        problems.append(f"{key} must be a duration between 0 and 6h such as 600, 90s, 10m or 1h, got {value!r}")
-        return DEFAULT_MERGE_WAIT
-    return seconds
-
-
-def _whole_seconds(value: Any) -> int | None:
-    """A whole number of seconds, or a duration text (``app.domain.durations``) of whole seconds; else None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if not isinstance(value, str):
-        return None
-    try:
-        seconds = parse_duration(value)
-    except ValueError:
-        return None
-    return int(seconds) if seconds.is_integer() else None
-
-
 def drift_schedule(value: Any, where: str, problems: list[str]) -> DriftSchedule | None:
     """``drift:``: absent, null or false (no scheduled check), or ``{every: DURATION, issue: BOOL}``."""
     if value is None or value is False:
@@ -474,26 +392,13 @@ def drift_schedule(value: Any, where: str, problems: list[str]) -> DriftSchedule
         problems.append(f"{where} must be a mapping such as {{every: 6h}} or {{every: 6h, issue: true}} (or false), "
                         f"got {value!r}")
         return None
-    for key in sorted(set(value) - _DRIFT_KEYS):
-        problems.append(f"{where}: unknown key {key!r} (known: {', '.join(sorted(_DRIFT_KEYS))})")
+    keys, found = collect(DriftKeys, value)
     if "every" not in value:
+        problems += [f"{where}: {p}" for key, p in found if key == ""]
         problems.append(f"{where}: every is required: how often to check, such as 6h, 30m or 1d")
         return None
-    every = parse_every(value["every"])
-    if every is None:
-        problems.append(f"{where}: every must be a duration between 15m and 31d such as 30m, 6h or 1d, got "
-                        f"{value['every']!r}")
-    issue = _boolean(value, "issue", False, f"{where}: ", problems)
-    return DriftSchedule(every, issue) if every is not None else None
-
-
-def parse_every(value: Any) -> int | None:
-    """Seconds of a drift window (``90m``, ``6h``, ``1d``, ``1h30m`` or a number of seconds), None when it is
-    not a duration or out of range."""
-    seconds = _whole_seconds(value)
-    if seconds is None or not MIN_DRIFT_EVERY <= seconds <= MAX_DRIFT_EVERY:
-        return None
-    return seconds
+    problems += [f"{where}: {p}" for _, p in found]
+    return DriftSchedule(keys.every, keys.issue) if keys.every is not None else None
 
 
 # --- owners: -------------------------------------------------------------------------------------------

@@ -9,12 +9,13 @@ nothing sensitive can reach a comment.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
 from analyzer.drift import DriftedInstance
+from app.wire import read, write
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,36 +191,21 @@ def compact_shared(globs: Sequence[str]) -> tuple[str, ...]:
 
 
 def to_json(outcome: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = asdict(outcome)
+    """An outcome as stored: its fields in order, through the serialisation layer (``app.wire``)."""
+    doc: dict[str, Any] = write(outcome)
     return doc
 
 
 def footprint_from_json(doc: Mapping[str, Any]) -> FootprintOutcome:
-    projects = tuple(
-        ProjectFootprint(**{**p, **{k: tuple(p.get(k, ())) for k in ("changed", "files", "write_globs",
-                                                                       "read_globs", "diagnostics")},
-                            "conflicts": tuple(LiveConflict(**c) for c in p.get("conflicts", ())),
-                            "owners": _pairs(p.get("owners", ())),
-                            "owners_missing": tuple(p.get("owners_missing", ()))})
-        for p in doc.get("projects", ()))
-    return FootprintOutcome(head_sha=doc["head_sha"], base_sha=doc.get("base_sha", ""), projects=projects,
-                            config_errors=tuple(doc.get("config_errors", ())),
-                            config_source=doc.get("config_source", ""), skipped=doc.get("skipped"))
+    return read(FootprintOutcome, doc)
 
 
 def preview_from_json(doc: Mapping[str, Any]) -> PreviewOutcome:
-    projects = tuple(
-        ProjectPreview(**{**p, "actions": _pairs(p.get("actions", ())),
-                          "output_changes": _pairs(p.get("output_changes", ())),
-                          "warnings": tuple(p.get("warnings", ()))})
-        for p in doc.get("projects", ()))
-    return PreviewOutcome(head_sha=doc["head_sha"], projects=projects,
-                          config_errors=tuple(doc.get("config_errors", ())), skipped=doc.get("skipped"),
-                          withheld=doc.get("withheld"))
+    return read(PreviewOutcome, doc)
 
 
 def apply_from_json(doc: Mapping[str, Any]) -> ApplyResult:
-    return ApplyResult(**{**doc, "status": ApplyStatus(doc["status"]), "actions": _pairs(doc.get("actions", ()))})
+    return read(ApplyResult, doc)
 
 
 def drift_from_json(doc: Mapping[str, Any]) -> DriftOutcome:
@@ -232,10 +218,6 @@ def drift_from_json(doc: Mapping[str, Any]) -> DriftOutcome:
     return DriftOutcome(str(doc.get("project", "")), str(doc.get("sha", "")), str(doc.get("branch", "")),
                         int(doc.get("window", 0)), drifted, int(doc.get("checked", 0)), int(doc.get("serial", 0)),
                         target, doc.get("error"), doc.get("skipped"), doc.get("run_id"))
-
-
-def _pairs(items: Iterable[Sequence[str]]) -> tuple[tuple[str, str], ...]:
-    return tuple((str(a), str(b)) for a, b in items)
 
 
 def _drifted_json(d: DriftedInstance) -> dict[str, Any]:

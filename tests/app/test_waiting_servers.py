@@ -151,7 +151,7 @@ def test_a_waiting_client_is_granted_once_the_holder_closes(live_server_factory)
     timer.start()
     answer = client.open_run("shared", actor="bob", wait_seconds=120, reservations=[("a.b", "write")])
     timer.join()
-    assert answer["run"]["actor"] == "bob" and answer["run"]["status"] == "reserved"
+    assert answer.run.actor == "bob" and answer.run.status == "reserved"
     # A wait that runs out ends with the server's final refusal.
     with pytest.raises(EngineError) as refused:
         client.open_run("shared", actor="carol", wait_seconds=1.5, reservations=[("a.b", "write")])

@@ -181,7 +181,7 @@ import time
 _W0 = time.time()
 import json, os, sys, functools, contextlib
 import runner.cli, runner.cli.changes, runner.cli.support
-import runner.core.apply, runner.core.pins, runner.core.plan, runner.core.workspace
+import runner.core.apply, runner.core.pins, runner.core.session, runner.core.workbuild, runner.core.workspace
 import runner.core.engine_client, runner.core.spec
 _W1 = time.time()
 ''' + common.SHIM_IMPORT + r'''_spans = [("imports", _W0, _W1)]
@@ -206,10 +206,10 @@ _wrap(runner.cli.changes, "terraform_context", "read plan file, resolve server (
 _wrap(runner.core.spec.PlanSpec, "load", "read plan file, resolve server (HCL parse), find terraform")
 _wrap(runner.core.pins, "verify", "check_spec (config hash, pinned inputs)")
 _wrap(runner.core.engine_client.EngineClient, "open_run", "open run (reserve)")
-_wrap(runner.core.apply, "fetch_snapshot", "snapshot fetch (GET assembled + parse)")
-_wrap(runner.core.apply, "described_part", "slice the snapshot")
+_wrap(runner.core.workbuild, "fetch_snapshot", "snapshot fetch (GET assembled + parse)")
+_wrap(runner.core.workbuild, "described_part", "slice the snapshot")
 _wrap(runner.core.workspace, "build", "workspace build (copy config, write slice)")
-_wrap(runner.core.plan, "run", _tf_label)
+_wrap(runner.core.session, "run", _tf_label)
 _wrap(runner.core.apply, "analyze_plan", "analyze the re-plan")
 _wrap(runner.core.engine_client.EngineClient, "run_action", lambda self, run_id, action, body: "run action: " + action)
 _wrap(runner.core.apply, "commit_delta", "commit delta (parse + diff)")

@@ -35,19 +35,11 @@ from runner.core.apply import ApplyOptions
 from runner.core.config import ClientConfig, ClientConfigError, data_dir, process_env, split_backend_address
 from runner.core.engine_client import EngineClient, EngineError
 from runner.core.errors import InvalidInput, KlExit, NothingToDo, ReservationRefused, StalePlan
-from runner.core.filescoped import (
-    ScopedFootprint,
-    Selection,
-    apply_files,
-    changed_selection,
-    derive_footprint,
-    plan_files,
-    plan_files_saved,
-    read_configuration,
-)
+from runner.core.filescoped import Selection, apply_files, changed_selection, plan_files, plan_files_saved
 from runner.core.parsecache import load_cache
-from runner.core.plan import TerraformContext
 from runner.core.run import ApplyRun
+from runner.core.scope import ScopedFootprint, derive_footprint, read_configuration
+from runner.core.session import TerraformContext
 from runner.core.terraform import TerraformNotFoundError, resolve_binary
 
 log = logging.getLogger("kilolock.bot")

@@ -34,7 +34,7 @@ from runner.core.errors import UsageError
 
 def terraform_context(env: dict[str, str]) -> Any:
     from runner.core.config import data_dir
-    from runner.core.plan import TerraformContext
+    from runner.core.session import TerraformContext
     from runner.core.terraform import TerraformNotFoundError, resolve_binary
 
     try:

@@ -26,24 +26,16 @@ from analyzer.plan import analyze_plan
 from analyzer.state import ParsedState, parse_state
 from app.domain.commit import commit_delta, is_data_source, parse_globs, unreserved_read
 from app.domain.reservations import DEFAULT_LEASE, RunStatus
-from runner.core import pins, workspace
+from runner.core import pins
 from runner.core.counts import counts_line
 from runner.core.engine_client import EngineClient, EngineError, OpenedRun
 from runner.core.errors import RUN_LOST, EngineCode, Failed, KlExit, StalePlan, refusal
-from runner.core.plan import (
-    TerraformContext,
-    changed_outputs,
-    described_part,
-    fetch_snapshot,
-    incidental_writes,
-    plan_in_workspace,
-    terraform,
-    var_flags,
-)
+from runner.core.plan import changed_outputs, incidental_writes, var_flags
 from runner.core.recovery import ApplyOutcome, forget, has_kept_state, pruned_outputs, save_recovery
 from runner.core.run import ApplyRun, Heartbeat
+from runner.core.session import TerraformContext, apply_plan, plan_in_workspace
 from runner.core.spec import PlanMode, PlanSpec
-from runner.core.terraform import TerraformBinary
+from runner.core.workbuild import Builder, Prepared, SavedPlan, rebuild
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,31 +50,8 @@ class ApplyOptions:
     origin: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A workspace ready to re-plan, with the slice it starts from."""
-
-    ws: workspace.Workspace
-    slice_raw: bytes | None
-    slice_addresses: list[str]
-
-
-@dataclass(frozen=True, slots=True)
-class SavedPlan:
-    """The plan phase's workspace, kept for the apply of the same ``kl apply -f`` invocation: ``prepared``
-    holds the saved plan (kl.tfplan) beside the slice it was made over; ``spec`` is what that plan produced
-    and ``binary`` the Terraform that made it."""
-
-    prepared: Prepared
-    spec: PlanSpec
-    binary: TerraformBinary
-
-
 # Where a command's account of what it did goes (the TerraformContext's echo).
 Echo = Callable[[str], None]
-
-# Builds the run's workspace under the given directory (it must not exist yet).
-Builder = Callable[[Path], Prepared]
 
 
 def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, opened: OpenedRun | None
@@ -119,20 +88,6 @@ def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, 
     return None
 
 
-def full_builder(client: EngineClient, spec: PlanSpec, config_dir: Path) -> Builder:
-    """The whole configuration over the trunk instances it describes (kl apply kl-plan.json)."""
-    def build(dest: Path) -> Prepared:
-        # The trunk as the plan saw it. The reserved addresses cannot have changed since (the stale
-        # check guarantees it), and every other address is this checkout's business only if it
-        # writes it: starting from the head would re-plan, and revert, other runs' commits the
-        # checkout does not know about. The server diffs against the same base serial.
-        snapshot = fetch_snapshot(client, spec.state, serial=spec.base_serial or None)
-        part = described_part(snapshot, frozenset(spec.described_resources))
-        return Prepared(workspace.build(config_dir, dest, part.raw), part.raw, part.addresses)
-
-    return build
-
-
 def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, config_dir: Path,
                options: ApplyOptions, *, builder: Builder | None = None, saved: SavedPlan | None = None
                ) -> ApplyOutcome:
@@ -140,7 +95,7 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
     workspace (default: the whole configuration); ``saved`` is the plan phase's kept workspace, applied
     without re-planning when ``saved_plan_refusal`` allows it."""
     pins.verify(spec, config_dir, ctx.env, options.supplied_vars)
-    builder = builder or full_builder(client, spec, config_dir)
+    builder = builder or rebuild(client, spec, config_dir, data_dir=options.data_dir)
     echo = ctx.echo
     if not spec.write_set and not spec.output_changes:
         echo("kl apply: the plan has no changes; nothing to do")
@@ -259,8 +214,7 @@ def _apply_and_commit(run: ApplyRun, ctx: TerraformContext, spec: PlanSpec, opti
     echo(f"applying {len(spec.write_set)} change(s)...")
     heartbeat.watching.set()
     try:
-        terraform(replace(ctx, stop=heartbeat.stop), ws, ["apply", "-input=false", "-lock=false", "-auto-approve",
-                                                          "-no-color", "kl.tfplan"])
+        apply_plan(replace(ctx, stop=heartbeat.stop), ws)
     except BaseException as exc:
         heartbeat.watching.clear()
         # Terraform has stopped (run() returns or raises only then): its reservations may end now.

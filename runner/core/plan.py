@@ -4,120 +4,26 @@ kl-plan.json — the write set, the read set, the reservations to take, and what
 
 from __future__ import annotations
 
-import json
 import tempfile
-import threading
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from analyzer.configuration import described_resources, is_described, orphans
+from analyzer.configuration import described_resources, orphans
 from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.globs import Glob, canonical, matches, parse_glob
 from analyzer.plan import PlanAnalysis, PlanFormatError, analyze_plan
 from analyzer.rewrites import rewritten_rows
 from analyzer.state import ParsedState, parse_state
-from analyzer.state_assembly import assemble_state
-from runner.core import pins, workspace
-from runner.core.engine_client import EngineClient, EngineError
-from runner.core.errors import EngineCode, Failed, InvalidInput
+from runner.core import pins, workbuild
+from runner.core.engine_client import EngineClient
+from runner.core.errors import Failed
 from runner.core.pins import pin_variables
+from runner.core.session import TerraformContext, plan_in_workspace
 from runner.core.spec import PinKind, PinnedVar, PlanMode, PlanSpec
-from runner.core.terraform import TerraformBinary, TerraformError, run
-
-PLAN_FILE = "kl.tfplan"
-
-
-@dataclass(frozen=True, slots=True)
-class TerraformContext:
-    """How to run Terraform for one command."""
-
-    binary: TerraformBinary
-    env: Mapping[str, str]
-    plugin_cache: Path
-    echo: Callable[[str], None]
-    stream: bool = True
-    stop: threading.Event | None = None  # set: interrupt the running Terraform command (an abort)
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The trunk as the rows hold it (None when the state has no versions yet)."""
-
-    raw: bytes | None
-    parsed: ParsedState | None
-
-    @property
-    def serial(self) -> int:
-        return self.parsed.serial if self.parsed else 0
-
-    @property
-    def lineage(self) -> str | None:
-        return self.parsed.lineage if self.parsed else None
-
-    @property
-    def addresses(self) -> list[str]:
-        """The instance addresses it holds, sorted, each once (deposed objects share theirs)."""
-        return sorted({r.address for r in self.parsed.instances}) if self.parsed else []
-
-
-def fetch_snapshot(client: EngineClient, state: str, serial: int | None = None) -> Snapshot:
-    """The trunk at its head, or as it was at ``serial``."""
-    return _fetch(state, lambda: client.assembled(state, serial=serial))
-
-
-def fetch_rows(client: EngineClient, state: str, globs: Sequence[str]) -> Snapshot:
-    """The trunk's rows under ``globs`` (and the outputs), as the server slices them."""
-    return _fetch(state, lambda: client.slice(state, list(globs)))
-
-
-def _fetch(state: str, read: Callable[[], bytes]) -> Snapshot:
-    try:
-        raw = read()
-    except EngineError as exc:
-        if exc.code == EngineCode.STATE_NOT_FOUND:
-            return Snapshot(None, None)
-        raise
-    parsed = parse_state(raw)
-    if not isinstance(parsed, ParsedState):
-        raise InvalidInput(f"state {state!r} is encrypted (OpenTofu state encryption): kl cannot slice it")
-    return Snapshot(raw, parsed)
-
-
-def described_part(snapshot: Snapshot, described: frozenset[str]) -> Snapshot:
-    """The snapshot's instances the workspace's configuration describes (``is_described``), with the
-    outputs, re-assembled as a state file: what a workspace starts from."""
-    parsed = snapshot.parsed
-    if parsed is None:
-        return snapshot
-    rows = tuple(r for r in parsed.instances if is_described(r.address, described))
-    raw = assemble_state(serial=parsed.serial, lineage=parsed.lineage, terraform_version=parsed.terraform_version,
-                         instances=rows, outputs=parsed.outputs)
-    return Snapshot(raw, ParsedState(parsed.serial, parsed.lineage, parsed.terraform_version, rows, parsed.outputs))
-
-
-def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str], *, quiet: bool = False,
-              ok: tuple[int, ...] = (0,)) -> str:
-    """Run one Terraform command in the workspace, streaming its output unless quiet."""
-    def forward(_: str, line: str) -> None:
-        ctx.echo("  │ " + line.rstrip("\n"))
-
-    env = workspace.terraform_env(ctx.env, ctx.plugin_cache)
-    try:
-        result = run(ctx.binary, ["-chdir=" + str(ws.path), *args], cwd=ws.path, env=env,
-                     stream=None if quiet or not ctx.stream else forward, stop=ctx.stop)
-        result.check(ok_codes=ok)
-    except TerraformError as exc:
-        raise Failed(f"terraform {args[0]} failed (exit {exc.exit_code}):\n{exc.stderr_tail}") from exc
-    return result.stdout
-
-
-def init(ctx: TerraformContext, ws: workspace.Workspace) -> None:
-    cache = workspace.plugin_cache(ctx.env, ctx.plugin_cache)
-    with workspace.plugin_cache_lock(cache, exclusive=workspace.may_install_providers(ws, cache)):
-        terraform(ctx, ws, ["init", "-input=false", "-no-color"], quiet=True)
+from runner.core.trunk import Snapshot, fetch_snapshot, state_edges
 
 
 def given_var_flags(var_args: Sequence[tuple[str, str]], declared: Container[str] | None = None) -> list[str]:
@@ -150,37 +56,6 @@ def sensitive_variables(plan: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(name for name, var in (root.get("variables") or {}).items() if var.get("sensitive"))
 
 
-def plan_in_workspace(
-    ctx: TerraformContext, ws: workspace.Workspace, flags: Sequence[str], targets: Sequence[str],
-    *, refresh: bool = False,
-) -> dict[str, Any]:
-    """init, plan -out, show -json; returns the plan JSON. Plans do not refresh unless asked (kl plan
-    --refresh): Kilolock plans against the trunk as recorded (see docs/parallel-apply.md, docs/drift.md)."""
-    init(ctx, ws)
-    terraform(ctx, ws, ["plan", "-input=false", "-lock=false", *([] if refresh else ["-refresh=false"]), "-no-color",
-                        f"-out={PLAN_FILE}", *flags, *(f"-target={t}" for t in targets)], quiet=True)
-    return show_plan(ctx, ws)
-
-
-def show_plan(ctx: TerraformContext, ws: workspace.Workspace) -> dict[str, Any]:
-    """``terraform show -json`` of the workspace's saved plan, as a JSON object."""
-    shown = terraform(ctx, ws, ["show", "-json", PLAN_FILE], quiet=True)
-    try:
-        doc = json.loads(shown)
-    except ValueError as exc:
-        raise Failed("terraform show -json did not print JSON") from exc
-    if not isinstance(doc, dict):
-        raise Failed("terraform show -json did not print a plan object")
-    return doc
-
-
-def state_edges(snapshot: Snapshot) -> tuple[list[tuple[str, str]], list[str]]:
-    if snapshot.parsed is None:
-        return [], []
-    edges = [(row.address, dep) for row in snapshot.parsed.instances for dep in row.dependencies]
-    return edges, [row.address for row in snapshot.parsed.instances]
-
-
 def make_plan(
     client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path,
     var_args: Sequence[tuple[str, str]], targets: Sequence[str], refresh: bool = False,
@@ -188,7 +63,7 @@ def make_plan(
     """Plan ``config_dir`` against the trunk and describe the result as a PlanSpec."""
     snapshot = fetch_snapshot(client, state)
     with tempfile.TemporaryDirectory(prefix="kl-plan-") as tmp:
-        ws = workspace.build(config_dir, Path(tmp) / "ws", snapshot.raw)
+        ws = workbuild.build(config_dir, Path(tmp) / "ws", snapshot.raw)
         plan = plan_in_workspace(ctx, ws, given_var_flags(var_args), targets, refresh=refresh)
     described = described_resources(plan)
     edges, addresses = state_edges(snapshot)

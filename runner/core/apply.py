@@ -140,17 +140,11 @@ def _replan(run: ApplyRun, ctx: TerraformContext, spec: PlanSpec, prepared: Prep
     analysis = analyze_plan(plan)
     rewritten = incidental_writes(plan, prepared.slice_raw, spec.write_globs)
     writes = (analysis.write_set | rewritten) - set(spec.orphans)
-    # Data sources are compared by neither side: what one reads may change between the plan and now, and the
-    # commit takes whatever the apply read for those under the write globs.
-    replanned_writes = {a for a in writes if not is_data_source(a)}
-    planned = {a for a in spec.write_set if not is_data_source(a)}
-    if replanned_writes != planned:
-        extra = sorted(replanned_writes - planned)
-        missing = sorted(planned - replanned_writes)
-        message = (f"the re-plan over the trunk slice differs from kl-plan.json (new: {extra[:10]}, gone: "
-                   f"{missing[:10]}); nothing was applied: re-run kl plan")
-        run.close_failed(message)
-        raise StalePlan(message)
+    try:
+        pins.verify_replan(spec, writes)
+    except StalePlan as exc:
+        run.close_failed(str(exc))
+        raise
     # A file-scoped workspace lacks the other files' outputs, which Terraform plans as deletes: only the deletes
     # the plan file itself names (outputs its files declare or deleted) are changes of this apply.
     outputs = {name for name, action in changed_outputs(analysis).items()

@@ -1,11 +1,12 @@
 """The pins stage: what a plan file pins of the plan's inputs, and the check before an apply that none of
-it moved since ``kl plan`` — the one place a moved configuration or input becomes a ``StalePlan``.
+it moved since ``kl plan`` — the one place a moved configuration, input or write set becomes a ``StalePlan``.
 
 A plan pins its configuration by the plan's mode (``PlanSpec.mode``): a full plan by one hash over the whole
 configuration (``config_hash``), a file-scoped plan by the hash of each file its workspace was cut from
 (``pin_files``), since the other files do not shape it. Both pin every variable input (``pin_variables``):
 the variable-definitions files Terraform loads by itself, ``-var`` values (only a hash when sensitive),
-``-var-file`` contents and ``TF_VAR_`` variables (hashes). ``verify`` checks all of it against the plan file.
+``-var-file`` contents and ``TF_VAR_`` variables (hashes). ``verify`` checks all of it against the plan file;
+``verify_replan`` checks that the re-plan under the run's reservations writes what the plan file says.
 
 Must not: read the trunk or run Terraform (the re-plan under the run's reservations checks what moved there).
 """
@@ -17,6 +18,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from app.domain.commit import is_data_source
 from runner.core import workspace
 from runner.core.errors import InvalidInput, StalePlan
 from runner.core.spec import PinKind, PinnedVar, PlanMode, PlanSpec
@@ -75,6 +77,18 @@ def verify(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplied: M
     elif config_hash(config_dir) != spec.config_hash:
         raise StalePlan(f"the configuration in {config_dir} changed since kl plan: re-run kl plan")
     _verify_variables(spec, env, supplied)
+
+
+def verify_replan(spec: PlanSpec, writes: Iterable[str]) -> None:
+    """Refuse (exit 2: re-plan) when the re-plan under the run's reservations writes other addresses than the
+    plan file says. Data sources are compared by neither side: what one reads may change between the plan and
+    now, and the commit takes whatever the apply read for those under the write globs."""
+    replanned = {a for a in writes if not is_data_source(a)}
+    planned = {a for a in spec.write_set if not is_data_source(a)}
+    if replanned != planned:
+        extra, missing = sorted(replanned - planned), sorted(planned - replanned)
+        raise StalePlan(f"the re-plan over the trunk slice differs from kl-plan.json (new: {extra[:10]}, gone: "
+                        f"{missing[:10]}); nothing was applied: re-run kl plan")
 
 
 def _verify_files(spec: PlanSpec, config_dir: Path) -> None:

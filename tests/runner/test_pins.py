@@ -98,3 +98,13 @@ def test_a_missing_var_file_is_refused_when_pinned(config: Path) -> None:
     with pytest.raises(InvalidInput, match="^-var-file nowhere.tfvars: no such file$"):
         pins.pin_variables([("var-file", "nowhere.tfvars")], {}, frozenset(), config)
 
+
+
+def test_a_re_plan_must_write_what_the_plan_file_says_data_sources_aside(config: Path) -> None:
+    spec = spec_of(config, write_set=("terraform_data.db", "data.http.x"))
+    pins.verify_replan(spec, {"terraform_data.db", "data.http.y"})
+    with pytest.raises(StalePlan) as stale:
+        pins.verify_replan(spec, {"terraform_data.net"})
+    assert str(stale.value) == ("the re-plan over the trunk slice differs from kl-plan.json (new: "
+                                "['terraform_data.net'], gone: ['terraform_data.db']); nothing was applied: "
+                                "re-run kl plan")

@@ -37,6 +37,7 @@ from runner.core.engine_client import EngineClient, EngineError
 from runner.core.errors import InvalidInput, KlExit, NothingToDo, ReservationRefused, StalePlan
 from runner.core.filescoped import Selection, apply_files, changed_selection, plan_files, plan_files_saved
 from runner.core.parsecache import load_cache
+from runner.core.run import ApplyRun
 from runner.core.scope import ScopedFootprint, derive_footprint, read_configuration
 from runner.core.session import TerraformContext
 from runner.core.terraform import TerraformNotFoundError, resolve_binary
@@ -395,12 +396,11 @@ def end_live_runs(workbench: Workbench, repo: str, root: Path, project: Project,
         return ended
     for run in runs:
         if run.get("actor") == actor and run.get("status") in LIVE_STATUSES:
-            try:
-                client.run_action(str(run["id"]), "close", {"holder": actor, "status": "failed",
-                                                             "error_summary": reason})
+            not_closed = ApplyRun(client, str(run["id"]), actor).close_failed(reason)
+            if not_closed is None:
                 ended.append(str(run["id"]))
-            except EngineError as exc:
-                log.warning("could not close run %s: %s", run["id"], exc)
+            else:
+                log.warning("could not close run %s: %s", run["id"], not_closed)
     return ended
 
 

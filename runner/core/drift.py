@@ -23,12 +23,12 @@ from typing import Any
 from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.globs import Mode, Reservation
 from analyzer.state import ParsedState, parse_state
-from app.domain.reservations import DEFAULT_LEASE
+from app.domain.reservations import DEFAULT_LEASE, RunStatus
 from runner.core import workbuild, workspace
-from runner.core.apply import Heartbeat
 from runner.core.engine_client import EngineClient, EngineError
-from runner.core.errors import REFUSALS, EngineCode, Failed, InvalidInput, ReservationRefused, refusal
+from runner.core.errors import Failed, InvalidInput, StalePlan, refusal
 from runner.core.parsecache import load_cache
+from runner.core.run import ApplyRun, Heartbeat, check_refused
 from runner.core.scope import Scope, check_scope, slice_targets
 from runner.core.session import TerraformContext, apply_plan, refresh_plan
 from runner.core.trunk import Snapshot, described_part, fetch_rows, fetch_snapshot
@@ -79,25 +79,21 @@ def fetch(client: EngineClient, state: str, scope: Scope) -> Snapshot:
 
 
 def _open(client: EngineClient, request: DriftRequest, scope: Scope, *, write: bool,
-          kind: str) -> tuple[str, Snapshot]:
+          kind: str) -> tuple[ApplyRun, Snapshot]:
     """Fetch the slice and open a run holding the scope's reservations at the slice's serial (re-fetched
-    when a commit landed on the slice in between)."""
+    when a commit landed on the slice in between). A conflict fails kl drift (its exit 2 says drift)."""
     mode = Mode.WRITE if write else Mode.READ
     reservations = [Reservation(g, mode) for g in scope.checked] + [Reservation(g, Mode.READ) for g in scope.read]
+    refused = check_refused(kind, write=write)
     for _ in range(3):
         chosen = fetch(client, request.state, scope)
         try:
-            opened = client.open_run(request.state, actor=request.actor, reservations=reservations,
-                                     wait_seconds=request.wait_seconds, lease_seconds=request.lease_seconds,
-                                     base_serial=chosen.serial, info={"kind": kind})
-        except EngineError as exc:
-            if exc.code == EngineCode.STALE_PLAN:
-                continue
-            if exc.code in REFUSALS:
-                refused = ReservationRefused if write else Failed
-                raise refused(f"cannot reserve the slice for kl {kind}:\n{exc}") from exc
-            raise
-        return opened.id, chosen
+            run = ApplyRun.open(client, request.state, holder=request.actor, reservations=reservations,
+                                wait_seconds=request.wait_seconds, lease_seconds=request.lease_seconds,
+                                base_serial=chosen.serial, info={"kind": kind}, refused=refused)
+        except StalePlan:
+            continue
+        return run, chosen
     raise Failed("the slice kept changing under commits of other runs: retry kl " + kind)
 
 
@@ -107,13 +103,6 @@ def _workspace(request: DriftRequest, scope: Scope, chosen: Snapshot, dest: Path
     if scope.footprint is not None and scope.files is not None:
         minimal = workbuild.cut(request.config_dir, scope.files, scope.footprint, load_cache(request.data_dir))
     return workbuild.build(request.config_dir, dest, chosen.raw, minimal)
-
-
-def _close(client: EngineClient, run_id: str, actor: str, status: str, summary: str) -> None:
-    try:
-        client.run_action(run_id, "close", {"holder": actor, "status": status, "error_summary": summary[-2000:]})
-    except EngineError:
-        pass  # the lease or an operator may have ended it already
 
 
 def _checked_count(chosen: Snapshot, scope: Scope) -> int:
@@ -139,18 +128,18 @@ def _drifted(plan: dict[str, Any], scope: Scope) -> tuple[DriftedInstance, ...]:
 def check_drift(client: EngineClient, ctx: TerraformContext, request: DriftRequest) -> DriftResult:
     """kl drift: the refresh-only plan under read reservations, the report stored; the trunk is untouched."""
     scope = resolve_scope(client, request)
-    run_id, chosen = _open(client, request, scope, write=False, kind="drift")
-    tmp = Path(tempfile.mkdtemp(prefix=f"kl-drift-{run_id}-"))
+    run, chosen = _open(client, request, scope, write=False, kind="drift")
+    tmp = Path(tempfile.mkdtemp(prefix=f"kl-drift-{run.id}-"))
     try:
         plan = refresh_plan(ctx, _workspace(request, scope, chosen, tmp / "ws"), slice_targets(scope, chosen.addresses))
     except BaseException as exc:
-        _close(client, run_id, request.actor, "failed", f"drift check failed: {exc}")
+        run.close_failed(f"drift check failed: {exc}")
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _close(client, run_id, request.actor, "aborted", "drift check (read only): reservations released")
+    run.close(RunStatus.ABORTED, "drift check (read only): reservations released")
     result = DriftResult(request.state, chosen.serial, _checked_count(chosen, scope), scope.checked,
-                         _drifted(plan, scope), run_id)
+                         _drifted(plan, scope), run.id)
     answer = _record(client, request, result, source="drift")
     return replace(result, drifted=_named(result.drifted, answer))
 
@@ -181,31 +170,32 @@ def refresh(client: EngineClient, ctx: TerraformContext, request: DriftRequest, 
     """kl refresh: the refresh-only plan under write reservations on the checked addresses, applied, and the
     refreshed rows committed; the drift report updated. ``dry_run`` reports and releases, committing nothing."""
     scope = resolve_scope(client, request)
-    run_id, chosen = _open(client, request, scope, write=True, kind="refresh")
-    ctx.echo(f"reserved for run {run_id} ({request.actor}):")
+    run, chosen = _open(client, request, scope, write=True, kind="refresh")
+    ctx.echo(f"reserved for run {run.id} ({request.actor}):")
     for glob in scope.checked:
         ctx.echo(f"  write {glob}")
     for glob in scope.read:
         ctx.echo(f"  read  {glob}")
-    tmp = Path(tempfile.mkdtemp(prefix=f"kl-refresh-{run_id}-"))
+    tmp = Path(tempfile.mkdtemp(prefix=f"kl-refresh-{run.id}-"))
     try:
-        with Heartbeat(client, run_id, request.actor, max(request.lease_seconds / 3, 1.0), ctx.echo) as heartbeat:
-            return _refresh_run(client, ctx, request, scope, chosen, run_id, tmp, heartbeat, dry_run)
+        with run.heartbeat(request.lease_seconds, ctx.echo) as heartbeat:
+            return _refresh_run(client, ctx, request, scope, chosen, run, tmp, heartbeat, dry_run)
     except BaseException as exc:
-        _close(client, run_id, request.actor, "failed", f"refresh failed: {exc}")
+        run.close_failed(f"refresh failed: {exc}")
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _refresh_run(client: EngineClient, ctx: TerraformContext, request: DriftRequest, scope: Scope, chosen: Snapshot,
-                 run_id: str, tmp: Path, heartbeat: Heartbeat, dry_run: bool) -> RefreshOutcome:
+                 run: ApplyRun, tmp: Path, heartbeat: Heartbeat, dry_run: bool) -> RefreshOutcome:
+    run_id = run.id
     ws = _workspace(request, scope, chosen, tmp / "ws")
     plan = refresh_plan(ctx, ws, slice_targets(scope, chosen.addresses))
     drifted = _drifted(plan, scope)
     result = DriftResult(request.state, chosen.serial, _checked_count(chosen, scope), scope.checked, drifted, run_id)
     if dry_run:
-        _close(client, run_id, request.actor, "aborted", "dry run: reservations released")
+        run.close(RunStatus.ABORTED, "dry run: reservations released")
         return RefreshOutcome(result, None)
     if drifted:
         apply_plan(ctx, ws, quiet=True)
@@ -217,8 +207,7 @@ def _refresh_run(client: EngineClient, ctx: TerraformContext, request: DriftRequ
                                   "nothing was committed")
     body = json.loads(_refreshed_state(after, chosen.parsed, scope))
     try:
-        answer = client.commit(run_id, holder=request.actor, state=body, slice_addresses=list(chosen.addresses),
-                               prune_outputs=False)
+        answer = run.commit(body, list(chosen.addresses), prune_outputs=False)
     except EngineError as exc:
         raise refusal(exc.code)(f"commit refused: {exc}") from exc
     serial = answer.serial

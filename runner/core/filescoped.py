@@ -11,10 +11,9 @@ committing.
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from analyzer.addresses import AddressError, parse_instance_address
@@ -32,14 +31,16 @@ from analyzer.scoping import (
     local_module_sources,
     selection_from_changes,
 )
-from runner.core import workbuild, workspace
-from runner.core.apply import ApplyOptions, apply_spec, check_spec
+from runner.core import workbuild
+from runner.core.apply import ApplyOptions, apply_spec
 from runner.core.engine_client import EngineClient
-from runner.core.errors import Failed, InvalidInput, NothingToDo, StalePlan
+from runner.core.errors import Failed, InvalidInput, NothingToDo
 from runner.core.git import work_tree_root
 from runner.core.parsecache import load_cache, prune_cache, save_cache
 from runner.core.parsecache import signature as _signature
+from runner.core.pins import auto_var_files, pin_files
 from runner.core.plan import (
+    FileScopedPart,
     PlannedChanges,
     PlanSource,
     changed_outputs,
@@ -50,10 +51,9 @@ from runner.core.plan import (
 from runner.core.recovery import ApplyOutcome
 from runner.core.scope import ScopedFootprint, derive_footprint, read_configuration
 from runner.core.session import TerraformContext, plan_in_workspace
-from runner.core.spec import PlanMode, PlanSpec, is_plan_file
+from runner.core.spec import PlanSpec, is_plan_file
 from runner.core.trunk import fetch_slice
 from runner.core.workbuild import Layout, SavedPlan, carried_files
-from runner.core.workspace import auto_var_files
 
 __all__ = ["Selection", "apply_files", "changed_selection", "file_selection", "module_sources", "plan_files",
            "plan_files_saved"]
@@ -72,21 +72,12 @@ def _with_file(fp: Footprint, address: str) -> str:
 
 
 def _hash_tree(config_dir: Path, fp: Footprint, layout: Layout) -> dict[str, str]:
-    hashes: dict[str, str] = {}
-    for block in fp.blocks:
-        hashes[block.file] = workspace.file_hash(config_dir / block.file)
-    for name in fp.selected_files:
-        hashes[name] = workspace.file_hash(config_dir / name)
-    for path in (*carried_files(config_dir, fp), *auto_var_files(config_dir)):
-        hashes[str(path.relative_to(config_dir))] = workspace.file_hash(path)
-    if (config_dir / workspace.LOCK_FILE).is_file():
-        hashes[workspace.LOCK_FILE] = workspace.file_hash(config_dir / workspace.LOCK_FILE)
-    config = config_dir.resolve()
-    for root in layout.modules:
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and ".terraform" not in path.parts and not path.is_relative_to(config):
-                hashes[os.path.relpath(path, config)] = workspace.file_hash(path)
-    return hashes
+    """The pins of the files the minimal workspace is cut from: the blocks' files, the selected files, the
+    carried and the variable-definitions files, and the local modules."""
+    extra = (*carried_files(config_dir, fp), *auto_var_files(config_dir))
+    names = [*(block.file for block in fp.blocks), *fp.selected_files,
+             *(str(path.relative_to(config_dir)) for path in extra)]
+    return pin_files(config_dir, names, layout.modules)
 
 
 def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, selection: Selection,
@@ -145,35 +136,22 @@ def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str,
         PlanSource(address=client.config.base_url, state=state, config_dir=config_dir, snapshot=snapshot,
                    plan=plan, analysis=analysis, var_args=tuple(var_args), env=ctx.env, refresh=refresh),
         PlannedChanges(
-            config_hash="", write_set=write_set, read_set=tuple(sorted(set(slice_addresses) - set(write_set))),
+            write_set=write_set, read_set=tuple(sorted(set(slice_addresses) - set(write_set))),
             write_globs=write_globs, read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))),
             described=described, warnings=tuple(warnings),
             # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a
             # file-scoped commit removes only the outputs it declares (one that became null) and those whose
             # blocks the change deleted, so the others are not changes of this plan.
             output_changes={**{name: action for name, action in changed_outputs(analysis).items()
-                               if action != "delete" or name in fp.outputs}, **{name: "delete" for name in removed}}),
-    )
-    spec = replace(
-        spec, mode=PlanMode.FILES, selected_files=tuple(selection.files),
-        files=_hash_tree(config_dir, fp, minimal.layout), seed_variables=selection.variables,
-        deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},
-        deleted_globs=gone, validation_globs=tuple(fp.validation_globs), slice_globs=slice_globs,
-        diagnostics=tuple(asdict(d) for d in fp.diagnostics), removed_outputs=removed,
+                               if action != "delete" or name in fp.outputs}, **{name: "delete" for name in removed}},
+            scoped=FileScopedPart(
+                selected_files=tuple(selection.files), files=_hash_tree(config_dir, fp, minimal.layout),
+                seed_variables=selection.variables,
+                deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},
+                deleted_globs=gone, validation_globs=tuple(fp.validation_globs), slice_globs=slice_globs,
+                diagnostics=tuple(asdict(d) for d in fp.diagnostics), removed_outputs=removed)),
     )
     return SavedPlan(workbuild.Prepared(ws, slice_raw, slice_addresses), spec, ctx.binary)
-
-
-def check_files(spec: PlanSpec, config_dir: Path) -> None:
-    """Refuse (exit 2) when any file the workspace was cut from changed since kl plan -f, or a
-    variable-definitions file Terraform loads by itself appeared."""
-    for name, digest in spec.files.items():
-        path = config_dir / name
-        if not path.is_file() or workspace.file_hash(path) != digest:
-            raise StalePlan(f"{name} changed since kl plan -f: re-run kl plan -f")
-    for path in auto_var_files(config_dir):
-        if path.name not in spec.files:
-            raise StalePlan(f"{path.name} appeared since kl plan -f (Terraform loads it by itself): re-run kl plan -f")
 
 
 def _declared_variables(fp: Footprint) -> frozenset[str]:
@@ -187,11 +165,8 @@ def apply_files(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, opt
     is when the trunk has not moved since it was made (``runner.core.apply.saved_plan_refusal``), else a re-plan
     over a rebuilt workspace and a fresh slice."""
     config_dir = Path(spec.config_dir)
-    check_files(spec, config_dir)
-    check_spec(replace(spec, config_hash=workspace.config_hash(config_dir)), config_dir, ctx.env,
-               options.supplied_vars)
     builder = workbuild.rebuild(client, spec, config_dir, data_dir=options.data_dir, deleted=deleted, planned=planned)
-    return apply_spec(client, ctx, spec, config_dir, options, builder=builder, checked=True, saved=saved)
+    return apply_spec(client, ctx, spec, config_dir, options, builder=builder, saved=saved)
 
 
 def file_selection(config_dir: Path, files: Sequence[str]) -> Selection:

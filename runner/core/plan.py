@@ -4,10 +4,9 @@ kl-plan.json — the write set, the read set, the reservations to take, and what
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from collections.abc import Container, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,13 +17,13 @@ from analyzer.globs import Glob, canonical, matches, parse_glob
 from analyzer.plan import PlanAnalysis, PlanFormatError, analyze_plan
 from analyzer.rewrites import rewritten_rows
 from analyzer.state import ParsedState, parse_state
-from runner.core import workbuild, workspace
+from runner.core import pins, workbuild
 from runner.core.engine_client import EngineClient
-from runner.core.errors import Failed, InvalidInput
+from runner.core.errors import Failed
+from runner.core.pins import pin_variables
 from runner.core.session import TerraformContext, plan_in_workspace
 from runner.core.spec import PinKind, PinnedVar, PlanMode, PlanSpec
 from runner.core.trunk import Snapshot, fetch_snapshot, state_edges
-from runner.core.workspace import auto_var_files
 
 
 def given_var_flags(var_args: Sequence[tuple[str, str]], declared: Container[str] | None = None) -> list[str]:
@@ -50,31 +49,6 @@ def var_flags(variables: Sequence[PinnedVar], supplied: Mapping[str, str]) -> li
         elif var.kind == PinKind.VAR_FILE:
             flags.append(f"-var-file={var.name}")
     return flags
-
-
-def pin_variables(
-    var_args: Sequence[tuple[str, str]], env: Mapping[str, str], sensitive: frozenset[str],
-    config_dir: Path | None = None,
-) -> tuple[PinnedVar, ...]:
-    """Record every input the plan used: the variable-definitions files Terraform loads by itself (content
-    hashes), -var values (hash only when sensitive), -var-file paths with content hashes, and TF_VAR_
-    variables (hash only). Terraform's precedence among them is its own: kl passes them on unchanged."""
-    pinned: list[PinnedVar] = []
-    for path in auto_var_files(config_dir) if config_dir is not None else ():
-        pinned.append(PinnedVar(PinKind.AUTO_VAR_FILE, str(path.resolve()), workspace.file_hash(path)))
-    for kind, raw in var_args:
-        if kind == "var":
-            name, _, value = raw.partition("=")
-            digest = hashlib.sha256(value.encode()).hexdigest()
-            pinned.append(PinnedVar(PinKind.VAR, name, digest, None if name in sensitive else value))
-        else:
-            path = Path(raw).resolve()
-            if not path.is_file():
-                raise InvalidInput(f"-var-file {raw}: no such file")
-            pinned.append(PinnedVar(PinKind.VAR_FILE, str(path), workspace.file_hash(path)))
-    for key in sorted(k for k in env if k.startswith("TF_VAR_")):
-        pinned.append(PinnedVar(PinKind.ENV, key, hashlib.sha256(env[key].encode()).hexdigest()))
-    return tuple(pinned)
 
 
 def sensitive_variables(plan: Mapping[str, Any]) -> frozenset[str]:
@@ -112,7 +86,7 @@ def make_plan(
                    analysis=analysis, var_args=tuple(var_args), env=ctx.env, refresh=refresh,
                    targets=tuple(targets)),
         PlannedChanges(
-            config_hash=workspace.config_hash(config_dir), write_set=write_set,
+            write_set=write_set,
             read_set=tuple(sorted(analysis.read_set - left_alone)),
             write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes)
                                      | {canonical(Glob.exact(a)) for a in rewritten})),
@@ -156,10 +130,29 @@ class PlanSource:
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedChanges:
-    """What a plan changes and reserves, as the planner that made it worked it out."""
+class FileScopedPart:
+    """What a file-scoped plan (kl plan -f) adds to its plan file: the selected files and the variables whose
+    values changed, the files its workspace was cut from with their hashes (the plan's pin of its
+    configuration, ``pins.pin_files``), what the change deleted (the old texts' hashes, the globs they
+    declared, the root outputs whose blocks went), the validation and slice globs, and the footprint's
+    diagnostics. Each field is the plan file's field of the same name."""
 
-    config_hash: str  # empty for a file-scoped plan, whose files are pinned one by one instead
+    selected_files: tuple[str, ...]
+    files: dict[str, str]
+    seed_variables: tuple[str, ...]
+    deleted_files: dict[str, str]
+    deleted_globs: tuple[str, ...]
+    validation_globs: tuple[str, ...]
+    slice_globs: tuple[str, ...]
+    diagnostics: tuple[dict[str, Any], ...]
+    removed_outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChanges:
+    """What a plan changes and reserves, as the planner that made it worked it out; ``scoped`` is a
+    file-scoped plan's own part (None: a plan of the whole configuration)."""
+
     write_set: tuple[str, ...]
     read_set: tuple[str, ...]
     write_globs: tuple[str, ...]
@@ -168,23 +161,26 @@ class PlannedChanges:
     warnings: tuple[str, ...]
     output_changes: dict[str, str]
     left_alone: tuple[str, ...] = ()  # trunk instances the configuration has no block for
+    scoped: FileScopedPart | None = None
 
 
 def spec_from_plan(source: PlanSource, changes: PlannedChanges) -> PlanSpec:
     """The kl-plan.json of a plan over ``source.snapshot``: where and when it was made, its sets and
-    reservations, each written address's action, and every input it used (file-scoped plans add their
-    fields to it)."""
-    snapshot, analysis = source.snapshot, source.analysis
+    reservations, each written address's action, and every input it used. A plan pins its configuration by
+    its mode: a full plan by the whole configuration's hash, a file-scoped one by its files (``changes.scoped``)."""
+    snapshot, analysis, scoped = source.snapshot, source.analysis, changes.scoped
     return PlanSpec(
         state=source.state, address=source.address, lineage=snapshot.lineage, base_serial=snapshot.serial,
         terraform_version=analysis.terraform_version, config_dir=str(source.config_dir.resolve()),
-        config_hash=changes.config_hash, created_at=datetime.now(UTC).isoformat(),
+        config_hash="" if scoped else pins.config_hash(source.config_dir), created_at=datetime.now(UTC).isoformat(),
         write_set=changes.write_set, read_set=changes.read_set, write_globs=changes.write_globs,
         read_globs=changes.read_globs,
         actions={c.address: c.summary for c in analysis.changes if c.address in changes.write_set},
         described_resources=changes.described, orphans=changes.left_alone, warnings=changes.warnings,
         variables=pin_variables(source.var_args, source.env, sensitive_variables(source.plan), source.config_dir),
         targets=source.targets, output_changes=changes.output_changes, refresh=source.refresh,
+        mode=PlanMode.FULL if scoped is None else PlanMode.FILES,
+        **({f.name: getattr(scoped, f.name) for f in fields(scoped)} if scoped else {}),
     )
 
 

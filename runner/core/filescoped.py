@@ -37,7 +37,7 @@ from runner.core.errors import Failed, InvalidInput, NothingToDo
 from runner.core.git import work_tree_root
 from runner.core.parsecache import load_cache, prune_cache, save_cache
 from runner.core.parsecache import signature as _signature
-from runner.core.pins import auto_var_files, pin_files
+from runner.core.pins import pin_files
 from runner.core.plan import (
     FileScopedPart,
     PlannedChanges,
@@ -53,6 +53,7 @@ from runner.core.session import TerraformContext, plan_in_workspace
 from runner.core.spec import PlanSpec, is_plan_file
 from runner.core.trunk import fetch_slice
 from runner.core.workbuild import Layout, SavedPlan, carried_files
+from runner.core.workspace import auto_var_files
 
 __all__ = ["Selection", "apply_files", "changed_selection", "file_selection", "plan_files", "plan_files_saved"]
 

@@ -21,19 +21,6 @@ from runner.core import workspace
 from runner.core.errors import InvalidInput, StalePlan
 from runner.core.spec import PinKind, PinnedVar, PlanMode, PlanSpec
 
-AUTO_VAR_NAMES = ("terraform.tfvars", "terraform.tfvars.json")
-
-
-def auto_var_files(config_dir: Path) -> list[Path]:
-    """The variable-definitions files Terraform loads by itself, in its order: ``terraform.tfvars``,
-    ``terraform.tfvars.json``, then ``*.auto.tfvars`` and ``*.auto.tfvars.json`` in lexical order of their names."""
-    if not config_dir.is_dir():
-        return []
-    present = {p.name: p for p in config_dir.iterdir() if p.is_file()}
-    fixed = [present[n] for n in AUTO_VAR_NAMES if n in present]
-    auto = [present[n] for n in sorted(present) if n.endswith((".auto.tfvars", ".auto.tfvars.json"))]
-    return fixed + auto
-
 
 def config_hash(config_dir: Path) -> str:
     """A full plan's pin of its configuration: one hash over every file that shapes the plan."""
@@ -63,7 +50,7 @@ def pin_variables(
     hashes), -var values (hash only when sensitive), -var-file paths with content hashes, and TF_VAR_
     variables (hash only). Terraform's precedence among them is its own: kl passes them on unchanged."""
     pinned: list[PinnedVar] = []
-    for path in auto_var_files(config_dir) if config_dir is not None else ():
+    for path in workspace.auto_var_files(config_dir) if config_dir is not None else ():
         pinned.append(PinnedVar(PinKind.AUTO_VAR_FILE, str(path.resolve()), workspace.file_hash(path)))
     for kind, raw in var_args:
         if kind == "var":
@@ -97,7 +84,7 @@ def _verify_files(spec: PlanSpec, config_dir: Path) -> None:
         path = config_dir / name
         if not path.is_file() or workspace.file_hash(path) != digest:
             raise StalePlan(f"{name} changed since kl plan -f: re-run kl plan -f")
-    for path in auto_var_files(config_dir):
+    for path in workspace.auto_var_files(config_dir):
         if path.name not in spec.files:
             raise StalePlan(f"{path.name} appeared since kl plan -f (Terraform loads it by itself): re-run kl plan -f")
 

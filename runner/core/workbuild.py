@@ -23,7 +23,6 @@ from runner.core.engine_client import EngineClient
 from runner.core.errors import InvalidInput
 from runner.core.git import work_tree_root
 from runner.core.parsecache import load_cache
-from runner.core.pins import auto_var_files
 from runner.core.scope import footprint, read_configuration, read_tf
 from runner.core.spec import PlanMode, PlanSpec
 from runner.core.terraform import TerraformBinary
@@ -134,7 +133,7 @@ def build(config_dir: Path, dest: Path, state: bytes | None, cut: Cut | None = N
     for module in layout.modules:
         shutil.copytree(module, layout.at(dest, module), dirs_exist_ok=True, symlinks=True,
                         ignore=_module_ignore({layout.config}))
-    for extra in (*carried_files(config_dir, cut.footprint), *auto_var_files(config_dir)):
+    for extra in (*carried_files(config_dir, cut.footprint), *workspace.auto_var_files(config_dir)):
         target = ws / extra.relative_to(config_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(extra, target)

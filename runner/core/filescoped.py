@@ -28,7 +28,6 @@ from analyzer.scoping import (
     Selection,
     described_in,
     file_readers,
-    local_module_sources,
     selection_from_changes,
 )
 from runner.core import workbuild
@@ -49,15 +48,14 @@ from runner.core.plan import (
     spec_from_plan,
 )
 from runner.core.recovery import ApplyOutcome
-from runner.core.scope import ScopedFootprint, derive_footprint, read_configuration
+from runner.core.scope import ScopedFootprint, derive_footprint, module_sources, read_configuration
 from runner.core.session import TerraformContext, plan_in_workspace
 from runner.core.spec import PlanSpec, is_plan_file
 from runner.core.trunk import fetch_slice
 from runner.core.workbuild import Layout, SavedPlan, carried_files
 from runner.core.workspace import auto_var_files
 
-__all__ = ["Selection", "apply_files", "changed_selection", "file_selection", "module_sources", "plan_files",
-           "plan_files_saved"]
+__all__ = ["Selection", "apply_files", "changed_selection", "file_selection", "plan_files", "plan_files_saved"]
 
 
 def _with_file(fp: Footprint, address: str) -> str:
@@ -202,7 +200,7 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
     texts = read_configuration(config_dir)
     cache = ParseCache()
     try:
-        sources = {name: posixpath.normpath(src) for name, src in local_module_sources(texts, cache).items()}
+        sources = module_sources(texts, cache)
     except HclError as exc:
         raise InvalidInput(f"{exc}: fix that file, or run kl plan without -f (a full plan)") from exc
     readers = file_readers(texts)
@@ -235,11 +233,3 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
         except GitError:
             continue  # new since the ref: nothing declared before
     return Selection(chosen.files, deleted, chosen.variables)
-
-
-def module_sources(files: Mapping[str, str], cache: ParseCache) -> dict[str, str]:
-    """Module call name → local source directory (normalised, config-relative), for mapping changed module
-    files to calls. Raises HclError when a file holding a module call does not parse."""
-    import posixpath
-
-    return {name: posixpath.normpath(source) for name, source in local_module_sources(files, cache).items()}

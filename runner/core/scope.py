@@ -21,6 +21,7 @@ from analyzer.scoping import (
     deletions,
     dependents_to_add,
     described_in,
+    local_module_sources,
     output_globs,
 )
 from runner.core import workspace
@@ -187,3 +188,11 @@ def slice_targets(scope: Scope, addresses: Sequence[str]) -> tuple[str, ...]:
     if not scope.targets:
         return ()
     return target_addresses(scope.targets, addresses)
+
+
+def module_sources(files: Mapping[str, str], cache: ParseCache) -> dict[str, str]:
+    """Module call name → local source directory (normalised, config-relative), for mapping changed module
+    files to calls. Raises HclError when a file holding a module call does not parse."""
+    import posixpath
+
+    return {name: posixpath.normpath(source) for name, source in local_module_sources(files, cache).items()}

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from analyzer.drift import DriftedInstance
 from analyzer.globs import Mode
+from analyzer.plan_drift import DriftedInstance
 from app.wire import read, write
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.globs import Mode, Reservation
+from analyzer.plan_drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.state import ParsedState, parse_state
 from app.domain.reservations import DEFAULT_LEASE, RunStatus
 from runner.core import workbuild, workspace

@@ -17,12 +17,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from analyzer.addresses import AddressError, parse_instance_address
-from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.footprint import Footprint
 from analyzer.gcpause import gc_paused
 from analyzer.globs import matches, parse_glob
 from analyzer.hcl import HclError, ParseCache
 from analyzer.plan import PlanFormatError, analyze_plan
+from analyzer.plan_drift import drift_in_plan, drift_warnings
 from analyzer.scoping import (
     ScopeRefused,
     Selection,

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.configuration import described_resources, orphans
-from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.globs import Glob, canonical, matches, parse_glob
 from analyzer.plan import PlanAnalysis, PlanFormatError, analyze_plan
+from analyzer.plan_drift import drift_in_plan, drift_warnings
 from analyzer.rewrites import rewritten_rows
 from analyzer.state import ParsedState, parse_state
 from runner.core import pins, workbuild

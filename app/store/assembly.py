@@ -70,6 +70,13 @@ CREATE TEMPORARY TABLE IF NOT EXISTS kl_spliced_pieces (seq integer NOT NULL, da
                                                        base_length integer)
 ON COMMIT DELETE ROWS
 """
+# The pieces are stored as they are: the final UPDATE compresses the joined bytes once, so compressing
+# each piece on the way in would only cost the reader's time.
+_PIECES_UNCOMPRESSED = "ALTER TABLE kl_spliced_pieces ALTER COLUMN data SET STORAGE EXTERNAL"
+_PIECES_STORAGE = """
+SELECT a.attstorage = 'e' FROM pg_attribute a
+WHERE a.attrelid = 'pg_temp.kl_spliced_pieces'::regclass AND a.attname = 'data'
+"""
 _COPY_PIECES = "COPY kl_spliced_pieces (seq, data, base_start, base_length) FROM STDIN (FORMAT BINARY)"
 _CACHE = """
 UPDATE state_versions
@@ -236,7 +243,7 @@ def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str
     """The state at ``serial`` assembled from all its rows, as pieces."""
     return stream_state(
         serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs, plain_numbers=True,
-        instances=resources.stream_instances_at(conn, state_id=state_id, serial=serial),
+        instances=resources.stream_assembly_rows(conn, state_id=state_id, serial=serial),
     )
 
 
@@ -302,6 +309,9 @@ class _CacheWriter:
         self._pending: list[tuple[bytes | None, int | None, int | None]] = []
         self._pending_bytes = 0
         conn.execute(_PIECES_TABLE)
+        stored_whole = conn.execute(_PIECES_STORAGE).fetchone()
+        if stored_whole is None or not stored_whole[0]:
+            conn.execute(_PIECES_UNCOMPRESSED)
         conn.execute(_CLEAR_PIECES)  # a rolled-back assembly on this session left none, but be sure
 
     def add(self, piece: bytes) -> None:

@@ -11,6 +11,9 @@ For each size (50,000 and 200,000 instances by default) on a fresh database and 
 - make one more one-instance commit, then GET: the first GET spliced from the cached bytes of the
   version before and the changed rows.
 
+``--baseline-tree PATH`` measures a second checkout (e.g. a worktree of main) the same way in the same
+run, size by size, so the table shows both side by side.
+
 Run: ``python -m bench.assembly_bench`` (``--quick``: 20,000 instances only, no document).
 """
 
@@ -21,6 +24,7 @@ import os
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import psycopg
 import requests
@@ -59,14 +63,14 @@ def _timed_get(http: requests.Session, url: str, worker: int) -> tuple[float, in
     return elapsed, sampler.peak - before, len(got.content)
 
 
-def measure(database_url: str, count: int) -> dict[str, float]:
+def measure(database_url: str, count: int, tree: Path | None = None) -> dict[str, float]:
     dbname = f"kl_bench_asm_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     url = common.with_dbname(database_url, dbname)
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     try:
         migrate(url)
-        server = start_server(url, max_large_bodies=2, large_body_bytes=16 * 1024 * 1024)
+        server = start_server(url, max_large_bodies=2, large_body_bytes=16 * 1024 * 1024, tree=tree)
         try:
             http = requests.Session()
             http.post(f"{server.url}/v1/states/big", data=counted_state(1, count), timeout=900).raise_for_status()
@@ -92,22 +96,28 @@ def main(argv: list[str] | None = None) -> int:
     p = common.bench_parser("assembly_bench", __doc__ or "", section=SECTION,
                             quick_help="20,000 instances only; writes no document unless --out is given")
     p.add_argument("--sizes", default="50000,200000", help="instance counts, comma-separated")
+    p.add_argument("--baseline-tree", type=Path, default=None,
+                   help="another checkout to measure the same way in the same run (its server runs its code)")
     args = p.parse_args(argv)
     out, command = common.start_run(args, "assembly_bench", argv)
     sizes = [20_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     load_before = common.load_average()
     results = []
+    trees = [None] if args.baseline_tree is None else [args.baseline_tree.resolve(), None]
     for count in sizes:
-        r = measure(args.database_url, count)
-        print(json.dumps(r), file=sys.stderr)
-        results.append(r)
-    rows = [[f"{int(r['count']):,}", f"{r['bytes'] / 1e6:.0f} MB", f"{r['raw']:.2f} s", f"{r['first']:.2f} s",
-             f"{r['first'] / r['raw']:.2f}x", f"{r['cached']:.2f} s", f"{r['first_growth'] / 1e6:.0f} MB",
-             f"{r['first_growth'] / r['bytes']:.2f}x", f"{r['spliced']:.2f} s", f"{r['spliced'] / r['raw']:.2f}x",
-             f"{r['first'] / r['spliced']:.1f}x", f"{r['spliced_growth'] / 1e6:.0f} MB"] for r in results]
+        for tree in trees:
+            r = measure(args.database_url, count, tree)
+            label = "this checkout" if tree is None else f"baseline {tree}"
+            print(json.dumps({"code": label, **r}), file=sys.stderr)
+            results.append((label, r))
+    rows = [[label, f"{int(r['count']):,}", f"{r['bytes'] / 1e6:.0f} MB", f"{r['raw']:.2f} s",
+             f"{r['first']:.2f} s", f"{r['first'] / r['raw']:.2f}x", f"{r['cached']:.2f} s",
+             f"{r['first_growth'] / 1e6:.0f} MB", f"{r['first_growth'] / r['bytes']:.2f}x", f"{r['spliced']:.2f} s",
+             f"{r['spliced'] / r['raw']:.2f}x",
+             f"{r['first'] / r['spliced']:.1f}x", f"{r['spliced_growth'] / 1e6:.0f} MB"] for label, r in results]
     section = "\n".join([
         f"Command: `{command}`. Load average before: {load_before}; after: {common.load_average()}.", "",
-        common.table(["instances", "state", "raw GET (floor)", f"first GET after {COMMITS} commits", "ratio",
+        common.table(["code", "instances", "state", "raw GET (floor)", f"first GET after {COMMITS} commits", "ratio",
                       "cached GET", "server RSS growth, first GET", "growth / state",
                       "first GET after 1 more commit (spliced)", "spliced / raw", "from rows / spliced",
                       "server RSS growth, spliced"], rows), "",

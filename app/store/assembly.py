@@ -13,10 +13,12 @@ version is locked, so commits, Terraform's LOCK and POST go on meanwhile. The ro
 never change (later writes only close rows at higher serials), so the assembly is a whole serial whatever
 commits run alongside.
 
-The assembly streams: rows come from a server-side cursor in the state's order
-(``resources.stream_instances_at``), ``analyzer.state_assembly.stream_state`` turns them into pieces of
-text, and each piece goes to the reader and into a temporary table on the same connection as it comes
-(``_CacheWriter``); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``. The
+The assembly streams: rows come from a server-side cursor in the state's order, with only the columns
+the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows``),
+``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each piece goes to the
+reader and into a temporary table on the same connection as it comes (``_CacheWriter``, stored
+uncompressed); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing
+them once. The
 process holds a batch of rows and a few pieces, never the state, and the sha256 is taken piece by piece.
 A reader that goes away mid-stream rolls the transaction back: nothing is cached and the next reader
 assembles again.

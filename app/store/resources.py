@@ -334,20 +334,11 @@ def instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> lis
     return [instance_row(r) for r in rows]
 
 
-def stream_instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> Iterator[InstanceRow]:
-    """The rows alive at ``serial`` in assembly order, from a server-side cursor ``STREAM_BATCH`` rows at a
-    time, so the caller holds one batch rather than the state. The caller's transaction must stay open
-    while it iterates; other statements may run on the connection between rows."""
-    with conn.cursor("kl_assembly_rows") as cur:
-        cur.itersize = STREAM_BATCH
-        cur.execute((_ROWS_FOR_ASSEMBLY + _ORDER_FOR_ASSEMBLY).encode(), {"state_id": state_id, "serial": serial})
-        for r in cur:
-            yield instance_row(r)
-
-
 def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int) -> Iterator[AssemblyRow]:
-    """What ``stream_instances_at`` streams, with only the columns the assembly writes (binary results,
-    the instance's text as bytes), ``STREAM_BATCH`` rows at a time. The same contract on the transaction."""
+    """The rows alive at ``serial`` in assembly order, with only the columns the assembly writes (binary
+    results, the instance's text as bytes), from a server-side cursor ``STREAM_BATCH`` rows at a time, so
+    the caller holds one batch rather than the state. The caller's transaction must stay open while it
+    iterates; other statements may run on the connection between rows."""
     with conn.cursor("kl_assembly_rows", binary=True) as cur:
         cur.itersize = STREAM_BATCH
         cur.execute(_STREAM_FOR_ASSEMBLY.encode(), {"state_id": state_id, "serial": serial})

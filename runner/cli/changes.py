@@ -86,13 +86,15 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None 
     """The plan (full, or file-scoped with -f/--changed-from), the engine client, the selection, and with
     ``keep`` the file-scoped plan's workspace kept there for the apply (None otherwise)."""
     from runner.core.config import data_dir
-    from runner.core.filescoped import plan_files, plan_files_saved
+    from runner.core.filescoped import plan_files, plan_files_saved, read_configuration
     from runner.core.plan import make_plan
 
     config_dir = Path(args.chdir).resolve()
     if not config_dir.is_dir():
         raise UsageError(f"-C {args.chdir}: no such directory")
-    config = client_config(args, config_dir, env)
+    # A file-scoped plan reads every file once, for the backend block and for the footprint.
+    files = read_configuration(config_dir) if args.file or args.changed_from else None
+    config = client_config(args, config_dir, env, texts=files)
     assert config.state
     client, ctx = EngineClient(config), terraform_context(env)
     selection = _selection(args, config_dir)
@@ -102,10 +104,11 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None 
     refresh = getattr(args, "refresh", False)
     if keep is not None:
         saved = plan_files_saved(client, ctx, state=config.state, config_dir=config_dir, selection=selection,
-                                 var_args=_var_args(args), data_dir=data_dir(env), refresh=refresh, dest=keep)
+                                 var_args=_var_args(args), data_dir=data_dir(env), refresh=refresh, dest=keep,
+                                 files=files)
         return saved.spec, client, selection, saved
     spec = plan_files(client, ctx, state=config.state, config_dir=config_dir, selection=selection,
-                      var_args=_var_args(args), data_dir=data_dir(env), refresh=refresh)
+                      var_args=_var_args(args), data_dir=data_dir(env), refresh=refresh, files=files)
     return spec, client, selection, None
 
 

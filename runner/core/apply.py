@@ -88,7 +88,8 @@ Builder = Callable[[Path], Prepared]
 
 def check_spec(spec: PlanSpec, config_dir: Path, env: Mapping[str, str], supplied: Mapping[str, str]) -> None:
     """Refuse (exit 2: re-plan) when the configuration or the pinned inputs moved since kl plan."""
-    if workspace.config_hash(config_dir) != spec.config_hash:
+    # A file-scoped plan pins its files one by one instead (``filescoped.check_files``).
+    if spec.mode != PlanMode.FILES and workspace.config_hash(config_dir) != spec.config_hash:
         raise StalePlan(f"the configuration in {config_dir} changed since kl plan: re-run kl plan")
     pinned_env = {v.name for v in spec.variables if v.kind == PinKind.ENV}
     for key in sorted(k for k in env if k.startswith("TF_VAR_") and k not in pinned_env):

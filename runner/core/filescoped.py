@@ -281,21 +281,23 @@ def derive_footprint(client: EngineClient, state: str, files: Mapping[str, str],
 
 def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, selection: Selection,
                var_args: Sequence[tuple[str, str]], data_dir: Path, refresh: bool = False,
-               scoped: ScopedFootprint | None = None) -> PlanSpec:
+               scoped: ScopedFootprint | None = None, files: Mapping[str, str] | None = None) -> PlanSpec:
     """kl plan -f: the footprint (``scoped`` when the caller derived it already), the minimal workspace, a
     plan over it, and the artifact."""
     with tempfile.TemporaryDirectory(prefix="kl-plan-f-") as tmp:
         return plan_files_saved(client, ctx, state=state, config_dir=config_dir, selection=selection,
                                 var_args=var_args, data_dir=data_dir, refresh=refresh, scoped=scoped,
-                                dest=Path(tmp)).spec
+                                dest=Path(tmp), files=files).spec
 
 
 def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path,
                      selection: Selection, var_args: Sequence[tuple[str, str]], data_dir: Path, dest: Path,
-                     refresh: bool = False, scoped: ScopedFootprint | None = None) -> SavedPlan:
+                     refresh: bool = False, scoped: ScopedFootprint | None = None,
+                     files: Mapping[str, str] | None = None) -> SavedPlan:
     """plan_files with the workspace kept under ``dest`` (the caller removes it): the spec, and the saved plan
-    ``apply_files`` applies without re-planning when the trunk has not moved."""
-    files = read_configuration(config_dir)
+    ``apply_files`` applies without re-planning when the trunk has not moved. ``files``: the configuration
+    as ``read_configuration`` read it, when the caller has (read here otherwise)."""
+    files = read_configuration(config_dir) if files is None else files
     with gc_paused():
         cache = load_cache(data_dir)
         loaded = _signature(cache)
@@ -395,8 +397,7 @@ def apply_files(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, opt
     over a rebuilt workspace and a fresh slice."""
     config_dir = Path(spec.config_dir)
     check_files(spec, config_dir)
-    check_spec(replace(spec, config_hash=workspace.config_hash(config_dir)), config_dir, ctx.env,
-               options.supplied_vars)
+    check_spec(spec, config_dir, ctx.env, options.supplied_vars)
     builder = files_builder(client, spec, config_dir, options.data_dir, deleted, planned)
     return apply_spec(client, ctx, spec, config_dir, options, builder=builder, checked=True, saved=saved)
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
+from analyzer.addresses import resource_address
 from analyzer.gcpause import gc_paused
 from analyzer.staterows import STATE_VERSION, InstanceRow, OutputRow
 
@@ -34,7 +35,8 @@ try:
 except ImportError:  # json alone writes every piece; orjson only makes it faster
     orjson = None  # type: ignore[assignment]
 
-__all__ = ["ASSEMBLY_FORMAT", "assemble_state", "header_prefix", "resource_core", "row_order", "stream_state"]
+__all__ = ["ASSEMBLY_FORMAT", "AssemblyRow", "assemble_state", "header_prefix", "resource_core", "row_order",
+           "stream_state"]
 
 # The layout of the text ``stream_state`` writes. An assembly cached under one number is spliced into the
 # next version's (``analyzer.state_splice``) only while the number is the same, so any change to what
@@ -72,6 +74,13 @@ _GO_ESCAPES = (
 # exponent check (``plain_numbers``), which would match many hexadecimal identifiers.
 _MAY_DIFFER = re.compile(r"[0-9]{16}|0\.000|[0-9][eE][-+]?[0-9]|\\u[dD][89abAB]")
 _MAY_DIFFER_PLAIN = re.compile(r"[0-9]{16}|0\.000|\\u[dD][89abAB]")
+# The same tests on UTF-8 text without a regular expression per instance: a run of 16 digits is a run of
+# 16 zeros once every digit reads as a zero, the others are plain substrings (the surrogate test runs
+# only where a ``\u`` escape is).
+_DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
+_SIXTEEN_DIGITS = b"0" * 16
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
+_EXPONENT = re.compile(rb"[0-9][eE][-+]?[0-9]")
 _PIECE_BYTES = 1 << 20
 _INSTANCE_INDENT = b"\n        "  # an instance object is an item of an array four levels down
 _RESOURCE_INDENT = b"\n    "
@@ -83,6 +92,21 @@ RESOURCE_SEP = b"\n      ]\n    },"
 CHECK_TAIL = b'\n  "check_results": null\n}\n'
 CLOSE_TAIL = b"\n      ]\n    }\n  ]," + CHECK_TAIL
 EMPTY_TAIL = b"]," + CHECK_TAIL
+
+
+class AssemblyRow(NamedTuple):
+    """What the assembly reads of one instance object's row: its resource, its key and its object's JSON
+    text (UTF-8 bytes, or str). ``stream_state`` takes these or ``InstanceRow``s alike."""
+
+    module: str
+    mode: str
+    type: str
+    name: str
+    address: str
+    index_key: int | str | None
+    deposed: str
+    provider: str
+    instance_json: str | bytes
 
 
 def row_order(row: InstanceRow) -> tuple[str, str, str, str, int, int, str, str]:
@@ -122,7 +146,7 @@ def stream_state(
     serial: int,
     lineage: str,
     terraform_version: str,
-    instances: Iterable[InstanceRow],
+    instances: Iterable[InstanceRow] | Iterable[AssemblyRow],
     outputs: Iterable[OutputRow],
     ensure_ascii: bool = False,
     plain_numbers: bool = False,
@@ -155,13 +179,14 @@ def stream_state(
         if key != group:
             if group is not None:
                 if key < group:
-                    raise ValueError(f"{row.resource_address}: rows are not in the state's resource order")
+                    raise ValueError(f"{resource_address(*key)}: rows are not in the state's resource order")
                 out += RESOURCE_SEP
             group, provider, previous = key, row.provider, None
             out += _RESOURCE_INDENT
             out += _resource_head(row, encoder)
         elif row.provider != provider:
-            raise ValueError(f"{row.resource_address} has instances with two providers: {provider} and {row.provider}")
+            raise ValueError(f"{resource_address(*key)} has instances with two providers: {provider} and "
+                             f"{row.provider}")
         else:
             out += b","
         if previous is not None and order <= previous:
@@ -189,14 +214,25 @@ class _Encoder:
         self.may_differ = None if orjson is None or ensure_ascii else (
             _MAY_DIFFER_PLAIN if plain_numbers else _MAY_DIFFER)
 
-    def load(self, text: str) -> tuple[Any, bool]:
+    def load(self, text: str | bytes) -> tuple[Any, bool]:
         """The value of ``text``, and whether orjson may encode it."""
-        if self.may_differ is not None and self.may_differ.search(text) is None:
+        if self.may_differ is not None and not self._differs(text):
             try:
                 return orjson.loads(text), True
             except orjson.JSONDecodeError:  # nested too deeply for orjson: json decides
                 pass
         return json.loads(text), False
+
+    def _differs(self, text: str | bytes) -> bool:
+        """``may_differ.search(text)``, without the regular expression's cost on UTF-8 text."""
+        assert self.may_differ is not None
+        if isinstance(text, str):
+            return self.may_differ.search(text) is not None
+        if b"0.000" in text or (b"\\u" in text and _SURROGATE_ESCAPE.search(text) is not None):
+            return True
+        if self.may_differ is _MAY_DIFFER and _EXPONENT.search(text) is not None:
+            return True
+        return _SIXTEEN_DIGITS in text.translate(_DIGITS_AS_ZEROS)
 
     def dump(self, value: Any, fast: bool = False) -> bytes:
         if fast:
@@ -206,7 +242,7 @@ class _Encoder:
                 pass
         return json.dumps(value, indent=2, ensure_ascii=self.ensure_ascii).encode()
 
-    def instance(self, row: InstanceRow) -> bytes:
+    def instance(self, row: InstanceRow | AssemblyRow) -> bytes:
         instance, fast = self.load(row.instance_json)
         if instance.get("index_key") != row.index_key or (instance.get("deposed") or "") != row.deposed:
             raise ValueError(f"{row.address}: instance_json disagrees with the row's index_key or deposed")
@@ -215,7 +251,7 @@ class _Encoder:
         return self.dump(ordered, fast)
 
 
-def _resource_head(row: InstanceRow, encoder: _Encoder) -> bytes:
+def _resource_head(row: InstanceRow | AssemblyRow, encoder: _Encoder) -> bytes:
     """A resource object up to the opening of its ``instances`` array, indented as an item of
     ``resources``."""
     head: dict[str, Any] = {}
@@ -234,7 +270,7 @@ def _go_escaped(text: bytearray) -> bytes:
     return data
 
 
-def _instance_order(row: InstanceRow) -> tuple[int, int, str, str]:
+def _instance_order(row: InstanceRow | AssemblyRow) -> tuple[int, int, str, str]:
     key = row.index_key
     if key is None:
         return (0, 0, "", row.deposed)

@@ -115,15 +115,20 @@ class Server:
     worker: int
 
 
-def start_server(database_url: str, *, max_large_bodies: int, large_body_bytes: int) -> Server:
+def start_server(database_url: str, *, max_large_bodies: int, large_body_bytes: int,
+                 tree: Path | None = None) -> Server:
+    """A gunicorn server of this checkout, or of the checkout at ``tree`` (its code first on the path,
+    this virtualenv's packages): how a bench measures a baseline in the same run."""
     port = common.free_port()
-    env = {**os.environ, "KL_DATABASE_URL": database_url, "KL_AUTO_MIGRATE": "false", "KL_LOG_LEVEL": "WARNING",
+    extra = {} if tree is None else {"PYTHONPATH": str(tree)}
+    env = {**os.environ, **extra, "KL_DATABASE_URL": database_url, "KL_AUTO_MIGRATE": "false",
+           "KL_LOG_LEVEL": "WARNING",
            "KL_MAX_BODY_BYTES": str(400 * 1024 * 1024), "KL_MAX_LARGE_BODIES": str(max_large_bodies),
            "KL_LARGE_BODY_BYTES": str(large_body_bytes),
            "KL_DB_POOL_SIZE": "8"}
     gunicorn = Path(sys.executable).with_name("gunicorn")
     master = subprocess.Popen([str(gunicorn), "-w", "1", "--threads", "4", "-b", f"127.0.0.1:{port}", "--timeout",
-                               "600", "app.web:create_app()"], env=env, stdout=subprocess.DEVNULL,
+                               "600", "app.web:create_app()"], env=env, stdout=subprocess.DEVNULL, cwd=tree,
                               stderr=LOG.open("wb"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90

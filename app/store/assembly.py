@@ -13,10 +13,12 @@ version is locked, so commits, Terraform's LOCK and POST go on meanwhile. The ro
 never change (later writes only close rows at higher serials), so the assembly is a whole serial whatever
 commits run alongside.
 
-The assembly streams: rows come from a server-side cursor in the state's order
-(``resources.stream_instances_at``), ``analyzer.state_assembly.stream_state`` turns them into pieces of
-text, and each piece goes to the reader and into a temporary table on the same connection as it comes
-(``_CacheWriter``); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``. The
+The assembly streams: rows come from a server-side cursor in the state's order, with only the columns
+the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows``),
+``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each piece goes to the
+reader and into a temporary table on the same connection as it comes (``_CacheWriter``, stored
+uncompressed); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing
+them once. The
 process holds a batch of rows and a few pieces, never the state, and the sha256 is taken piece by piece.
 A reader that goes away mid-stream rolls the transaction back: nothing is cached and the next reader
 assembles again.
@@ -69,6 +71,13 @@ _PIECES_TABLE = """
 CREATE TEMPORARY TABLE IF NOT EXISTS kl_spliced_pieces (seq integer NOT NULL, data bytea, base_start integer,
                                                        base_length integer)
 ON COMMIT DELETE ROWS
+"""
+# The pieces are stored as they are: the final UPDATE compresses the joined bytes once, so compressing
+# each piece on the way in would only cost the reader's time.
+_PIECES_UNCOMPRESSED = "ALTER TABLE kl_spliced_pieces ALTER COLUMN data SET STORAGE EXTERNAL"
+_PIECES_STORAGE = """
+SELECT a.attstorage = 'e' FROM pg_attribute a
+WHERE a.attrelid = 'pg_temp.kl_spliced_pieces'::regclass AND a.attname = 'data'
 """
 _COPY_PIECES = "COPY kl_spliced_pieces (seq, data, base_start, base_length) FROM STDIN (FORMAT BINARY)"
 _CACHE = """
@@ -236,7 +245,7 @@ def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str
     """The state at ``serial`` assembled from all its rows, as pieces."""
     return stream_state(
         serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs, plain_numbers=True,
-        instances=resources.stream_instances_at(conn, state_id=state_id, serial=serial),
+        instances=resources.stream_assembly_rows(conn, state_id=state_id, serial=serial),
     )
 
 
@@ -302,6 +311,9 @@ class _CacheWriter:
         self._pending: list[tuple[bytes | None, int | None, int | None]] = []
         self._pending_bytes = 0
         conn.execute(_PIECES_TABLE)
+        stored_whole = conn.execute(_PIECES_STORAGE).fetchone()
+        if stored_whole is None or not stored_whole[0]:
+            conn.execute(_PIECES_UNCOMPRESSED)
         conn.execute(_CLEAR_PIECES)  # a rolled-back assembly on this session left none, but be sure
 
     def add(self, piece: bytes) -> None:

@@ -11,7 +11,7 @@ import psycopg
 from analyzer.addresses import AddressError, has_prefix, parse_instance_address
 from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
 from analyzer.state import InstanceRow
-from analyzer.state_assembly import assemble_state, row_order, stream_state
+from analyzer.state_assembly import AssemblyRow, assemble_state, row_order, stream_state
 from app.domain import scopes
 from app.domain.principal import Principal
 from app.domain.reservations import Mode
@@ -214,7 +214,8 @@ def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[s
         if principal.scopes is not None:  # a scoped token's slice holds only what its read scopes cover
             outputs = [o for o in outputs if scopes.can_read_output(principal.scopes, o.name)]
         if lookup.everything:  # the whole state: streamed from the cursor, never all rows at once
-            rows: Iterable[InstanceRow] = resources.stream_instances_at(conn, state_id=row.id, serial=head)
+            rows: Iterable[InstanceRow | AssemblyRow] = resources.stream_assembly_rows(conn, state_id=row.id,
+                                                                                       serial=head)
         else:
             rows = sorted(_rows_under(conn, row.id, lookup), key=row_order)
         wanted = (i for i in rows if any(matches(g, i.address) for g in parsed)

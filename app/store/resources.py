@@ -17,6 +17,7 @@ from psycopg.rows import class_row
 
 from analyzer.gcpause import gc_paused
 from analyzer.state import InstanceRow, OutputRow
+from analyzer.state_assembly import AssemblyRow
 from app.domain.lifecycle import LifecycleDelta, OpenRow, lifecycle_delta
 from app.store.opencache import OPEN_SETS, HeadKey, OpenSet
 
@@ -103,6 +104,21 @@ ORDER BY module COLLATE "C", mode COLLATE "C", type COLLATE "C", name COLLATE "C
          CASE jsonb_typeof(index_key) WHEN 'number' THEN 1 WHEN 'string' THEN 2 ELSE 0 END,
          CASE WHEN jsonb_typeof(index_key) = 'number' THEN (index_key)::numeric END,
          CASE WHEN jsonb_typeof(index_key) = 'string' THEN index_key #>> '{}' END COLLATE "C",
+         deposed COLLATE "C"
+"""
+# The rows of a streamed assembly, with only what the assembly writes: the instance's text as UTF-8 bytes
+# (no decoding), its key as text with its JSON type (no JSON parse per row). The order is
+# ``_ORDER_FOR_ASSEMBLY``'s with an integer key sorted by a bigint before its numeric (clamped, so never
+# out of order; the numeric decides ties): the sort compares numerics only where the bigints are equal.
+_KEY_NUMBER = "CASE WHEN jsonb_typeof(index_key) = 'number' THEN (index_key)::numeric END"
+_STREAM_FOR_ASSEMBLY = f"""
+SELECT module, mode, type, name, address, index_key #>> '{{}}', jsonb_typeof(index_key), deposed, provider,
+       convert_to(instance::text, 'UTF8')
+FROM resources WHERE state_id = %(state_id)s AND {_ALIVE_AT}
+ORDER BY module COLLATE "C", mode COLLATE "C", type COLLATE "C", name COLLATE "C",
+         CASE jsonb_typeof(index_key) WHEN 'number' THEN 1 WHEN 'string' THEN 2 ELSE 0 END,
+         least(greatest({_KEY_NUMBER}, -9e18), 9e18)::bigint, {_KEY_NUMBER},
+         CASE WHEN jsonb_typeof(index_key) = 'string' THEN index_key #>> '{{}}' END COLLATE "C",
          deposed COLLATE "C"
 """
 # The instance objects whose rows opened or closed after one serial, up to another.
@@ -318,15 +334,32 @@ def instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> lis
     return [instance_row(r) for r in rows]
 
 
-def stream_instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> Iterator[InstanceRow]:
-    """The rows alive at ``serial`` in assembly order, from a server-side cursor ``STREAM_BATCH`` rows at a
-    time, so the caller holds one batch rather than the state. The caller's transaction must stay open
-    while it iterates; other statements may run on the connection between rows."""
-    with conn.cursor("kl_assembly_rows") as cur:
+def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int) -> Iterator[AssemblyRow]:
+    """The rows alive at ``serial`` in assembly order, with only the columns the assembly writes (binary
+    results, the instance's text as bytes), from a server-side cursor ``STREAM_BATCH`` rows at a time, so
+    the caller holds one batch rather than the state. The caller's transaction must stay open while it
+    iterates; other statements may run on the connection between rows."""
+    with conn.cursor("kl_assembly_rows", binary=True) as cur:
         cur.itersize = STREAM_BATCH
-        cur.execute((_ROWS_FOR_ASSEMBLY + _ORDER_FOR_ASSEMBLY).encode(), {"state_id": state_id, "serial": serial})
-        for r in cur:
-            yield instance_row(r)
+        cur.execute(_STREAM_FOR_ASSEMBLY.encode(), {"state_id": state_id, "serial": serial})
+        make = AssemblyRow._make
+        while batch := cur.fetchmany(STREAM_BATCH):
+            for module, mode, type_, name, address, key_text, key_type, deposed, provider, instance in batch:
+                yield make((module, mode, type_, name, address, _index_key(key_text, key_type), deposed,
+                            provider, instance))
+
+
+def _index_key(text: str | None, json_type: str | None) -> Any:
+    """An index key from its text (``#>> '{}'``) and its ``jsonb_typeof``: what ``json.loads`` of the
+    jsonb gives, without parsing JSON for a string or an integer."""
+    if text is None or json_type == "string":
+        return text
+    if json_type == "number":
+        try:
+            return int(text)
+        except ValueError:
+            pass  # a number with a fraction
+    return json.loads(text)
 
 
 @dataclass(frozen=True, slots=True)

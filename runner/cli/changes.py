@@ -89,18 +89,21 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None 
     apply)."""
     from runner.core.config import data_dir
     from runner.core.pipeline import ChangeRequest, plan
+    from runner.core.scope import read_configuration
 
     config_dir = Path(args.chdir).resolve()
     if not config_dir.is_dir():
         raise UsageError(f"-C {args.chdir}: no such directory")
-    config = client_config(args, config_dir, env)
+    # A file-scoped plan reads every file once, for the backend block and for the footprint.
+    files = read_configuration(config_dir) if args.file or args.changed_from else None
+    config = client_config(args, config_dir, env, texts=files)
     assert config.state
     client, ctx = EngineClient(config), terraform_context(env)
     selection = _selection(args, config_dir)
     request = ChangeRequest(state=config.state, config_dir=config_dir, data_dir=data_dir(env), selection=selection,
                             targets=tuple(args.target or ()) if selection is None else (),
-                            var_args=tuple(_var_args(args)), refresh=getattr(args, "refresh", False))
-    planned = plan(client, ctx, request, keep=keep if selection is not None else None)
+                            var_args=tuple(_var_args(args)), refresh=getattr(args, "refresh", False), files=files)
+    planned = plan(client, ctx, request, keep=keep)
     return planned.spec, client, selection, planned
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypeVar, overload
 
@@ -111,11 +111,13 @@ def client_options(p: argparse.ArgumentParser) -> None:
 
 
 def client_config(args: argparse.Namespace, config_dir: Path, env: dict[str, str] | None = None, *,
-                  need_state: bool = True, address: str | None = None, state: str | None = None) -> ClientConfig:
+                  need_state: bool = True, address: str | None = None, state: str | None = None,
+                  texts: Mapping[str, str] | None = None) -> ClientConfig:
     """The server and state of the client options (``address``/``state`` when the options give none), noting
-    where the credential came from for the error hints."""
+    where the credential came from for the error hints; ``texts``: the configuration's files when the caller
+    has read them already (``runner.core.config.backend_texts``)."""
     config = resolve(config_dir=config_dir, address=args.address or address, state=state or args.state,
-                     token=args.token, env=env)
+                     token=args.token, env=env, texts=texts)
     args.token_source = config.token_source
     if need_state and not config.state:
         raise ClientConfigError("no state name: pass --state NAME or use a backend address ending in /v1/states/NAME")

@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 from analyzer.hcl import HclError, find_http_backend
 from app.config import DATA_DIR, resolve_data_dir
 from app.envtable import Setting, bind, read_table, text, verbatim
+from runner.core.workspace import OVERRIDE_NAME
 
 
 class ClientConfigError(Exception):
@@ -84,6 +85,26 @@ def read_tf_files(config_dir: Path) -> dict[str, str]:
     return {p.name: p.read_text(errors="replace") for p in sorted(config_dir.glob("*.tf")) if p.is_file()}
 
 
+def backend_texts(config_dir: Path, texts: Mapping[str, str] | None) -> dict[str, str]:
+    """The ``.tf`` files the backend block is looked for in: read from ``config_dir``, or taken from ``texts``
+    (its ``.tf`` and ``.tf.json`` files as ``runner.core.filescoped.read_configuration`` read them, so a
+    file-scoped command reads every file once) with undecodable bytes replaced as a fresh read would."""
+    if texts is None:
+        return read_tf_files(config_dir) if config_dir.is_dir() else {}
+    found = {name: _replaced(text) for name, text in texts.items() if name.endswith(".tf")}
+    override = config_dir / OVERRIDE_NAME  # the one .tf file read_configuration leaves out
+    if OVERRIDE_NAME not in texts and override.is_file():
+        found[OVERRIDE_NAME] = override.read_text(errors="replace")
+    return dict(sorted(found.items()))
+
+
+def _replaced(text: str) -> str:
+    """``text`` read with ``errors="surrogateescape"`` as if read with ``errors="replace"``."""
+    if "backend" not in text or text.isascii():  # find_http_backend never parses a file without "backend"
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def resolve(
     *,
     config_dir: Path,
@@ -91,6 +112,7 @@ def resolve(
     state: str | None = None,
     token: str | None = None,
     env: Mapping[str, str] | None = None,
+    texts: Mapping[str, str] | None = None,
 ) -> ClientConfig:
     settings = ClientSettings.from_env(env)
     username = settings.tf_http_username
@@ -103,7 +125,7 @@ def resolve(
     chosen = address or settings.address or settings.tf_http_address
     if chosen is None or password is None or username is None:
         try:
-            block = find_http_backend(read_tf_files(config_dir)) if config_dir.is_dir() else None
+            block = find_http_backend(backend_texts(config_dir, texts))
         except HclError as exc:
             raise ClientConfigError(str(exc)) from exc
         if block is not None:

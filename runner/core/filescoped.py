@@ -81,21 +81,23 @@ def _hash_tree(config_dir: Path, fp: Footprint, layout: Layout) -> dict[str, str
 
 def plan_files(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path, selection: Selection,
                var_args: Sequence[tuple[str, str]], data_dir: Path, refresh: bool = False,
-               scoped: ScopedFootprint | None = None) -> PlanSpec:
+               scoped: ScopedFootprint | None = None, files: Mapping[str, str] | None = None) -> PlanSpec:
     """kl plan -f: the footprint (``scoped`` when the caller derived it already), the minimal workspace, a
     plan over it, and the artifact."""
     with tempfile.TemporaryDirectory(prefix="kl-plan-f-") as tmp:
         return plan_files_saved(client, ctx, state=state, config_dir=config_dir, selection=selection,
                                 var_args=var_args, data_dir=data_dir, refresh=refresh, scoped=scoped,
-                                dest=Path(tmp)).spec
+                                dest=Path(tmp), files=files).spec
 
 
 def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str, config_dir: Path,
                      selection: Selection, var_args: Sequence[tuple[str, str]], data_dir: Path, dest: Path,
-                     refresh: bool = False, scoped: ScopedFootprint | None = None) -> SavedPlan:
+                     refresh: bool = False, scoped: ScopedFootprint | None = None,
+                     files: Mapping[str, str] | None = None) -> SavedPlan:
     """plan_files with the workspace kept under ``dest`` (the caller removes it): the spec, and the saved plan
-    ``apply_files`` applies without re-planning when the trunk has not moved."""
-    files = read_configuration(config_dir)
+    ``apply_files`` applies without re-planning when the trunk has not moved. ``files``: the configuration
+    as ``read_configuration`` read it, when the caller has (read here otherwise)."""
+    files = read_configuration(config_dir) if files is None else files
     with gc_paused():
         cache = load_cache(data_dir)
         loaded = _signature(cache)

@@ -46,7 +46,8 @@ class ChangeRequest:
     """One change to plan: where (state, configuration, kl's data directory), what (a file selection, else the
     whole configuration, optionally narrowed by ``targets``), its inputs (``var_args``: ("var" | "var-file",
     text) as given) and whether the plan refreshes. ``scoped`` is the selection's footprint when the caller
-    derived it already (the bot derives it once, before it waits for earlier merges)."""
+    derived it already (the bot derives it once, before it waits for earlier merges), and ``files`` the root
+    module's files when the caller has read them (``scope.read_configuration``; read by the plan otherwise)."""
 
     state: str
     config_dir: Path
@@ -56,6 +57,7 @@ class ChangeRequest:
     var_args: tuple[tuple[str, str], ...] = ()
     refresh: bool = False
     scoped: ScopedFootprint | None = None
+    files: Mapping[str, str] | None = None
 
     @property
     def kind(self) -> ChangeKind:
@@ -76,7 +78,8 @@ def scope_of(client: EngineClient, request: ChangeRequest) -> ScopedFootprint:
     """The scope of a file-scoped change without running Terraform: its footprint widened to the trunk's
     dependents (the parse cache is read, not written: the plan saves it)."""
     assert request.selection is not None, "a footprint is a file-scoped change's"
-    return derive_footprint(client, request.state, read_configuration(request.config_dir), request.selection,
+    files = read_configuration(request.config_dir) if request.files is None else request.files
+    return derive_footprint(client, request.state, files, request.selection,
                             load_cache(request.data_dir))
 
 
@@ -91,11 +94,13 @@ def plan(client: EngineClient, ctx: TerraformContext, request: ChangeRequest, *,
     if keep is not None:
         saved = plan_files_saved(client, ctx, state=request.state, config_dir=request.config_dir,
                                  selection=request.selection, var_args=request.var_args, data_dir=request.data_dir,
-                                 refresh=request.refresh, scoped=request.scoped, dest=keep)
+                                 refresh=request.refresh, scoped=request.scoped, dest=keep,
+                                 files=request.files)
         return Planned(saved.spec, saved, found)
     return Planned(plan_files(client, ctx, state=request.state, config_dir=request.config_dir,
                               selection=request.selection, var_args=request.var_args, data_dir=request.data_dir,
-                              refresh=request.refresh, scoped=request.scoped), None, found)
+                              refresh=request.refresh, scoped=request.scoped,
+                              files=request.files), None, found)
 
 
 def apply(client: EngineClient, ctx: TerraformContext, planned: Planned, options: ApplyOptions,

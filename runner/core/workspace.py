@@ -78,7 +78,8 @@ def auto_var_files(config_dir: Path) -> list[Path]:
     ``terraform.tfvars.json``, then ``*.auto.tfvars`` and ``*.auto.tfvars.json`` in lexical order of their names."""
     if not config_dir.is_dir():
         return []
-    present = {p.name: p for p in config_dir.iterdir() if p.is_file()}
+    present = {p.name: p for p in config_dir.iterdir()
+               if (p.name in AUTO_VAR_NAMES or p.name.endswith((".auto.tfvars", ".auto.tfvars.json"))) and p.is_file()}
     fixed = [present[n] for n in AUTO_VAR_NAMES if n in present]
     auto = [present[n] for n in sorted(present) if n.endswith((".auto.tfvars", ".auto.tfvars.json"))]
     return fixed + auto

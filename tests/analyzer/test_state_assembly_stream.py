@@ -15,7 +15,7 @@ import pytest
 
 from analyzer import state_assembly
 from analyzer.state import InstanceRow, OutputRow, ParsedState, parse_state
-from analyzer.state_assembly import assemble_state, row_order, stream_state
+from analyzer.state_assembly import AssemblyRow, assemble_state, row_order, stream_state
 
 _FIELDS = ("index_key", "status", "deposed", "schema_version", "attributes", "attributes_flat",
            "sensitive_attributes", "identity_schema_version", "identity", "private", "dependencies",
@@ -117,6 +117,32 @@ def test_postgres_style_text_takes_the_fast_path_only_where_it_writes_the_same()
                                 terraform_version=parsed.terraform_version, instances=sorted(plain, key=row_order),
                                 outputs=parsed.outputs, plain_numbers=True))
     assert got == expected
+
+
+@pytest.mark.parametrize("plain_numbers", [True, False])
+def test_rows_with_utf8_text_assemble_as_instance_rows_do(plain_numbers: bool) -> None:
+    parsed = _parsed()
+    rows = sorted(parsed.instances, key=row_order)
+    if plain_numbers:
+        rows = [replace(row, instance_json=_jsonb_like(json.loads(row.instance_json))) for row in rows]
+    lean = [AssemblyRow(r.module, r.mode, r.type, r.name, r.address, r.index_key, r.deposed, r.provider,
+                        r.instance_json.encode()) for r in rows]
+    common: dict[str, Any] = {"serial": parsed.serial, "lineage": parsed.lineage,
+                              "terraform_version": parsed.terraform_version, "outputs": parsed.outputs,
+                              "plain_numbers": plain_numbers}
+    assert b"".join(stream_state(instances=lean, **common)) == b"".join(stream_state(instances=rows, **common))
+
+
+@pytest.mark.parametrize("plain_numbers", [True, False])
+def test_the_utf8_fast_path_check_agrees_with_the_pattern(plain_numbers: bool) -> None:
+    encoder = state_assembly._Encoder(ensure_ascii=False, plain_numbers=plain_numbers)
+    if encoder.may_differ is None:
+        pytest.skip("orjson is not installed")
+    texts = ["123456789012345", "1234567890123456", "a1234567890123456b", "0.000", "10.0001", "0.001",
+             "1e5", "1E+5", "2e-3", "e5", "\\ud800", "\\uD83D", "\\u00e9", "\\ue000", "ü1234567890123456",
+             "12345678.12345678", "-0.0001"] + [json.dumps(v, ensure_ascii=False) for v in _AWKWARD]
+    for text in texts:
+        assert encoder._differs(text.encode()) == (encoder.may_differ.search(text) is not None), text
 
 
 def _jsonb_like(value: Any) -> str:

@@ -109,3 +109,18 @@ def test_a_table_is_bound_to_its_dataclass_field_by_field_and_takes_each_default
 
     with pytest.raises(RuntimeError, match="plain default"):
         bind(Factory, (Setting("a", "KL_A", whole(), "a"),))
+
+
+def test_the_backend_block_is_found_the_same_in_texts_already_read(tmp_path: Path):
+    from runner.core.config import backend_texts, read_tf_files, resolve
+    from runner.core.filescoped import read_configuration
+
+    (tmp_path / "main.tf").write_text('resource "terraform_data" "a" {}\n')
+    (tmp_path / "backend.tf").write_bytes(b'# caf\xe9\nterraform {\n  backend "http" {\n'
+                                          b'    address = "http://h:1/v1/states/s"\n    username = "u"\n  }\n}\n')
+    (tmp_path / "kilolock_override.tf").write_text('terraform {\n  backend "local" {}\n}\n')
+    (tmp_path / "extra.tf.json").write_text("{}")
+    texts = read_configuration(tmp_path)
+    assert backend_texts(tmp_path, texts) == read_tf_files(tmp_path)
+    assert resolve(config_dir=tmp_path, env={}, texts=texts) == resolve(config_dir=tmp_path, env={})
+    assert resolve(config_dir=tmp_path, env={}, texts=texts).state == "s"

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 
-from analyzer.globs import Glob, GlobError, canonical, parse_glob, stored_glob
+from analyzer.globs import Glob, GlobError, Reservation, canonical, parse_glob, stored_glob
 from analyzer.globs import Mode as Mode  # re-exported: its old home
 from app.domain.durations import format_duration as format_duration  # re-exported: its old home
 from app.domain.globindex import GlobIndex
@@ -96,19 +96,20 @@ class Conflict:
 
 
 def parse_wanted(
-    items: Iterable[tuple[str, str]], *, limit: int = DEFAULT_MAX_GLOBS_PER_REQUEST,
+    items: Iterable[Reservation | tuple[str, str]], *, limit: int = DEFAULT_MAX_GLOBS_PER_REQUEST,
 ) -> tuple[Wanted, ...]:
-    """Validate (glob, mode) pairs from a request; raise BadRequestError naming the bad one, or
-    when there are more than ``limit`` of them (counted before duplicates collapse, so the parse
-    itself is bounded). Duplicates collapse, and a read on a glob also written by the same request
-    is dropped."""
+    """Validate reservations (typed, or (glob, mode) text pairs from a request); raise BadRequestError
+    naming the bad one, or when there are more than ``limit`` of them (counted before duplicates collapse,
+    so the parse itself is bounded). Duplicates collapse, and a read on a glob also written by the same
+    request is dropped."""
     found: dict[tuple[str, Mode], Wanted] = {}
-    for count, (glob_text, mode_text) in enumerate(items, start=1):
+    for count, item in enumerate(items, start=1):
         if count > limit:
             raise BadRequestError(
                 f"a request may name at most {limit} reservation globs: reserve a module or resource "
                 "prefix ('module.NAME.*', 'TYPE.NAME.*') instead of many instances"
             )
+        glob_text, mode_text = (item.glob, item.mode) if isinstance(item, Reservation) else item
         try:
             mode = Mode(mode_text)
         except ValueError as exc:

@@ -20,10 +20,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
+from analyzer.globs import footprint_reservations
 from app.domain import scopes
 from app.domain.manual_holds import UNTIL_RELEASED, HoldPolicy, holder_text
 from app.domain.principal import Principal
-from app.domain.reservations import Mode, RunStatus, Wanted, parse_wanted
+from app.domain.reservations import RunStatus, Wanted, parse_wanted
 from app.errors import BadRequestError, HoldLimitError, HoldNotFoundError, RunClosedError, StateNotFoundError
 from app.store import events, runs, states
 from app.store.db import LIVE_STATUSES_SQL, Database
@@ -102,7 +103,7 @@ def take(db: Database, principal: Principal, state_name: str, *, globs: Sequence
     caller may not take, BadRequestError for bad input; nothing is held then."""
     lease = policy.lease(until_seconds=until_seconds, until_released=until_released,
                          token_name=principal.token_name, actor=principal.actor)
-    wanted: tuple[Wanted, ...] = parse_wanted((g, Mode.WRITE.value) for g in sorted(set(globs)))
+    wanted: tuple[Wanted, ...] = parse_wanted(footprint_reservations(sorted(set(globs)), ()))
     if not wanted:
         raise BadRequestError("name at least one address glob to hold")
     scopes.check_requested(principal.scopes, state_name, ((w.glob, w.mode) for w in wanted))

@@ -101,7 +101,7 @@ def take(db: Database, principal: Principal, *, repo: str, number: int, project:
     would have more than ``max_globs`` globs (the per-run cap every apply run has); nothing is held then.
     The pull request must not hold this project already (release it first)."""
     holder = holder_of(repo, number)
-    wanted: tuple[Wanted, ...] = parse_wanted((g, Mode.WRITE.value) for g in sorted(set(write_globs)))
+    wanted: tuple[Wanted, ...] = parse_wanted(footprint_reservations(sorted(set(write_globs)), ()))
     if len(wanted) > max_globs:
         raise BadRequestError(f"a hold of {len(wanted)} write globs is more than a run may hold ({max_globs}, "
                               "KL_MAX_GLOBS_PER_RUN): apply module or resource prefixes instead of many instances")

@@ -1,4 +1,4 @@
-"""The JSON bodies of the engine lane and the control API as models (``app.wire``): each field's type and
+"""The JSON bodies of the engine lane and the control API as models (``app.wiremodels``): each field's type and
 its refusal message, and the OpenAPI component schemas, generated from these same classes.
 
 A model says what shape a body has; the domain rules that give its values meaning (glob syntax, scopes, a
@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, Wit
 
 from app.domain.drift_reports import MAX_CHECKED
 from app.domain.reservations import RunStatus
-from app.wire import NEEDED, Problem, Wire, refusal
+from app.wiremodels import NEEDED, Problem, Wire, refusal
 
 _GIT_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 # A plan's changes, bounded like a commit's body: far more than any plan a workspace can hold.

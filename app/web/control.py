@@ -18,7 +18,7 @@ from app.store import tenancy
 from app.web import bodies, inputs
 from app.web.auth import check_throttle, credentials_of, refuse, remote_address
 from app.web.context import services
-from app.wire import Wire
+from app.wiremodels import Wire
 
 W = TypeVar("W", bound=Wire)
 bp = Blueprint("control", __name__, url_prefix="/v1/api")

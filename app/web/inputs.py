@@ -7,7 +7,7 @@ whether or not the client sent a Content-Length; never a truncated body); JSON b
 ``analyzer.jsontext.load_json`` (bounded depth, no NUL or lone surrogates, 64-bit integers, finite
 numbers) via the app's JSON provider, so ``request.get_json`` everywhere gets the same rules. Query
 integers come from ``int_arg``. A parsed document becomes a typed body through ``body_as`` and the
-models of ``app.web.bodies`` (``app.wire``: the field's own message on a refusal).
+models of ``app.web.bodies`` (``app.wiremodels``: the field's own message on a refusal).
 
 Refusals raise KlErrors, which ``app.web.errors`` turns into the lane's answer; messages name the
 offending field and never quote its value.
@@ -28,7 +28,7 @@ from werkzeug.exceptions import BadRequest, RequestEntityTooLarge
 from analyzer.jsontext import INT64_MAX, JsonInputError, load_json
 from app.config import Settings
 from app.errors import BadRequestError, BodyCapacityError, InvalidStateNameError
-from app.wire import Wire, WireError, parse
+from app.wiremodels import Wire, WireError, parse
 
 W = TypeVar("W", bound=Wire)
 

@@ -3,7 +3,7 @@
 
 The operations are declared once, below, as data; ``document()`` renders them. Request bodies and the error
 envelope are the models of ``app.web.bodies`` that the views parse with, so their component schemas are
-generated from the code that enforces them (``app.wire.schemas_of``), never kept by hand. A test checks this
+generated from the code that enforces them (``app.wiremodels.schemas_of``), never kept by hand. A test checks this
 table against the app's registered routes in both directions (every route documented, no stale entry), and a
 property-based fuzz drives every operation from it.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from flask import Flask, Response, jsonify
 
 from app.web import bodies
-from app.wire import Wire, schemas_of
+from app.wiremodels import Wire, schemas_of
 
 PATH = "/v1/openapi.json"
 _REF = "#/components/schemas/{model}"

@@ -9,6 +9,7 @@ ticket at once and asks again with it (docs/reservations.md, "Waiting").
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -150,8 +151,7 @@ def cancel_ticket(ticket: str) -> tuple[Response, int]:
 @bp.post("/runs/<run_id>/renew")
 @metrics.engine_call("renew")
 def renew(run_id: str) -> tuple[Response, int]:
-    body = inputs.body_as(bodies.HolderOnly, _body())
-    return _run_response(runs.renew(services().db, principal(), run_id, holder=body.holder))
+    return _as_holder(runs.renew, run_id)
 
 
 @bp.post("/runs/<run_id>/release")
@@ -164,8 +164,13 @@ def release(run_id: str) -> tuple[Response, int]:
 @bp.post("/runs/<run_id>/running")
 @metrics.engine_call("running")
 def running(run_id: str) -> tuple[Response, int]:
+    return _as_holder(runs.mark_running, run_id)
+
+
+def _as_holder(step: Callable[..., runs.Run], run_id: str) -> tuple[Response, int]:
+    """A step of the run that only its holder may take, the holder named by the body."""
     body = inputs.body_as(bodies.HolderOnly, _body())
-    return _run_response(runs.mark_running(services().db, principal(), run_id, holder=body.holder))
+    return _run_response(step(services().db, principal(), run_id, holder=body.holder))
 
 
 @bp.post("/runs/<run_id>/close")

@@ -51,7 +51,7 @@ import yaml
 
 from analyzer.globs import GlobError, parse_glob
 from analyzer.hcl import HclError, ParseCache, find_http_backend
-from app.wire import Wire, collect
+from app.wiremodels import Wire, collect
 from runner.bot.configfile import DEFAULT_MERGE_WAIT, DEFAULT_REQUIREMENTS, DriftKeys, FileKeys, ProjectKeys
 from runner.bot.owners import MAX_OWNERS_PER_RULE, MAX_RULES, OwnerHandleError, OwnerRule, parse_owner
 from runner.core.config import ClientConfigError, read_tf_files, split_backend_address

@@ -1,4 +1,4 @@
-"""The shape of ``.kilolock.yml`` as models of the serialisation layer (``app.wire``): which keys exist at
+"""The shape of ``.kilolock.yml`` as models of the serialisation layer (``app.wiremodels``): which keys exist at
 the top level, in a project and in a ``drift:`` mapping, each key's type, and the problem that names it.
 
 A model reads what a key holds on its own (a boolean, a duration, a list of requirement names, variable
@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Validat
 from pydantic_core import PydanticCustomError
 
 from app.domain.durations import parse_duration
-from app.wire import Problem, Wire, refusal
+from app.wiremodels import Problem, Wire, refusal
 from runner.core import childenv
 
 DEFAULT_MERGE_WAIT = 600

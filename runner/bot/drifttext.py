@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from analyzer.drift import DriftedInstance
+from analyzer.plan_drift import DriftedInstance
 from runner.bot.markdown import block, cell, code, marker, prose
 from runner.bot.outcomes import DriftOutcome
 from runner.bot.render import CheckOutput

@@ -34,9 +34,9 @@ from app.store import bot as store
 from app.store import events
 from app.store.bot import BotJob, JobStatus, PrFootprint
 from runner.bot import flow, pr_holds, render, view
-from runner.bot.config import BotConfig, Project
+from runner.bot.config import CONFIG_NAMES, BotConfig, Project
 from runner.bot.context import APPLY_CHECK, FOOTPRINT_CHECK, Context, complete, refresh
-from runner.bot.github import GitHub
+from runner.bot.github import GitHub, PullInfo
 from runner.bot.outcomes import ApplyResult, ApplyStatus, FootprintOutcome
 from runner.bot.results import ApplyProjectResult, FanOutResult, JobResult, result_of
 from runner.core import git
@@ -176,15 +176,15 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
             return JobStatus.FAILED, ApplyProjectResult(apply=result)
         deadline = time.monotonic() + config.merge_wait
         state = project.state
-        gate = _owners_gate(ctx, gh, repo, args, config, project)
+        pr = gh.pull_request(number) if number else None
+        gate = _owners_gate(ctx, gh, root, args, config, project, pr)
 
         def before_apply(scoped: ScopedFootprint) -> float:
             if gate is not None:
                 gate(scoped)
             return _wait_for_earlier_merges(root, repo, sha, state, scoped, deadline)
 
-        # blame names the pull request's author beside its merge commit
-        author = gh.pull_request(number).author if number else None
+        author = pr.author if pr is not None else None  # blame names it beside its merge commit
         _audit_apply(ctx, "pr_apply_started", args, state, actor)
         try:
             result = flow.apply_project(ctx.workbench, repo, root, project, args.base, sha, actor=actor,
@@ -207,19 +207,22 @@ def apply_project(ctx: Context, args: ApplyProjectArgs) -> Outcome:
     return (JobStatus.FAILED if result.failed else JobStatus.SUCCEEDED), ApplyProjectResult(apply=result)
 
 
-def _owners_gate(ctx: Context, gh: GitHub, repo: str, args: ApplyProjectArgs, config: BotConfig,
-                 project: Project) -> Callable[[ScopedFootprint], None] | None:
+def _owners_gate(ctx: Context, gh: GitHub, root: Path, args: ApplyProjectArgs, config: BotConfig,
+                 project: Project, pr: PullInfo | None) -> Callable[[ScopedFootprint], None] | None:
     """``owners_approved`` for a merge (or push) apply, as the branch was before it: the requirement and the
     owners come from ``.kilolock.yml`` at the change's base, so a pull request cannot drop its own owners
     (the merge commit's file when the base's is invalid). Checked on the exact footprint, before anything is
-    reserved; raises ``Failed`` naming the groups that did not approve the pull request's last head."""
-    with flow.checkout(ctx.workbench, repo, args.base, gh.clone_token()) as base_root:
+    reserved; raises ``Failed`` naming the groups that did not approve the pull request's last head. The base
+    is checked out only when its file may ask for owners: when the change touches the file, or when the
+    change's own (then the same text) does."""
+    if not _base_may_need_owners(root, args, config):
+        return None
+    with flow.checkout(ctx.workbench, args.repo, args.base, gh.clone_token()) as base_root:
         before, _ = flow.read_config(base_root)
     trusted = before or config
     owners_project = trusted.project(project.name) or project
     if "owners_approved" not in trusted.apply_requirements or not owners_project.owners:
         return None
-    pr = gh.pull_request(args.number) if args.number else None
 
     def check(scoped: ScopedFootprint) -> None:
         problem = pr_holds.exact_owners_problem(gh, owners_project, pr, scoped.write_globs)
@@ -227,6 +230,12 @@ def _owners_gate(ctx: Context, gh: GitHub, repo: str, args: ApplyProjectArgs, co
             raise Failed(f"owners_approved: {problem}")
 
     return check
+
+
+def _base_may_need_owners(root: Path, args: ApplyProjectArgs, config: BotConfig) -> bool:
+    if any(path in CONFIG_NAMES for path in git.changed_paths(root, args.sha, args.base)):
+        return True
+    return "owners_approved" in config.apply_requirements and any(p.owners for p in config.projects)
 
 
 def _audit_apply(ctx: Context, kind: str, args: ApplyProjectArgs, state: str, actor: str, **more: Any) -> None:

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from analyzer.drift import DriftedInstance
+from analyzer.globs import Mode
+from analyzer.plan_drift import DriftedInstance
 from app.wire import read, write
 
 
@@ -23,7 +24,7 @@ class LiveConflict:
     """A live reservation on the trunk that one of the predicted reservations conflicts with."""
 
     glob: str
-    mode: str
+    mode: Mode
     theirs: str
     their_mode: str
     holder: str

@@ -18,8 +18,8 @@ _SHOWN = 2  # conflicts named on the line; the rest are counted
 
 def describe_wait(waiting: Waiting) -> str:
     """``waiting for module.web.* (write, held by carol, run ar_…) and 1 more: 12s of 5m``."""
-    held = [f"{c.get('glob')} ({c.get('mode')}, held by {c.get('holder')}"
-            + (f", run {c['run_id']}" if c.get("run_id") else "") + ")" for c in waiting.conflicts[:_SHOWN]]
+    held = [f"{c.glob} ({c.mode}, held by {c.holder}" + (f", run {c.run_id}" if c.run_id else "") + ")"
+            for c in waiting.conflicts[:_SHOWN]]
     more = len(waiting.conflicts) - _SHOWN
     whom = ", ".join(held) + (f" and {more} more" if more > 0 else "") if held else "other runs' reservations"
     return (f"waiting for {whom}: {format_duration(timedelta(seconds=int(waiting.waited)))} of "

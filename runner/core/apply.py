@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from analyzer.drift import keep_trunk_rows
 from analyzer.plan import analyze_plan
+from analyzer.plan_drift import keep_trunk_rows
 from analyzer.state import ParsedState, parse_state
 from app.domain.commit import commit_delta, is_data_source, parse_globs, unreserved_read
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES, RunStatus

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.addresses import parse_instance_address
-from analyzer.drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.globs import Glob, GlobError, GlobKind, Mode, Reservation, matches, parse_glob
+from analyzer.plan_drift import DriftedInstance, DriftFormatError, drift_in_plan, keep_trunk_rows, managed_addresses
 from analyzer.state import ParsedState, parse_state
 from app.domain.reservations import DEFAULT_LEASE
 from runner.core import workspace

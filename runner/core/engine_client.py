@@ -19,8 +19,9 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from analyzer.globs import Reservation
+from analyzer.globs import Mode, Reservation
 from app.domain.reservations import RunStatus
+from app.wire import ReadError, read
 from runner.core.config import ClientConfig
 from runner.core.errors import EngineCode
 
@@ -128,44 +129,43 @@ class EdgesAnswer:
     edges: tuple[Edge, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class QueuedAnswer:
+    conflicts: tuple[HeldBy, ...] = ()
+
+
 _Answer = TypeVar("_Answer")
-
-
-_ADAPTERS: dict[type[Any], Any] = {}
-
-
-def _adapter(kind: type[Any]) -> Any:
-    """pydantic's validator of one answer type, built on first use (so kl's commands that parse no answer
-    never import pydantic)."""
-    if kind not in _ADAPTERS:
-        from pydantic import TypeAdapter
-
-        _ADAPTERS[kind] = TypeAdapter(kind)
-    return _ADAPTERS[kind]
 
 
 def parse_answer(kind: type[_Answer], body: Mapping[str, Any], what: str) -> _Answer:
     """``body`` (a decoded success answer to ``what``) as ``kind``; MalformedAnswer naming the fields that
     are missing or of the wrong type (never their values)."""
-    from pydantic import ValidationError
-
     try:
-        answer: _Answer = _adapter(kind).validate_python(body)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'the answer'}: {e['msg']}"
-                             for e in exc.errors()[:5])
-        raise MalformedAnswer(f"the server's answer to {what} is not what kl expects ({problems}): is the "
-                              "address a Kilolock server of a matching version?", status=200,
+        answer = read(kind, body)
+    except ReadError as exc:
+        raise MalformedAnswer(f"the server's answer to {what} is not what kl expects ({exc.summary('the answer')}): "
+                              "is the address a Kilolock server of a matching version?", status=200,
                               code=EngineCode.MALFORMED_ANSWER) from exc
     return answer
 
 
 @dataclass(frozen=True, slots=True)
-class Waiting:
-    """A reservation request still queued: what it waits for (the server's conflict objects: glob, mode,
-    holder, run_id, expires_in), for how long so far, and the most it will wait (seconds)."""
+class HeldBy:
+    """A reservation a queued request waits behind, as the server's conflict object names it."""
 
-    conflicts: tuple[dict[str, Any], ...]
+    glob: str
+    mode: Mode
+    holder: str
+    run_id: str | None = None
+    expires_in: int | None = None  # seconds left on its lease; None for one without
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A reservation request still queued: what it waits for, for how long so far, and the most it will wait
+    (seconds)."""
+
+    conflicts: tuple[HeldBy, ...]
     waited: float
     limit: float
     done: bool = False  # the wait is over (granted, refused, or given up): the last call
@@ -314,7 +314,8 @@ class EngineClient:
         wait is used up, ask for the final answer at once)."""
         request["ticket"] = answer["ticket"]
         if self.on_wait is not None:
-            self.on_wait(Waiting(conflicts=tuple(answer.get("conflicts") or ()),
+            self.on_wait(Waiting(conflicts=parse_answer(QueuedAnswer, {"conflicts": answer.get("conflicts") or ()},
+                                                          "a queued request").conflicts,
                                  waited=self._monotonic() - began, limit=limit))
         remaining = deadline - self._monotonic()
         if remaining <= 0:

@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from analyzer.addresses import AddressError, parse_instance_address
-from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.footprint import Footprint, compute_footprint
 from analyzer.gcpause import gc_paused
 from analyzer.globs import matches, parse_glob
 from analyzer.hcl import HclError, ParseCache
 from analyzer.plan import PlanFormatError, analyze_plan
+from analyzer.plan_drift import drift_in_plan, drift_warnings
 from analyzer.scoping import (
     ScopeRefused,
     Selection,

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.configuration import described_resources, is_described, orphans
-from analyzer.drift import drift_in_plan, drift_warnings
 from analyzer.globs import Glob, canonical, matches, parse_glob
 from analyzer.plan import PlanAnalysis, PlanFormatError, analyze_plan
+from analyzer.plan_drift import drift_in_plan, drift_warnings
 from analyzer.rewrites import rewritten_rows
 from analyzer.state import ParsedState, parse_state
 from analyzer.state_assembly import assemble_state

@@ -9,14 +9,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from analyzer.globs import Reservation, footprint_reservations
-
-if TYPE_CHECKING:
-    from pydantic import TypeAdapter, ValidationError
+from app.wire import ReadError, read, write
 
 SPEC_VERSION = 1
 
@@ -118,7 +115,7 @@ class PlanSpec:
         return footprint_reservations(self.write_globs, self.read_globs)
 
     def to_json(self) -> str:
-        doc: dict[str, Any] = {"kilolock_plan": SPEC_VERSION, **_adapter().dump_python(self, mode="json")}
+        doc: dict[str, Any] = {"kilolock_plan": SPEC_VERSION, **write(self)}
         doc["reservations"] = [r.to_json() for r in self.reservations]
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
@@ -134,25 +131,8 @@ class PlanSpec:
             raise SpecError(f"{path} is not a kl-plan.json (version {SPEC_VERSION}); re-run kl plan")
         doc.pop("kilolock_plan")
         doc.pop("reservations", None)  # derived from the globs
-        from pydantic import ValidationError
-
         try:
-            return _adapter().validate_python(doc)
-        except ValidationError as exc:
-            raise SpecError(f"{path} is missing fields or has malformed ones ({_problems(exc)}); "
+            return read(PlanSpec, doc)
+        except ReadError as exc:
+            raise SpecError(f"{path} is missing fields or has malformed ones ({exc.summary('the document')}); "
                             "re-run kl plan") from exc
-
-
-@cache
-def _adapter() -> TypeAdapter[PlanSpec]:
-    """The plan file's one (de)serialiser (pydantic over the frozen dataclasses), built on first use."""
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(PlanSpec)
-
-
-def _problems(exc: ValidationError, shown: int = 5) -> str:
-    """The first few problems of a malformed plan file: where, and what (never the values found there)."""
-    found = [f"{'.'.join(str(p) for p in e['loc']) or 'the document'}: {e['msg']}" for e in exc.errors()]
-    more = f"; {len(found) - shown} more" if len(found) > shown else ""
-    return "; ".join(found[:shown]) + more

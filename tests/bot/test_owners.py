@@ -11,7 +11,7 @@ import pytest
 from runner.bot.config import BotConfigError, RawConfig, parse, validate
 from runner.bot.github import forget_cached_installations
 from runner.bot.owners import Owner, OwnerRule, owned, parse_owner
-from tests.bot.botworld import FILES, World, world_factory  # noqa: F401
+from tests.bot.botworld import FILES, REPO, World, world_factory  # noqa: F401
 from tests.bot.test_apply_before_merge import comment, marked, replies, reservations
 
 DBA, PLATFORM = Owner("octo-org", "dba"), Owner("octo-org", "platform")
@@ -163,3 +163,19 @@ def test_a_merge_its_owners_did_not_approve_is_reported_and_not_applied(world_fa
     assert "@octo-org/dba or" not in body and "@octo-org/dba (for terraform_data.db, terraform_data.db.*)" in body
     [check] = [r for r in w.sim.runs("kilolock/apply") if r["head_sha"] == w.head("main")]
     assert check["conclusion"] == "failure"
+
+
+@pytest.mark.terraform
+def test_a_merge_apply_its_owners_approved_reads_the_pull_request_once(world_factory):  # noqa: F811
+    w = owned_world(world_factory, "apply_requirements: [owners_approved]\n")
+    w.open_pr(1, "db-v2", {"db.tf": DB_V2})
+    w.run_jobs()
+    w.sim.review(1, "carol", "APPROVED")  # a writer in both owning teams
+    w.merge(1)
+    w.run_jobs(max_jobs=1)  # the merge: it enqueues the project's apply
+    before = len(w.sim.calls)
+    w.run_jobs(max_jobs=1)  # the apply, gated by the owners of the base's .kilolock.yml
+    pulls = [c.path for c in w.sim.calls[before:] if c.method == "GET" and c.path == f"/repos/{REPO}/pulls/1"]
+
+    assert w.serial() == 2 and reservations(w) == []
+    assert pulls == [f"/repos/{REPO}/pulls/1"], [(c.method, c.path) for c in w.sim.calls[before:]]

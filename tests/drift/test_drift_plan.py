@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer.drift import DriftedInstance, DriftFormatError, changed_attributes, drift_in_plan
+from analyzer.plan_drift import DriftedInstance, DriftFormatError, changed_attributes, drift_in_plan
 
 
 def _drift(address: str, before, after, actions=("update",), mode="managed", **extra):  # type: ignore[no-untyped-def]

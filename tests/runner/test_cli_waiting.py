@@ -4,11 +4,13 @@ line rewritten on a terminal and as periodic lines in a log."""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
+from analyzer.globs import Mode
 from runner.cli.waiting import WaitProgress, describe_wait
-from runner.core.engine_client import Waiting
+from runner.core.engine_client import HeldBy, Waiting
 
-CAROL = {"glob": "module.web.*", "mode": "write", "holder": "carol", "run_id": "ar_1"}
+CAROL = HeldBy(glob="module.web.*", mode=Mode.WRITE, holder="carol", run_id="ar_1")
 
 
 class Terminal(io.StringIO):
@@ -17,7 +19,7 @@ class Terminal(io.StringIO):
 
 
 def test_the_line_names_the_holders_and_the_time_waited_of_the_most():
-    many = (CAROL, {**CAROL, "glob": "module.db.*", "holder": "dave", "run_id": None}, CAROL, CAROL)
+    many = (CAROL, replace(CAROL, glob="module.db.*", holder="dave", run_id=None), CAROL, CAROL)
     assert describe_wait(Waiting((CAROL,), 12.7, 300)) == \
         "waiting for module.web.* (write, held by carol, run ar_1): 12s of 5m00s"
     assert describe_wait(Waiting(many, 75, 600)).endswith(

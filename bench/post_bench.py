@@ -115,21 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds per size (default: %(default)s)")
     args = p.parse_args(argv)
     out, command = common.start_run(args, "post_bench", argv)
-    try:
+
+    def body() -> None:
         machine = common.machine_info(args.database_url)
         results = [measure(args.database_url, int(x), args.rounds) for x in args.sizes.split(",") if x.strip()]
         machine.append(("Load average at end", common.load_average()))
-    except BenchError as exc:
-        log(f"post_bench: {exc}")
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    section = render(command, machine, results, args.rounds)
-    print(section)
-    if out is not None:
-        common.write_section(out, SECTION, section)
-    return 0
+        common.publish(out, SECTION, render(command, machine, results, args.rounds))
 
+    return common.guarded("post_bench", body)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,10 +30,10 @@ from runner.core import pins
 from runner.core.counts import counts_line
 from runner.core.engine_client import EngineClient, EngineError, OpenedRun
 from runner.core.errors import RUN_LOST, EngineCode, Failed, KlExit, StalePlan, refusal
-from runner.core.plan import changed_outputs, incidental_writes, var_flags
+from runner.core.plan import changed_outputs, incidental_writes
 from runner.core.recovery import ApplyOutcome, forget, has_kept_state, pruned_outputs, save_recovery
 from runner.core.run import ApplyRun, Heartbeat
-from runner.core.session import TerraformContext, apply_plan, plan_in_workspace
+from runner.core.session import TerraformContext, apply_plan, plan_in_workspace, var_flags
 from runner.core.spec import PlanMode, PlanSpec
 from runner.core.workbuild import Builder, Prepared, SavedPlan, rebuild
 

@@ -43,13 +43,12 @@ from runner.core.plan import (
     PlannedChanges,
     PlanSource,
     changed_outputs,
-    given_var_flags,
     incidental_writes,
     spec_from_plan,
 )
 from runner.core.recovery import ApplyOutcome
 from runner.core.scope import ScopedFootprint, derive_footprint, module_sources, read_configuration
-from runner.core.session import TerraformContext, plan_in_workspace
+from runner.core.session import TerraformContext, given_var_flags, plan_in_workspace
 from runner.core.spec import PlanSpec, is_plan_file
 from runner.core.trunk import fetch_slice
 from runner.core.workbuild import Layout, SavedPlan, carried_files
@@ -111,10 +110,10 @@ def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str,
                                | set(fp.read_globs) | set(fp.validation_globs)))
     described = described_in(fp, gone)
     slice_raw, slice_addresses, snapshot = fetch_slice(client, state, slice_globs, frozenset(described))
-    flags = given_var_flags(var_args, _declared_variables(fp))
     minimal = workbuild.cut(config_dir, files, fp, cache)
     ws = workbuild.build(config_dir, dest / "ws", slice_raw, minimal)
-    plan = plan_in_workspace(ctx, ws, flags, (), refresh=refresh)
+    declared = frozenset(b.name[len("var."):] for b in fp.blocks if b.type == "variable")
+    plan = plan_in_workspace(ctx, ws, given_var_flags(var_args, declared), (), refresh=refresh)
     try:
         analysis = analyze_plan(plan)
     except PlanFormatError as exc:
@@ -153,10 +152,6 @@ def plan_files_saved(client: EngineClient, ctx: TerraformContext, *, state: str,
                 diagnostics=tuple(asdict(d) for d in fp.diagnostics), removed_outputs=removed)),
     )
     return SavedPlan(workbuild.Prepared(ws, slice_raw, slice_addresses), spec, ctx.binary)
-
-
-def _declared_variables(fp: Footprint) -> frozenset[str]:
-    return frozenset(b.name[len("var."):] for b in fp.blocks if b.type == "variable")
 
 
 def apply_files(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, options: ApplyOptions,

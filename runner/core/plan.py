@@ -5,7 +5,7 @@ kl-plan.json — the write set, the read set, the reservations to take, and what
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,34 +21,9 @@ from runner.core import pins, workbuild
 from runner.core.engine_client import EngineClient
 from runner.core.errors import Failed
 from runner.core.pins import pin_variables
-from runner.core.session import TerraformContext, plan_in_workspace
-from runner.core.spec import PinKind, PinnedVar, PlanMode, PlanSpec
+from runner.core.session import TerraformContext, given_var_flags, plan_in_workspace
+from runner.core.spec import PlanMode, PlanSpec
 from runner.core.trunk import Snapshot, fetch_snapshot, state_edges
-
-
-def given_var_flags(var_args: Sequence[tuple[str, str]], declared: Container[str] | None = None) -> list[str]:
-    """``-var`` and ``-var-file`` flags as given (a file's path made absolute: Terraform runs in the workspace).
-    With ``declared``, a -var for a variable not in it is left out: nothing in the workspace reads it, and
-    Terraform rejects -var for an undeclared variable."""
-    flags: list[str] = []
-    for kind, raw in var_args:
-        if kind != "var":
-            flags.append(f"-var-file={Path(raw).resolve()}")
-        elif declared is None or raw.partition("=")[0].strip() in declared:
-            flags.append(f"-var={raw}")
-    return flags
-
-
-def var_flags(variables: Sequence[PinnedVar], supplied: Mapping[str, str]) -> list[str]:
-    """Terraform flags for pinned inputs; sensitive values come from ``supplied`` (name → value)."""
-    flags: list[str] = []
-    for var in variables:
-        if var.kind == PinKind.VAR:
-            value = var.value if var.value is not None else supplied.get(var.name)
-            flags.append(f"-var={var.name}={value}")
-        elif var.kind == PinKind.VAR_FILE:
-            flags.append(f"-var-file={var.name}")
-    return flags
 
 
 def sensitive_variables(plan: Mapping[str, Any]) -> frozenset[str]:

@@ -1,5 +1,6 @@
 """Private Terraform working directories: the configuration copied, its backend replaced by a
-local one, a state slice written as terraform.tfstate, and a shared provider plugin cache.
+local one, a state slice written as terraform.tfstate (the plugin cache and Terraform's environment are the
+session's, ``runner.core.session``).
 
 Terraform never talks to the Kilolock backend from here: a configured backend would receive the
 apply's writes whatever ``-state`` says, so the backend is overridden instead.
@@ -7,18 +8,13 @@ apply's writes whatever ``-state`` says, so the backend is overridden instead.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
-import re
 import shutil
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from app import atomic
-from runner.core import childenv
 
 # Copied configuration never includes Terraform's own working data, local states or our artifacts.
 _SKIP_DIRS = {".terraform", ".git", ".hg", ".kilolock"}  # .kilolock: ARTIFACT_DIR
@@ -115,69 +111,7 @@ def build(config_dir: Path, dest: Path, state: bytes | None) -> Workspace:
     return Workspace(dest)
 
 
-@contextmanager
-def plugin_cache_lock(cache_dir: Path, *, exclusive: bool = True) -> Iterator[None]:
-    """Serialise ``terraform init`` runs that may write the shared plugin cache: concurrent inits
-    writing the same cache entries are a known source of corrupt or half-written providers. Inits
-    that only read it share the lock, so parallel applies do not queue behind each other."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".kilolock-init.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-_RESOURCE_TYPE = re.compile(r'^\s*(?:resource|data|ephemeral)\s+"([A-Za-z0-9_-]+)"', re.M)
-_LOCKED_PROVIDER = re.compile(r'provider\s+"([^"]+)"\s*\{[^}]*?version\s*=\s*"([^"]+)"', re.S)
-
-
-def may_install_providers(ws: Workspace, cache_dir: Path) -> bool:
-    """Whether ``terraform init`` in ``ws`` may write to the plugin cache (conservative: True
-    unless every provider is built in or already cached at the locked version)."""
-    lock_file = ws.path / ".terraform.lock.hcl"
-    if lock_file.exists():
-        locked = _LOCKED_PROVIDER.findall(lock_file.read_text())
-        return any(not (cache_dir / source / version).is_dir() for source, version in locked)
-    for path in ws.path.rglob("*.tf"):
-        text = path.read_text(errors="replace")
-        if "required_providers" in text:
-            return True
-        if any(t.split("_", 1)[0] != "terraform" for t in _RESOURCE_TYPE.findall(text)):
-            return True
-    return False
-
-
 LOCK_FILE = ".terraform.lock.hcl"
-_CLI_CACHE_DIR = re.compile(r'^\s*plugin_cache_dir\s*=\s*"([^"]+)"', re.M)
-
-
-def cli_config_file(env: Mapping[str, str]) -> Path | None:
-    """The Terraform CLI configuration the user's own ``terraform`` would read (TF_CLI_CONFIG_FILE, else
-    ~/.terraformrc), or None."""
-    configured = env.get("TF_CLI_CONFIG_FILE")
-    if configured:
-        return Path(configured).expanduser().absolute()
-    home = env.get("HOME")
-    rc = Path(home) / ".terraformrc" if home else None
-    return rc if rc is not None and rc.is_file() else None
-
-
-def plugin_cache(env: Mapping[str, str], default: Path) -> Path:
-    """The provider plugin cache workspaces share: the user's own (TF_PLUGIN_CACHE_DIR, else the CLI
-    configuration's ``plugin_cache_dir``), else ``default`` (under KL_DATA_DIR)."""
-    if env.get("TF_PLUGIN_CACHE_DIR"):
-        return Path(env["TF_PLUGIN_CACHE_DIR"]).expanduser().absolute()
-    rc = cli_config_file(env)
-    try:
-        text = rc.read_text(errors="replace") if rc is not None else ""
-    except OSError:
-        text = ""
-    found = _CLI_CACHE_DIR.search(text)
-    if found:
-        return Path(found.group(1).replace("$HOME", env.get("HOME", "~"))).expanduser().absolute()
-    return default
 
 
 def carry_lock_file(config_dir: Path, dest: Path) -> None:
@@ -185,25 +119,3 @@ def carry_lock_file(config_dir: Path, dest: Path) -> None:
     lock = config_dir / LOCK_FILE
     if lock.is_file():
         shutil.copy2(lock, dest / LOCK_FILE)
-
-
-def terraform_env(base: Mapping[str, str], cache_dir: Path) -> dict[str, str]:
-    """The environment of Terraform in a private workspace: ``base`` (already the worker's allowlist, or the
-    user's own) without ``KL_*`` and ``TF_HTTP_*`` (``runner.core.childenv``), with the CLI configuration's
-    path made absolute (Terraform runs inside the workspace), the shared plugin cache, and no TF_DATA_DIR
-    (every workspace keeps its own .terraform, or parallel runs would overwrite each other's)."""
-    env = childenv.for_person(base)
-    env["TF_PLUGIN_CACHE_DIR"] = str(plugin_cache(base, cache_dir))
-    rc = cli_config_file(base)
-    if base.get("TF_CLI_CONFIG_FILE") and rc is not None:
-        env["TF_CLI_CONFIG_FILE"] = str(rc)
-    env.pop("TF_DATA_DIR", None)
-    env["TF_IN_AUTOMATION"] = "1"
-    env["TF_INPUT"] = "0"
-    # A TF_CLI_CONFIG_FILE naming a missing file makes Terraform prefix every output with "Unable to open
-    # CLI configuration file" and then run with no CLI configuration; an empty file gives that same
-    # configuration without the warning burying the real error.
-    configured = env.get("TF_CLI_CONFIG_FILE")
-    if configured and not Path(configured).expanduser().is_file():
-        env["TF_CLI_CONFIG_FILE"] = os.devnull
-    return env

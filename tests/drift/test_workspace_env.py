@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner.core import workspace
+from runner.core import session, workspace
 
 
 def test_a_relative_cli_config_is_made_absolute_and_tf_data_dir_is_dropped(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my.tfrc").write_text("")
-    env = workspace.terraform_env({"TF_CLI_CONFIG_FILE": "my.tfrc", "TF_DATA_DIR": "/shared",
+    env = session.terraform_env({"TF_CLI_CONFIG_FILE": "my.tfrc", "TF_DATA_DIR": "/shared",
                                    "TF_HTTP_PASSWORD": "x"}, tmp_path / "cache")
     assert env["TF_CLI_CONFIG_FILE"] == str(tmp_path / "my.tfrc")
     assert "TF_DATA_DIR" not in env and "TF_HTTP_PASSWORD" not in env
@@ -19,16 +19,16 @@ def test_a_relative_cli_config_is_made_absolute_and_tf_data_dir_is_dropped(tmp_p
 
 
 def test_the_users_plugin_cache_wins_from_the_environment_or_the_cli_configuration(tmp_path):
-    assert workspace.plugin_cache({"TF_PLUGIN_CACHE_DIR": str(tmp_path / "mine")}, tmp_path / "kl") == tmp_path / "mine"
+    assert session.plugin_cache({"TF_PLUGIN_CACHE_DIR": str(tmp_path / "mine")}, tmp_path / "kl") == tmp_path / "mine"
     rc = tmp_path / "terraformrc"
     rc.write_text('plugin_cache_dir = "$HOME/.terraform.d/plugin-cache"\n')
-    found = workspace.plugin_cache({"TF_CLI_CONFIG_FILE": str(rc), "HOME": str(tmp_path)}, tmp_path / "kl")
+    found = session.plugin_cache({"TF_CLI_CONFIG_FILE": str(rc), "HOME": str(tmp_path)}, tmp_path / "kl")
     assert found == tmp_path / ".terraform.d" / "plugin-cache"
     home = tmp_path / "home"
     home.mkdir()
     (home / ".terraformrc").write_text('plugin_cache_dir = "/opt/tf-cache"\n')
-    assert workspace.plugin_cache({"HOME": str(home)}, tmp_path / "kl") == Path("/opt/tf-cache")
-    assert workspace.plugin_cache({"HOME": str(tmp_path / "nobody")}, tmp_path / "kl") == tmp_path / "kl"
+    assert session.plugin_cache({"HOME": str(home)}, tmp_path / "kl") == Path("/opt/tf-cache")
+    assert session.plugin_cache({"HOME": str(tmp_path / "nobody")}, tmp_path / "kl") == tmp_path / "kl"
 
 
 def test_the_lock_file_is_copied_into_full_workspaces_and_carried_by_minimal_ones(tmp_path):

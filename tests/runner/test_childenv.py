@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from runner.core import childenv, git, workspace
+from runner.core import childenv, git, session
 from runner.core.terraform import resolve_binary, run
 
 WORKER = {
@@ -49,7 +49,7 @@ def test_the_embedded_terraform_never_sees_a_kl_secret_even_when_the_caller_hand
     (tmp_path / "main.tf").write_text('output "home" {\n  value = "x"\n}\n')
     binary = resolve_binary({"PATH": os.environ["PATH"]})
     given = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KL_BOT_TOKEN": "klbot_leak", "KEPT": "yes"}
-    env = workspace.terraform_env(given, tmp_path / "cache")
+    env = session.terraform_env(given, tmp_path / "cache")
     assert "KL_BOT_TOKEN" not in env and env["TF_PLUGIN_CACHE_DIR"]
 
     # run() itself drops KL_* from whatever it is given: a provisioner-free way to look is `terraform console`

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from analyzer.state import parse_state
-from runner.core.plan import given_var_flags
+from runner.core.session import given_var_flags
 from runner.core.trunk import Snapshot, described_part
 
 PROVIDER = 'provider["terraform.io/builtin/terraform"]'

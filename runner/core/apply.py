@@ -1,7 +1,7 @@
 """``kl apply kl-plan.json``: reserve the plan's addresses, re-plan in a private workspace over the
 trunk slice the configuration describes, apply, and commit the write set row by row. ``kl apply -f``
 hands over the workspace it planned in, whose saved plan is applied without re-planning when nothing was
-committed between the plan and the reservations (``saved_plan_refusal``).
+committed between the plan and the reservations (``runner.core.run.saved_plan_refusal``).
 
 Before Terraform applies, the server's dry commit checks the plan's changes by the commit's own rules
 (write reservations, staleness, the run's liveness), so every refusal the plan makes knowable comes
@@ -28,11 +28,11 @@ from app.domain.commit import commit_delta, is_data_source, parse_globs, unreser
 from app.domain.reservations import DEFAULT_LEASE, RunStatus
 from runner.core import pins
 from runner.core.counts import counts_line
-from runner.core.engine_client import EngineClient, EngineError, OpenedRun
+from runner.core.engine_client import EngineClient, EngineError
 from runner.core.errors import RUN_LOST, EngineCode, Failed, KlExit, StalePlan, refusal
 from runner.core.plan import changed_outputs, incidental_writes
 from runner.core.recovery import ApplyOutcome, forget, has_kept_state, pruned_outputs, save_recovery
-from runner.core.run import ApplyRun, Heartbeat
+from runner.core.run import ApplyRun, Heartbeat, saved_plan_refusal
 from runner.core.session import TerraformContext, apply_plan, plan_in_workspace, var_flags
 from runner.core.spec import PlanMode, PlanSpec
 from runner.core.workbuild import Builder, Prepared, SavedPlan, rebuild
@@ -54,46 +54,14 @@ class ApplyOptions:
 Echo = Callable[[str], None]
 
 
-def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, opened: OpenedRun | None
-                       ) -> str | None:
-    """Why the saved plan may not be applied as it is (None: it may), given the answer that opened the run.
-
-    A re-plan would see exactly the saved plan's inputs, so applying the saved plan is what it would apply:
-    - the configuration: the kept workspace was cut from the files the spec pins, and ``pins.verify`` has
-      checked them since; the variables, refresh mode and Terraform binary are
-      the plan's own (same spec, same binary);
-    - the trunk: the plan's slice was read at ``spec.base_serial`` (and ``spec.lineage``). The run was opened
-      at that base serial, and the server read the head serial (``granted_at_serial``) under the state's
-      row lock in the very transaction that granted the reservations, then the lineage of that serial's
-      version (``granted_at_lineage``; a committed version never changes). Every write of a new state
-      content (a row-level commit, a Terraform POST) takes that lock and raises the serial strictly in its
-      own transaction, so an equal serial means nothing landed between the slice read and the grant — a
-      commit racing the slice read itself (the slice's rows are read after its serial) raised it too. The
-      lineage also tells a state deleted and created again apart (its serials start over): lineage and
-      serial are what Terraform itself checks before it applies a saved plan. After the grant the
-      reservations cover every slice glob (the write globs and the read and validation globs), and the
-      server refuses any other writer on them until this run ends. The rows a rebuild would fetch are
-      therefore the rows the plan was made over.
-    Anything else (a server that does not say, a commit in between) takes the re-plan."""
-    serial = opened.granted_at_serial if opened else None
-    lineage = opened.granted_at_lineage if opened else None
-    if saved.spec != spec or saved.binary != ctx.binary:
-        return "the saved plan is not this plan's"
-    if opened is None or opened.run.base_serial != spec.base_serial or not isinstance(serial, int):
-        return "the server did not say where the trunk stood when the reservations were granted"
-    if serial != spec.base_serial:
-        return f"the trunk moved since the plan (serial {spec.base_serial}, now {serial})"
-    if lineage != spec.lineage:
-        return "the state was replaced since the plan (its lineage differs)"
-    return None
-
-
 def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, config_dir: Path,
                options: ApplyOptions, *, builder: Builder | None = None, saved: SavedPlan | None = None
                ) -> ApplyOutcome:
     """Check the spec's pins, then reserve, re-plan, apply and commit ``spec``. ``builder`` makes the
     workspace (default: the whole configuration); ``saved`` is the plan phase's kept workspace, applied
     without re-planning when ``saved_plan_refusal`` allows it."""
+    info = {**run_info(spec.config_hash, options.dry_run, config_dir),
+            **({"bot": dict(options.origin)} if options.origin else {})}
     pins.verify(spec, config_dir, ctx.env, options.supplied_vars)
     builder = builder or rebuild(client, spec, config_dir, data_dir=options.data_dir)
     echo = ctx.echo
@@ -102,9 +70,7 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
         return ApplyOutcome("", None, ())
     run = ApplyRun.open(client, spec.state, holder=options.actor, reservations=spec.reservations,
                         wait_seconds=options.wait_seconds, lease_seconds=options.lease_seconds,
-                        base_serial=spec.base_serial,
-                        info={**run_info(spec.config_hash, options.dry_run, config_dir),
-                              **({"bot": dict(options.origin)} if options.origin else {})})
+                        base_serial=spec.base_serial, info=info)
     echo(f"reserved for run {run.id} ({options.actor}):")
     for r in spec.reservations:
         echo(f"  {r.mode:<5} {r.glob}")
@@ -277,13 +243,13 @@ def _commit(run: ApplyRun, spec: PlanSpec, options: ApplyOptions, heartbeat: Hea
         raise refusal(exc.code)(f"commit refused after apply ({cause}): {exc}\nthe post-apply state is kept in "
                                 f"{where}: run kl recover {run_id} to commit it (the infrastructure already "
                                 "changed; do not re-apply)") from exc
-    serial = commit.serial
+    serial, rows = commit.serial, commit.rows
     ctx_line = f"committed at serial {serial} (run {run_id})" if serial is not None else \
         f"nothing changed on the trunk (run {run_id})"
     # Counted as Terraform counts them (a replace is one added and one destroyed), from the plan's actions.
     echo(f"apply complete: {counts_line(spec.actions)}")
     echo(ctx_line)
-    return ApplyOutcome(run_id, serial, commit.addresses, commit.rows)
+    return ApplyOutcome(run_id, serial, commit.addresses, rows)
 
 
 def run_info(config_hash: str, dry_run: bool, config_dir: Path) -> dict[str, Any]:

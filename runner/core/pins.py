@@ -17,11 +17,23 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from app.domain.commit import is_data_source
 from runner.core import workspace
 from runner.core.errors import InvalidInput, StalePlan
 from runner.core.spec import PinKind, PinnedVar, PlanMode, PlanSpec
+
+
+def file_hash(path: Path) -> str:
+    """The pin of one file: the SHA-256 of its bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def sensitive_variables(plan: Mapping[str, Any]) -> frozenset[str]:
+    """The root module's variables Terraform's plan marks sensitive: their -var values are pinned by hash only."""
+    root = plan.get("configuration", {}).get("root_module", {})
+    return frozenset(name for name, var in (root.get("variables") or {}).items() if var.get("sensitive"))
 
 
 def config_hash(config_dir: Path) -> str:
@@ -33,14 +45,14 @@ def pin_files(config_dir: Path, names: Iterable[str], trees: Iterable[Path]) -> 
     """A file-scoped plan's pin of its configuration: the hash of each file its workspace was cut from, by
     name — ``names`` (relative to ``config_dir``), the provider lock file, and every file of the local module
     directories ``trees`` outside the configuration directory (Terraform's own ``.terraform`` left out)."""
-    hashes = {name: workspace.file_hash(config_dir / name) for name in names}
+    hashes = {name: file_hash(config_dir / name) for name in names}
     if (config_dir / workspace.LOCK_FILE).is_file():
-        hashes[workspace.LOCK_FILE] = workspace.file_hash(config_dir / workspace.LOCK_FILE)
+        hashes[workspace.LOCK_FILE] = file_hash(config_dir / workspace.LOCK_FILE)
     config = config_dir.resolve()
     for root in trees:
         for path in sorted(root.rglob("*")):
             if path.is_file() and ".terraform" not in path.parts and not path.is_relative_to(config):
-                hashes[os.path.relpath(path, config)] = workspace.file_hash(path)
+                hashes[os.path.relpath(path, config)] = file_hash(path)
     return hashes
 
 
@@ -53,7 +65,7 @@ def pin_variables(
     variables (hash only). Terraform's precedence among them is its own: kl passes them on unchanged."""
     pinned: list[PinnedVar] = []
     for path in workspace.auto_var_files(config_dir) if config_dir is not None else ():
-        pinned.append(PinnedVar(PinKind.AUTO_VAR_FILE, str(path.resolve()), workspace.file_hash(path)))
+        pinned.append(PinnedVar(PinKind.AUTO_VAR_FILE, str(path.resolve()), file_hash(path)))
     for kind, raw in var_args:
         if kind == "var":
             name, _, value = raw.partition("=")
@@ -63,7 +75,7 @@ def pin_variables(
             path = Path(raw).resolve()
             if not path.is_file():
                 raise InvalidInput(f"-var-file {raw}: no such file")
-            pinned.append(PinnedVar(PinKind.VAR_FILE, str(path), workspace.file_hash(path)))
+            pinned.append(PinnedVar(PinKind.VAR_FILE, str(path), file_hash(path)))
     for key in sorted(k for k in env if k.startswith("TF_VAR_")):
         pinned.append(PinnedVar(PinKind.ENV, key, hashlib.sha256(env[key].encode()).hexdigest()))
     return tuple(pinned)
@@ -96,7 +108,7 @@ def _verify_files(spec: PlanSpec, config_dir: Path) -> None:
     Terraform loads by itself appeared."""
     for name, digest in spec.files.items():
         path = config_dir / name
-        if not path.is_file() or workspace.file_hash(path) != digest:
+        if not path.is_file() or file_hash(path) != digest:
             raise StalePlan(f"{name} changed since kl plan -f: re-run kl plan -f")
     for path in workspace.auto_var_files(config_dir):
         if path.name not in spec.files:
@@ -110,7 +122,7 @@ def _verify_variables(spec: PlanSpec, env: Mapping[str, str], supplied: Mapping[
     for var in spec.variables:
         if var.kind in (PinKind.VAR_FILE, PinKind.AUTO_VAR_FILE):
             path = Path(var.name)
-            if not path.is_file() or workspace.file_hash(path) != var.sha256:
+            if not path.is_file() or file_hash(path) != var.sha256:
                 raise StalePlan(f"{var.name} changed or vanished since kl plan (the variable values differ): "
                                 "re-run kl plan")
         elif var.kind == PinKind.ENV:

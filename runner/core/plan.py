@@ -20,15 +20,10 @@ from analyzer.state import ParsedState, parse_state
 from runner.core import pins, workbuild
 from runner.core.engine_client import EngineClient
 from runner.core.errors import Failed
-from runner.core.pins import pin_variables
+from runner.core.pins import pin_variables, sensitive_variables
 from runner.core.session import TerraformContext, given_var_flags, plan_in_workspace
 from runner.core.spec import PlanMode, PlanSpec
 from runner.core.trunk import Snapshot, fetch_snapshot, state_edges
-
-
-def sensitive_variables(plan: Mapping[str, Any]) -> frozenset[str]:
-    root = plan.get("configuration", {}).get("root_module", {})
-    return frozenset(name for name, var in (root.get("variables") or {}).items() if var.get("sensitive"))
 
 
 def make_plan(

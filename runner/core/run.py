@@ -4,7 +4,8 @@
 ``ApplyRun.open`` asks for the reservations and turns the server's refusal into the command's outcome by
 one rule (``Refused``); ``heartbeat`` keeps the lease while the run works; ``commit`` hands the post-apply
 state to the server; ``close`` and ``close_failed`` end it, and never raise: the lease or an operator may
-have ended it already, and the error the caller is about to raise is what matters.
+have ended it already, and the error the caller is about to raise is what matters. ``saved_plan_refusal``
+reads the opening answer for whether the trunk stood where a saved plan was made.
 
 Must not: decide what a run may write (the server does, at commit) or run Terraform.
 """
@@ -20,6 +21,9 @@ from analyzer.globs import Reservation
 from app.domain.reservations import LIVE_STATUSES, RunStatus
 from runner.core.engine_client import Commit, EngineClient, EngineError, OpenedRun
 from runner.core.errors import REFUSALS, RUN_LOST, EngineCode, Failed, KlExit, ReservationRefused, StalePlan
+from runner.core.session import TerraformContext
+from runner.core.spec import PlanSpec
+from runner.core.workbuild import SavedPlan
 
 Echo = Callable[[str], None]
 
@@ -179,3 +183,37 @@ class Heartbeat:
         self._echo(f"kl: LOST the reservations of {self._run_id}: {why}. Stopping Terraform; nothing will be "
                    "committed.")
         self.stop.set()
+
+
+def saved_plan_refusal(saved: SavedPlan, spec: PlanSpec, ctx: TerraformContext, opened: OpenedRun | None
+                       ) -> str | None:
+    """Why the saved plan may not be applied as it is (None: it may), given the answer that opened the run.
+
+    A re-plan would see exactly the saved plan's inputs, so applying the saved plan is what it would apply:
+    - the configuration: the kept workspace was cut from the files the spec pins, and ``pins.verify`` has
+      checked them since; the variables, refresh mode and Terraform binary are
+      the plan's own (same spec, same binary);
+    - the trunk: the plan's slice was read at ``spec.base_serial`` (and ``spec.lineage``). The run was opened
+      at that base serial, and the server read the head serial (``granted_at_serial``) under the state's
+      row lock in the very transaction that granted the reservations, then the lineage of that serial's
+      version (``granted_at_lineage``; a committed version never changes). Every write of a new state
+      content (a row-level commit, a Terraform POST) takes that lock and raises the serial strictly in its
+      own transaction, so an equal serial means nothing landed between the slice read and the grant — a
+      commit racing the slice read itself (the slice's rows are read after its serial) raised it too. The
+      lineage also tells a state deleted and created again apart (its serials start over): lineage and
+      serial are what Terraform itself checks before it applies a saved plan. After the grant the
+      reservations cover every slice glob (the write globs and the read and validation globs), and the
+      server refuses any other writer on them until this run ends. The rows a rebuild would fetch are
+      therefore the rows the plan was made over.
+    Anything else (a server that does not say, a commit in between) takes the re-plan."""
+    serial = opened.granted_at_serial if opened else None
+    lineage = opened.granted_at_lineage if opened else None
+    if saved.spec != spec or saved.binary != ctx.binary:
+        return "the saved plan is not this plan's"
+    if opened is None or opened.run.base_serial != spec.base_serial or not isinstance(serial, int):
+        return "the server did not say where the trunk stood when the reservations were granted"
+    if serial != spec.base_serial:
+        return f"the trunk moved since the plan (serial {spec.base_serial}, now {serial})"
+    if lineage != spec.lineage:
+        return "the state was replaced since the plan (its lineage differs)"
+    return None

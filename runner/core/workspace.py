@@ -81,10 +81,6 @@ def auto_var_files(config_dir: Path) -> list[Path]:
     return fixed + auto
 
 
-def file_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 @dataclass(frozen=True, slots=True)
 class Workspace:
     path: Path

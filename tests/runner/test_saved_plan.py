@@ -14,8 +14,8 @@ import requests
 
 from app.domain.reservations import RunStatus
 from runner.cli.entry import main
-from runner.core.apply import saved_plan_refusal
 from runner.core.engine_client import EngineClient, OpenedRun, Run
+from runner.core.run import saved_plan_refusal
 from runner.core.session import TerraformContext
 from runner.core.spec import PlanSpec
 from runner.core.terraform import BinaryKind, TerraformBinary

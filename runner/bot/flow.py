@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from analyzer.globs import footprint_reservations, texts_conflict
+from analyzer.globs import Mode, footprint_reservations, texts_conflict
 from app.config import Settings
 from app.domain.redaction import Redactor
 from app.domain.reservations import DEFAULT_LEASE, LIVE_STATUSES
@@ -35,10 +35,18 @@ from runner.core import childenv, git
 from runner.core.config import ClientConfig, ClientConfigError, data_dir, process_env, split_backend_address
 from runner.core.engine_client import EngineClient, EngineError
 from runner.core.errors import InvalidInput, KlExit, NothingToDo, ReservationRefused, StalePlan
-from runner.core.pipeline import ApplyOptions, ChangeRequest, Selection, apply, changed_selection, plan, scope_of
-from runner.core.run import ApplyRun
-from runner.core.scope import ScopedFootprint
-from runner.core.session import TerraformContext
+from runner.core.pipeline import (
+    ApplyOptions,
+    ApplyRun,
+    ChangeRequest,
+    ScopedFootprint,
+    Selection,
+    TerraformContext,
+    apply,
+    changed_selection,
+    plan,
+    scope_of,
+)
 from runner.core.terraform import TerraformNotFoundError, resolve_binary
 
 log = logging.getLogger("kilolock.bot")
@@ -234,7 +242,7 @@ def live_conflicts(write_globs: Sequence[str], read_globs: Sequence[str],
         for mine_one in mine:
             if texts_conflict(mine_one.mode, mine_one.glob, their_mode, theirs):
                 run_id = row.get("run_id")
-                found.append(LiveConflict(mine_one.glob, mine_one.mode, theirs, their_mode,
+                found.append(LiveConflict(mine_one.glob, mine_one.mode, theirs, Mode(their_mode),
                                           str(row.get("holder") or "unknown"),
                                           str(run_id) if run_id else None))
     return tuple(sorted(set(found), key=lambda c: (c.glob, c.theirs, c.holder)))

@@ -26,7 +26,7 @@ class LiveConflict:
     glob: str
     mode: Mode
     theirs: str
-    their_mode: str
+    their_mode: Mode
     holder: str
     run_id: str | None = None
 

@@ -35,7 +35,7 @@ from runner.core.errors import UsageError
 
 def terraform_context(env: dict[str, str]) -> Any:
     from runner.core.config import data_dir
-    from runner.core.session import TerraformContext
+    from runner.core.pipeline import TerraformContext
     from runner.core.terraform import TerraformNotFoundError, resolve_binary
 
     try:
@@ -88,8 +88,7 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None 
     plan (``runner.core.pipeline.Planned``; with ``keep`` a file-scoped plan's workspace is kept there for the
     apply)."""
     from runner.core.config import data_dir
-    from runner.core.pipeline import ChangeRequest, plan
-    from runner.core.scope import read_configuration
+    from runner.core.pipeline import ChangeRequest, plan, read_configuration
 
     config_dir = Path(args.chdir).resolve()
     if not config_dir.is_dir():
@@ -154,7 +153,7 @@ def _plan_out(args: argparse.Namespace, file_scoped: bool) -> Path:
         return Path(args.out)
     if not file_scoped:
         return Path("kl-plan.json")
-    from runner.core.workspace import artifact_dir
+    from runner.core.pipeline import artifact_dir
 
     out = artifact_dir(Path(args.chdir).resolve()) / "kl-plan.igplan"
     try:
@@ -222,7 +221,7 @@ def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     from runner.core.config import data_dir, process_env
-    from runner.core.recovery import recover
+    from runner.core.pipeline import recover
 
     with json_mode(args):
         client, _ = connect(args, need_state=False)

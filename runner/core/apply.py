@@ -33,7 +33,7 @@ from runner.core.errors import RUN_LOST, EngineCode, Failed, KlExit, StalePlan, 
 from runner.core.plan import changed_outputs, incidental_writes
 from runner.core.recovery import ApplyOutcome, forget, has_kept_state, pruned_outputs, save_recovery
 from runner.core.run import ApplyRun, Heartbeat, saved_plan_refusal
-from runner.core.session import TerraformContext, apply_plan, plan_in_workspace, var_flags
+from runner.core.session import TerraformContext, apply_plan, plan_in_workspace, read_state, var_flags
 from runner.core.spec import PlanMode, PlanSpec
 from runner.core.workbuild import Builder, Prepared, SavedPlan, rebuild
 
@@ -178,7 +178,7 @@ def _apply_and_commit(run: ApplyRun, ctx: TerraformContext, spec: PlanSpec, opti
     except BaseException as exc:
         heartbeat.watching.clear()
         # Terraform has stopped (run() returns or raises only then): its reservations may end now.
-        result = ws.read_state()
+        result = read_state(ws)
         why = f"an abort stopped Terraform ({heartbeat.aborted})" if heartbeat.aborted else \
             f"the reservations were lost: {heartbeat.lost}" if heartbeat.lost else str(exc)
         where = save_recovery(options.data_dir, run_id, spec, holder, result, prepared.slice_addresses,
@@ -191,7 +191,7 @@ def _apply_and_commit(run: ApplyRun, ctx: TerraformContext, spec: PlanSpec, opti
         head = f"{why}\n{exc}" if heartbeat.aborted or heartbeat.lost else str(exc)
         raise Failed(f"{head}\nnothing was committed; the trunk is unchanged{kept}") from exc
     heartbeat.watching.clear()
-    result = ws.read_state() or b""
+    result = read_state(ws) or b""
     if spec.refresh:
         result = _written_rows_only(result, prepared.slice_raw, spec)
     return _commit(run, spec, options, heartbeat, result, prepared.slice_raw, prepared.slice_addresses, echo)

@@ -81,13 +81,27 @@ def split_backend_address(address: str) -> tuple[str, str | None]:
     return base + path, None
 
 
+def read_configuration(config_dir: Path) -> dict[str, str]:
+    """The root module's .tf and .tf.json files, by name (modules are copied whole, not read here)."""
+    return read_tf(config_dir)
+
+
+def read_tf(directory: Path) -> dict[str, str]:
+    """The .tf and .tf.json files of one directory (not the workspace's backend override), by name."""
+    found: dict[str, str] = {}
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and path.name.endswith((".tf", ".tf.json")) and path.name != OVERRIDE_NAME:
+            found[path.name] = path.read_text(encoding="utf-8", errors="surrogateescape")
+    return found
+
+
 def read_tf_files(config_dir: Path) -> dict[str, str]:
     return {p.name: p.read_text(errors="replace") for p in sorted(config_dir.glob("*.tf")) if p.is_file()}
 
 
 def backend_texts(config_dir: Path, texts: Mapping[str, str] | None) -> dict[str, str]:
     """The ``.tf`` files the backend block is looked for in: read from ``config_dir``, or taken from ``texts``
-    (its ``.tf`` and ``.tf.json`` files as ``runner.core.filescoped.read_configuration`` read them, so a
+    (its ``.tf`` and ``.tf.json`` files as ``read_configuration`` read them, so a
     file-scoped command reads every file once) with undecodable bytes replaced as a fresh read would."""
     if texts is None:
         return read_tf_files(config_dir) if config_dir.is_dir() else {}

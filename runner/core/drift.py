@@ -30,7 +30,7 @@ from runner.core.errors import Failed, InvalidInput, StalePlan, refusal
 from runner.core.parsecache import load_cache
 from runner.core.run import ApplyRun, Heartbeat, check_refused
 from runner.core.scope import Scope, check_scope, slice_targets
-from runner.core.session import TerraformContext, apply_plan, refresh_plan
+from runner.core.session import TerraformContext, apply_plan, read_state, refresh_plan
 from runner.core.trunk import Snapshot, described_part, fetch_rows, fetch_snapshot
 
 
@@ -199,7 +199,7 @@ def _refresh_run(client: EngineClient, ctx: TerraformContext, request: DriftRequ
         return RefreshOutcome(result, None)
     if drifted:
         apply_plan(ctx, ws, quiet=True)
-    after = parse_state(ws.read_state() or b"") if drifted else chosen.parsed
+    after = parse_state(read_state(ws) or b"") if drifted else chosen.parsed
     if not isinstance(after, ParsedState) or chosen.parsed is None:
         raise Failed("terraform left no readable state behind; nothing was committed")
     if heartbeat.lost:

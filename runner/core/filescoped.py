@@ -15,9 +15,10 @@ from analyzer.scoping import (
     file_readers,
     selection_from_changes,
 )
+from runner.core.config import read_configuration
 from runner.core.errors import InvalidInput, NothingToDo
 from runner.core.git import work_tree_root
-from runner.core.scope import module_sources, read_configuration
+from runner.core.scope import module_sources
 from runner.core.spec import is_plan_file
 
 __all__ = ["Selection", "changed_selection", "file_selection"]

@@ -5,8 +5,10 @@ selection; the variables; whether to refresh). ``plan`` runs it through the stag
 file-scoped footprint), trunk (the snapshot or the slice), workspace (a full copy or the minimal cut), the
 Terraform session, the plan file with its pins — and ``apply`` carries a plan out through the run stage
 (reserve, re-plan or reuse the saved plan, dry commit, apply, commit). ``drift`` and ``refresh`` are the
-refresh-only runs over a check scope. The CLI (``runner.cli``) and the bot (``runner.bot``) call these and
-nothing below them on the change paths.
+refresh-only runs over a check scope. A selection's plan is sequenced here, one pass down the stages; the whole
+configuration's is ``runner.core.plan.make_plan``. The CLI (``runner.cli``) and the bot (``runner.bot``) import
+no stage but this one, which re-exports the types and the few entry points (``recover``, ``artifact_dir``,
+``ApplyRun`` for ending a timed-out job's runs) they need.
 """
 
 from __future__ import annotations
@@ -26,35 +28,30 @@ from analyzer.plan import PlanFormatError, analyze_plan
 from analyzer.plan_drift import drift_in_plan, drift_warnings
 from analyzer.scoping import Selection, described_in
 from runner.core import drift as _drift
+from runner.core import plan as planfile
 from runner.core import workbuild
 from runner.core.apply import ApplyOptions, apply_spec
+from runner.core.config import read_configuration
 from runner.core.drift import DriftRequest, DriftResult, RefreshOutcome, describe
 from runner.core.engine_client import EngineClient
 from runner.core.errors import Failed, InvalidInput
 from runner.core.filescoped import changed_selection, file_selection
 from runner.core.parsecache import load_cache, prune_cache, save_cache, signature
 from runner.core.pins import pin_files
-from runner.core.plan import (
-    FileScopedPart,
-    PlannedChanges,
-    PlanSource,
-    changed_outputs,
-    incidental_writes,
-    make_plan,
-    spec_from_plan,
-    summary,
-)
-from runner.core.recovery import ApplyOutcome
-from runner.core.scope import ScopedFootprint, derive_footprint, read_configuration
+from runner.core.plan import make_plan, summary
+from runner.core.recovery import ApplyOutcome, recover
+from runner.core.run import ApplyRun
+from runner.core.scope import ScopedFootprint, derive_footprint, module_sources
 from runner.core.session import TerraformContext, given_var_flags, plan_in_workspace
 from runner.core.spec import PlanMode, PlanSpec
 from runner.core.trunk import fetch_slice
 from runner.core.workbuild import SavedPlan, carried_files
-from runner.core.workspace import auto_var_files
+from runner.core.workspace import artifact_dir, auto_var_files
 
-__all__ = ["ApplyOptions", "ApplyOutcome", "ChangeKind", "ChangeRequest", "DriftRequest", "DriftResult", "Planned",
-           "RefreshOutcome", "Selection", "apply", "changed_selection", "describe", "drift", "file_selection",
-           "plan", "refresh", "scope_of", "summary"]
+__all__ = ["ApplyOptions", "ApplyOutcome", "ApplyRun", "ChangeKind", "ChangeRequest", "DriftRequest", "DriftResult",
+           "Planned", "RefreshOutcome", "ScopedFootprint", "Selection", "TerraformContext", "apply", "artifact_dir",
+           "changed_selection", "describe", "drift", "file_selection", "module_sources", "plan", "read_configuration",
+           "recover", "refresh", "scope_of", "summary"]
 
 
 class ChangeKind(StrEnum):
@@ -149,7 +146,7 @@ def _plan_files(client: EngineClient, ctx: TerraformContext, request: ChangeRequ
     except PlanFormatError as exc:
         raise Failed(f"cannot read Terraform's plan: {exc}") from exc
     globs = [parse_glob(g) for g in write_globs if not g.startswith("output.")]
-    rewritten = incidental_writes(plan, slice_raw, write_globs)
+    rewritten = planfile.incidental_writes(plan, slice_raw, write_globs)
     # A data source read at apply time depends on a pending change: its new values are this plan's to commit.
     deferred = {c.address for c in analysis.changes if c.mode == "data" and c.actions == ("read",)}
     outside = sorted(a for a in analysis.write_set | rewritten | deferred if not any(matches(g, a) for g in globs))
@@ -165,21 +162,21 @@ def _plan_files(client: EngineClient, ctx: TerraformContext, request: ChangeRequ
     # A partial workspace lacks the other files' outputs; Terraform calls that a delete, but a file-scoped commit
     # removes only the outputs it declares (one that became null) and those whose blocks the change deleted, so
     # the others are not changes of this plan.
-    outputs = {**{name: action for name, action in changed_outputs(analysis).items()
+    outputs = {**{name: action for name, action in planfile.changed_outputs(analysis).items()
                   if action != "delete" or name in fp.outputs}, **{name: "delete" for name in removed}}
     # The pins of the files the minimal workspace is cut from: the blocks' files, the selected files, the
     # carried and the variable-definitions files, and the local modules.
     cut_from = [*(block.file for block in fp.blocks), *fp.selected_files,
                 *(str(path.relative_to(config_dir))
                   for path in (*carried_files(config_dir, fp), *auto_var_files(config_dir)))]
-    spec = spec_from_plan(
-        PlanSource(address=client.config.base_url, state=state, config_dir=config_dir, snapshot=snapshot,
+    spec = planfile.spec_from_plan(
+        planfile.PlanSource(address=client.config.base_url, state=state, config_dir=config_dir, snapshot=snapshot,
                    plan=plan, analysis=analysis, var_args=tuple(var_args), env=ctx.env, refresh=refresh),
-        PlannedChanges(
+        planfile.PlannedChanges(
             write_set=write_set, read_set=tuple(sorted(set(slice_addresses) - set(write_set))),
             write_globs=write_globs, read_globs=tuple(sorted(set(fp.read_globs) | set(fp.validation_globs))),
             described=described, warnings=tuple(warnings), output_changes=outputs,
-            scoped=FileScopedPart(
+            scoped=planfile.FileScopedPart(
                 selected_files=tuple(selection.files), files=pin_files(config_dir, cut_from, minimal.layout.modules),
                 seed_variables=selection.variables,
                 deleted_files={p: hashlib.sha256(t.encode()).hexdigest() for p, t in selection.deleted.items()},

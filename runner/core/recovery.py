@@ -170,8 +170,7 @@ def _commit_widening(run: ApplyRun, state: dict[str, Any], meta: Mapping[str, An
         echo(f"Terraform changed {len(outside)} address(es) outside the reservations: {', '.join(outside[:10])}; "
              "reserving them to commit what it did")
         try:
-            run.client.run_action(run.id, "reservations", {"holder": run.holder, "wait_seconds": 0, "reservations": [
-                Reservation(a, Mode.WRITE).to_json() for a in outside]})
+            run.reserve([Reservation(a, Mode.WRITE) for a in outside])
         except EngineError as more:
             if more.code not in REFUSALS:
                 raise EngineError(f"{exc}; reserving them failed too: {more}", status=more.status, code=more.code,

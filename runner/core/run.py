@@ -96,6 +96,11 @@ class ApplyRun:
         """The lease renewal for a run whose lease lasts ``lease_seconds`` (renewed every third of it)."""
         return Heartbeat(self.client, self.id, self.holder, max(lease_seconds / 3, 1.0), echo)
 
+    def reserve(self, reservations: Sequence[Reservation]) -> None:
+        """Add ``reservations`` to the open run, without waiting: the server grants them all or refuses."""
+        self.client.run_action(self.id, "reservations", {"holder": self.holder, "wait_seconds": 0,
+                                                         "reservations": [r.to_json() for r in reservations]})
+
     def running(self) -> None:
         """Tell the server Terraform is about to apply."""
         self.client.run_action(self.id, "running", {"holder": self.holder})

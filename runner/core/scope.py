@@ -24,24 +24,10 @@ from analyzer.scoping import (
     local_module_sources,
     output_globs,
 )
-from runner.core import workspace
+from runner.core.config import read_configuration, read_tf  # noqa: F401  (re-exported: where callers found it)
 from runner.core.engine_client import EngineClient, EngineError
 from runner.core.errors import EngineCode, InvalidInput
 from runner.core.parsecache import load_cache
-
-
-def read_configuration(config_dir: Path) -> dict[str, str]:
-    """The root module's .tf and .tf.json files, by name (modules are copied whole, not read here)."""
-    return read_tf(config_dir)
-
-
-def read_tf(directory: Path) -> dict[str, str]:
-    """The .tf and .tf.json files of one directory (not the workspace's backend override), by name."""
-    found: dict[str, str] = {}
-    for path in sorted(directory.iterdir()):
-        if path.is_file() and path.name.endswith((".tf", ".tf.json")) and path.name != workspace.OVERRIDE_NAME:
-            found[path.name] = path.read_text(encoding="utf-8", errors="surrogateescape")
-    return found
 
 
 def _diagnostics_text(fp: Footprint) -> str:

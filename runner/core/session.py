@@ -116,6 +116,11 @@ def show_plan(ctx: TerraformContext, ws: workspace.Workspace) -> dict[str, Any]:
     return doc
 
 
+def read_state(ws: workspace.Workspace) -> bytes | None:
+    """The state Terraform left in the workspace (None: it wrote none)."""
+    return ws.state_file.read_bytes() if ws.state_file.exists() else None
+
+
 def apply_plan(ctx: TerraformContext, ws: workspace.Workspace, *, quiet: bool = False) -> None:
     """``terraform apply`` of the workspace's saved plan."""
     terraform(ctx, ws, ["apply", "-input=false", "-lock=false", "-auto-approve", "-no-color", PLAN_FILE], quiet=quiet)

@@ -19,11 +19,12 @@ from analyzer.footprint import Footprint
 from analyzer.hcl import HclError, ParseCache
 from analyzer.scoping import Selection, cut_blocks, local_module_sources
 from runner.core import workspace
+from runner.core.config import read_configuration, read_tf
 from runner.core.engine_client import EngineClient
 from runner.core.errors import InvalidInput
 from runner.core.git import work_tree_root
 from runner.core.parsecache import load_cache
-from runner.core.scope import footprint, read_configuration, read_tf
+from runner.core.scope import footprint
 from runner.core.spec import PlanMode, PlanSpec
 from runner.core.terraform import TerraformBinary
 from runner.core.trunk import Snapshot, described_part, fetch_slice, fetch_snapshot
@@ -139,9 +140,10 @@ def build(config_dir: Path, dest: Path, state: bytes | None, cut: Cut | None = N
         shutil.copy2(extra, target)
     workspace.carry_lock_file(config_dir, ws)
     (ws / workspace.OVERRIDE_NAME).write_text(workspace.OVERRIDE)
+    built = workspace.Workspace(ws)
     if state is not None:
-        (ws / "terraform.tfstate").write_bytes(state)
-    return workspace.Workspace(ws)
+        built.state_file.write_bytes(state)
+    return built
 
 
 def prepare(config_dir: Path, dest: Path, part: Snapshot, cut: Cut | None = None) -> Prepared:

@@ -89,9 +89,6 @@ class Workspace:
     def state_file(self) -> Path:
         return self.path / "terraform.tfstate"
 
-    def read_state(self) -> bytes | None:
-        return self.state_file.read_bytes() if self.state_file.exists() else None
-
 
 def build(config_dir: Path, dest: Path, state: bytes | None) -> Workspace:
     """Copy the configuration into ``dest`` (which must not exist), override its backend with a
@@ -102,9 +99,10 @@ def build(config_dir: Path, dest: Path, state: bytes | None) -> Workspace:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
     (dest / OVERRIDE_NAME).write_text(OVERRIDE)
+    built = Workspace(dest)
     if state is not None:
-        (dest / "terraform.tfstate").write_bytes(state)
-    return Workspace(dest)
+        built.state_file.write_bytes(state)
+    return built
 
 
 LOCK_FILE = ".terraform.lock.hcl"

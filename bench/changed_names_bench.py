@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 
 import psycopg
@@ -94,17 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     statements = {args.against: statement_at(args.against), "this tree": history._CHANGED_NAMES}
     rows: list[list[str]] = []
     for size in (int(x) for x in args.sizes.split(",") if x.strip()):
-        name = f"kl_bench_names_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(args.database_url, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-        url = common.with_dbname(args.database_url, name)
-        try:
+        with common.scratch_database(args.database_url, "kl_bench_names") as url:
             migrate(url)
             load = common.load_average()
             times = measure(url, size, args.rounds, statements)
-        finally:
-            with psycopg.connect(args.database_url, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         before, after = (statistics.median(t) for t in times.values())
         rows.append([f"{size:,}", load, *(f"{s(statistics.median(t))} ({s(min(t))}-"
                                           f"{s(max(t))})" for t in times.values()), f"{after / before:.2f}x"])

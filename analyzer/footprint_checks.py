@@ -15,16 +15,16 @@ from analyzer.addresses import declared_address
 from analyzer.footprint_rules import FILE_FUNCTIONS, is_local_source, json_document_declarations
 from analyzer.hcl import HclError, analyze_file
 
-__all__ = ["Checks", "labels_valid"]
+__all__ = ["NAMED", "Checks", "labels_valid"]
 
-_NAMED = {"resource": 2, "data": 2, "ephemeral": 2, "action": 2, "module": 1, "variable": 1, "output": 1, "check": 1}
+NAMED = {"resource": 2, "data": 2, "ephemeral": 2, "action": 2, "module": 1, "variable": 1, "output": 1, "check": 1}
 # Terraform's hclsyntax.ValidIdentifier: the rule for every name and type label of a named block.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 def labels_valid(type_: str, labels: tuple[str, ...]) -> bool:
     """Whether Terraform accepts a block's labels as names (only named block types are checked)."""
-    return type_ not in _NAMED or all(_IDENTIFIER.fullmatch(label) for label in labels)
+    return type_ not in NAMED or all(_IDENTIFIER.fullmatch(label) for label in labels)
 
 
 class Checks:
@@ -44,7 +44,7 @@ class Checks:
 
     def _valid_labels(self, path: str, line: int, type_: str, labels: tuple[str, ...]) -> bool:
         """Whether Terraform accepts the block's name labels; a diagnostic (not an AddressError) when not."""
-        if type_ not in _NAMED:
+        if type_ not in NAMED:
             return True
         for label in labels:
             if _IDENTIFIER.fullmatch(label):

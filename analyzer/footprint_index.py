@@ -8,9 +8,9 @@ A footprint looks up a handful of addresses, but the index must know every decla
 never missed. ``FileIndex`` holds, per text, the address -> position table and the positions of the blocks
 the footprint collects whatever they name (``locals``, ``terraform``, labelled ``provider``, ``moved``/
 ``removed``/``import``), so building the whole index is one dictionary merge per file; the headers are
-stored packed and decoded, and each file's definitions made, only for the files a footprint visits. A
-``FileIndex`` pickles as plain strings and numbers, so loading a parse cache of many files unpickles no
-header objects.
+stored packed (compressed JSON), decoded, and each file's definitions made, only for the files a footprint
+visits. A ``FileIndex`` pickles as plain strings, bytes and numbers, so loading a parse cache of many files
+unpickles no header objects.
 
 Must not do I/O or import hcl2.
 """
@@ -18,6 +18,7 @@ Must not do I/O or import hcl2.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -55,7 +56,7 @@ class FileIndex:
     __slots__ = ("_headers", "_kept", "_packed", "bad", "collected", "complete", "names", "repeats")
 
     def __init__(self, complete: bool, bad: frozenset[int], names: dict[str, int],
-                 repeats: tuple[tuple[str, int], ...], collected: tuple[int, ...], packed: str,
+                 repeats: tuple[tuple[str, int], ...], collected: tuple[int, ...], packed: bytes,
                  headers: tuple[BlockHeader, ...] | None = None) -> None:
         self.complete, self.bad, self.names, self.repeats, self.collected = complete, bad, names, repeats, collected
         self._packed, self._headers = packed, headers
@@ -66,7 +67,7 @@ class FileIndex:
         """Every header the scan found, decoded on first use."""
         if self._headers is None:
             self._headers = tuple(BlockHeader(t, tuple(labels), line, start, end)
-                                  for t, labels, line, start, end in json.loads(self._packed))
+                                  for t, labels, line, start, end in json.loads(zlib.decompress(self._packed)))
         return self._headers
 
     def kept(self) -> list[BlockHeader]:
@@ -93,7 +94,8 @@ def file_index(headers: Sequence[BlockHeader], complete: bool) -> FileIndex:
             repeats.append((kind, position))
         elif kind is not None:
             names[kind] = position
-    packed = json.dumps([[h.type, h.labels, h.line, h.start_pos, h.end_pos] for h in headers], separators=(",", ":"))
+    packed = zlib.compress(json.dumps([[h.type, h.labels, h.line, h.start_pos, h.end_pos] for h in headers],
+                                      separators=(",", ":")).encode(), 1)
     return FileIndex(complete, bad, names, tuple(repeats), tuple(collected), packed, tuple(headers))
 
 

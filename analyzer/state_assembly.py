@@ -6,12 +6,15 @@ from rows is byte-comparable with one Terraform wrote. The row shapes and their 
 ``analyzer.state``'s. Must not do I/O.
 
 ``stream_state`` writes the file as a sequence of byte pieces from rows that arrive already in
-Terraform's order (``row_order``), one resource and one instance at a time, so a caller reading rows from
-a database cursor never holds the parsed state: only the current instance's tree and one piece of text.
+Terraform's order (``row_order``), one resource at a time and at most ``_RUN_ROWS`` of its instances
+together, so a caller reading rows from a database cursor never holds the parsed state: only the current
+run's trees and one piece of text.
 ``assemble_state`` sorts rows given in any order and joins the pieces. Both write exactly the text of
 ``json.dumps(document, indent=2)`` with Go's escapes: each instance object is encoded on its own and
 indented to its depth (a JSON string never holds a raw newline, so indenting the lines of a value is the
-same as encoding it in place).
+same as encoding it in place). A run of instances whose text orjson writes as ``json`` would is written
+by one orjson call, as an array nested to the items' depth, whose lines are those of the items indented
+there one by one.
 
 The optional ``orjson`` (see ``analyzer.state``) encodes an instance when it is sure to write the same text
 as ``json``: no number that could be an integer beyond 64 bits or a float below 1e-4 or from 1e16 in

@@ -279,7 +279,8 @@ def time_parts(world: World) -> Parts:
     from runner.bot import flow as botflow
     from runner.bot.config import load
     from runner.core import git as rgit
-    from runner.core.filescoped import changed_selection, derive_footprint, read_configuration
+    from runner.core.filescoped import changed_selection
+    from runner.core.scope import derive_footprint, read_configuration
 
     settings = Settings(database_url=world.h.url, github_clone_urls=((REPO, str(world.origin)),),
                         repo_cache_dir=world.tmp / "cache", data_dir=world.tmp / "kl-data-parts")

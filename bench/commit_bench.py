@@ -566,9 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.baseline_tree is None and args.baseline_json is None and out is None:
             return 0
     section = render(command, machine, results, perf() - started)
-    print(section)
-    if out is not None:
-        common.write_section(out, SECTION, section)
+    common.publish(out, SECTION, section)
     return 0
 
 

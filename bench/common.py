@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,26 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def guarded(module: str, body: Callable[[], object]) -> int:
+    """Run a bench's measuring ``body``: exit status 0, or 1 after logging a ``BenchError`` (the run cannot give
+    honest numbers), or 130 when interrupted."""
+    try:
+        body()
+    except BenchError as exc:
+        log(f"{module}: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def publish(out: Path | None, title: str, section: str) -> None:
+    """Print a run's results section and, when ``out`` is set, replace its section there (``write_section``)."""
+    print(section)
+    if out is not None:
+        write_section(out, title, section)
 
 
 def write_section(path: Path, title: str, section: str) -> None:

@@ -195,6 +195,7 @@ _W0 = time.time()
 import gc, json, os, sys, functools
 import runner.cli, runner.cli.changes, runner.cli.support
 import runner.core.config, runner.core.engine_client, runner.core.filescoped, runner.core.plan, runner.core.spec
+import runner.core.scope, runner.core.session, runner.core.workbuild
 _W1 = time.time()
 ''' + common.SHIM_IMPORT + r'''_totals = {"imports": _W1 - _W0}
 _stack = []
@@ -226,6 +227,7 @@ def _on_gc(phase, info):
 gc.callbacks.append(_on_gc)
 
 fs, pl, cli = runner.core.filescoped, runner.core.plan, runner.cli.changes
+sc, wb, tfs = runner.core.scope, runner.core.workbuild, runner.core.session
 _wrap(cli, "cmd_plan", "write the artifact, print the summary")
 _wrap(runner.core.spec.PlanSpec, "to_json", "write the artifact, print the summary")
 _wrap(pl, "summary", "write the artifact, print the summary")
@@ -237,14 +239,14 @@ _wrap(fs, "plan_files", "other (between the phases)")
 _wrap(fs, "read_configuration", "read every .tf file")
 _wrap(fs, "load_cache", "load the parse cache")
 _wrap(fs, "save_cache", "save the parse cache")
-_wrap(fs, "declaring_files", "prescan every file (declaring_files)")
-_wrap(fs, "footprint", "footprint (analyzer)")
+_wrap(sc, "declaring_files", "prescan every file (declaring_files)")
+_wrap(sc, "footprint", "footprint (analyzer)")
 _wrap(runner.core.engine_client.EngineClient, "edges", "server: edges (HTTP)")
 _wrap(runner.core.engine_client.EngineClient, "slice", "server: slice (HTTP)")
 _wrap(fs, "fetch_slice", "slice: parse, filter, re-assemble")
-_wrap(fs, "build_minimal", "build the minimal workspace")
+_wrap(wb, "build", "build the minimal workspace")
 _wrap(fs, "plan_in_workspace", "read terraform show's JSON")
-_wrap(pl, "terraform", lambda ctx, ws, args, **kw: "terraform " + args[0])
+_wrap(tfs, "terraform", lambda ctx, ws, args, **kw: "terraform " + args[0])
 _wrap(fs, "analyze_plan", "analyze the plan")
 _wrap(fs, "_hash_tree", "hash the workspace's files")
 

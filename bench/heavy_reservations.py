@@ -31,7 +31,7 @@ from pathlib import Path
 
 import requests
 
-from analyzer.globs import conflicts, parse_glob
+from analyzer.globs import Reservation, conflicts, parse_glob
 from app.domain.principal import default_principal
 from app.domain.reservations import Held, Mode, Wanted, find_conflicts, parse_wanted
 from app.errors import ReservationConflictError
@@ -265,7 +265,7 @@ def healthz_with_waiters(base: str, sz: HeavySizes, log: Callable[[str], None]) 
         while not stop.is_set():
             try:
                 client.open_run("bench-wait", actor=f"w{i}", wait_seconds=3600,
-                                reservations=[(f"module.web.w{i}.x", "write")])
+                                reservations=[Reservation(f"module.web.w{i}.x", Mode.WRITE)])
             except Stopped:
                 return
             except EngineError:

@@ -181,7 +181,8 @@ import time
 _W0 = time.time()
 import json, os, sys, functools, contextlib
 import runner.cli, runner.cli.changes, runner.cli.support
-import runner.core.apply, runner.core.plan, runner.core.workspace, runner.core.engine_client, runner.core.spec
+import runner.core.apply, runner.core.pins, runner.core.session, runner.core.workbuild, runner.core.workspace
+import runner.core.engine_client, runner.core.spec
 _W1 = time.time()
 ''' + common.SHIM_IMPORT + r'''_spans = [("imports", _W0, _W1)]
 
@@ -203,12 +204,12 @@ def _tf_label(binary, args, **kwargs):
 _wrap(runner.cli.support, "resolve", "read plan file, resolve server (HCL parse), find terraform")
 _wrap(runner.cli.changes, "terraform_context", "read plan file, resolve server (HCL parse), find terraform")
 _wrap(runner.core.spec.PlanSpec, "load", "read plan file, resolve server (HCL parse), find terraform")
-_wrap(runner.core.apply, "check_spec", "check_spec (config hash, pinned inputs)")
+_wrap(runner.core.pins, "verify", "check_spec (config hash, pinned inputs)")
 _wrap(runner.core.engine_client.EngineClient, "open_run", "open run (reserve)")
-_wrap(runner.core.apply, "fetch_snapshot", "snapshot fetch (GET assembled + parse)")
-_wrap(runner.core.apply, "described_part", "slice the snapshot")
+_wrap(runner.core.workbuild, "fetch_snapshot", "snapshot fetch (GET assembled + parse)")
+_wrap(runner.core.workbuild, "described_part", "slice the snapshot")
 _wrap(runner.core.workspace, "build", "workspace build (copy config, write slice)")
-_wrap(runner.core.plan, "run", _tf_label)
+_wrap(runner.core.session, "run", _tf_label)
 _wrap(runner.core.apply, "analyze_plan", "analyze the re-plan")
 _wrap(runner.core.engine_client.EngineClient, "run_action", lambda self, run_id, action, body: "run action: " + action)
 _wrap(runner.core.apply, "commit_delta", "commit delta (parse + diff)")
@@ -825,7 +826,7 @@ at most {TARGET_OVERHEAD_SECONDS:.0f} s or {TARGET_OVERHEAD_RATIO}x more, whiche
 {overhead_table(o)}
 
 Phases of `kl apply`: the same `runner.cli.main` the `kl` script runs, started as `python -c SHIM` with
-timers wrapped around the functions of the apply path (`check_spec`, `EngineClient.open_run`,
+timers wrapped around the functions of the apply path (`pins.verify`, `EngineClient.open_run`,
 `fetch_snapshot`, `workspace.build`, the plugin-cache lock, each Terraform subprocess, `analyze_plan`,
 `run_action`, the commit diff and `EngineClient.commit`, and reading the plan file, resolving the server
 from the backend block and finding Terraform); Python start is spawn -> the shim's first line, imports are

@@ -332,9 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     section = render(command, machine, results)
-    print(section)
-    if out is not None:
-        common.write_section(out, SECTION, section)
+    common.publish(out, SECTION, section)
     return 0
 
 

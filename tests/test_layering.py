@@ -228,3 +228,26 @@ def test_the_cycle_finder_sees_a_cycle_closed_by_an_import_inside_a_function(tmp
     assert import_cycles(tmp_path, ("pkg",)) == [["pkg.a", "pkg.sub.b", "pkg.sub.c"]]
     (pkg / "sub" / "c.py").write_text("")
     assert import_cycles(tmp_path, ("pkg",)) == []
+
+
+# The client core's stages, lowest first: each imports only stages before it in this list.
+CORE_STAGES = ("workspace", "trunk", "session", "scope", "pins", "workbuild", "plan", "run", "recovery", "apply",
+               "filescoped", "drift", "pipeline")
+
+
+def test_each_core_stage_imports_only_the_stages_below_it():
+    files = _module_files(REPO, ("analyzer", "app", "runner"))
+    for position, stage in enumerate(CORE_STAGES):
+        name = f"runner.core.{stage}"
+        above = {f"runner.core.{s}" for s in CORE_STAGES[position:]}
+        reached = _import_edges(name, files[name], set(files)) & above
+        assert not reached, f"{name} imports the stage(s) above it: {sorted(reached)}"
+
+
+def test_the_cli_and_the_bot_reach_the_change_paths_only_through_the_pipeline():
+    inner = {f"runner.core.{s}" for s in ("trunk", "workbuild", "plan", "apply", "filescoped", "drift")}
+    files = _module_files(REPO, ("analyzer", "app", "runner"))
+    for name, path in files.items():
+        if name.startswith(("runner.cli", "runner.bot")):
+            reached = _import_edges(name, path, set(files)) & inner
+            assert not reached, f"{name} reaches past runner.core.pipeline into {sorted(reached)}"

@@ -340,7 +340,7 @@ def _project_from(directory: str, name: str | None, state: str | None, files: tu
 
 def default_triggers(directory: str, texts: Mapping[str, str]) -> tuple[str, ...]:
     """The directory's whole tree, and the tree of every local module it calls."""
-    from runner.core.filescoped import module_sources
+    from runner.core.scope import module_sources
 
     prefix = f"{directory}/" if directory else ""
     globs = [f"{prefix}**"]

@@ -1,5 +1,5 @@
 """Scheduled drift in the bot: ``drift: {every: 6h}`` in the default branch's ``.kilolock.yml`` runs the
-``kl drift`` check (``runner.core.drift.check_drift``) of each project once per window, and reports it as the
+``kl drift`` check (``runner.core.pipeline.drift``) of each project once per window, and reports it as the
 ``kilolock/drift`` check run (App mode) or commit status (token mode) on the default branch's head, plus,
 with ``issue: true``, one issue per project edited in place and closed when the drift clears.
 
@@ -41,9 +41,9 @@ from runner.bot.outcomes import DriftOutcome, DriftTarget
 from runner.bot.results import DriftResult
 from runner.core import git
 from runner.core.config import ClientConfigError
-from runner.core.drift import DriftRequest, check_drift
 from runner.core.engine_client import EngineError
 from runner.core.errors import KlExit
+from runner.core.pipeline import DriftRequest, drift
 
 if TYPE_CHECKING:
     from runner.bot.context import Context
@@ -152,8 +152,8 @@ def _run(ctx: Context, repo: str, name: str, window: int, sha: str,
             request = DriftRequest(state=project.state, config_dir=root / project.dir,
                                    actor=f"github:{repo}@{sha[:12]}/{name}:drift", data_dir=ctx.workbench.data_dir,
                                    lease_seconds=flow.LEASE_SECONDS)
-            result = check_drift(flow.engine_client(ctx.workbench, repo, root, project),
-                                 flow.terraform_context(ctx.workbench, project), request)
+            result = drift(flow.engine_client(ctx.workbench, repo, root, project),
+                           flow.terraform_context(ctx.workbench, project), request)
     except (KlExit, EngineError, ClientConfigError, git.GitError) as exc:
         return JobStatus.FAILED, replace(outcome, error=ctx.workbench.redact(safe_error(str(exc))))
     return JobStatus.SUCCEEDED, replace(outcome, serial=result.serial, checked=result.checked,

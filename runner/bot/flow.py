@@ -4,7 +4,8 @@ commit, against the trunk on the Kilolock server.
 
 Owns the orchestration only: the checkout (``runner.core.git``), the project mapping (``runner.bot.config``),
 and the very functions ``kl plan --changed-from`` / ``kl apply -f --confirm-scope`` use
-(``runner.core.filescoped``: ``changed_selection``, ``derive_footprint``, ``plan_files``, ``apply_files``), with
+(``runner.core.pipeline``: ``changed_selection``, then ``footprint``, ``plan`` and ``apply`` of one
+``ChangeRequest``), with
 the engine client authenticated by the project's token (``runner.bot.credentials``). Results are the outcome
 types of ``runner.bot.outcomes``.
 
@@ -31,22 +32,13 @@ from runner.bot.config import BotConfig, BotConfigError, Project, load, projects
 from runner.bot.credentials import engine_token
 from runner.bot.outcomes import ApplyResult, ApplyStatus, LiveConflict, ProjectFootprint, ProjectPreview
 from runner.core import childenv, git
-from runner.core.apply import ApplyOptions
 from runner.core.config import ClientConfig, ClientConfigError, data_dir, process_env, split_backend_address
 from runner.core.engine_client import EngineClient, EngineError
 from runner.core.errors import InvalidInput, KlExit, NothingToDo, ReservationRefused, StalePlan
-from runner.core.filescoped import (
-    ScopedFootprint,
-    Selection,
-    apply_files,
-    changed_selection,
-    derive_footprint,
-    plan_files,
-    plan_files_saved,
-    read_configuration,
-)
-from runner.core.parsecache import load_cache
-from runner.core.plan import TerraformContext
+from runner.core.pipeline import ApplyOptions, ChangeRequest, Selection, apply, changed_selection, plan, scope_of
+from runner.core.run import ApplyRun
+from runner.core.scope import ScopedFootprint
+from runner.core.session import TerraformContext
 from runner.core.terraform import TerraformNotFoundError, resolve_binary
 
 log = logging.getLogger("kilolock.bot")
@@ -215,9 +207,9 @@ def footprint(workbench: Workbench, repo: str, root: Path, config: BotConfig, ba
             continue
         try:
             client = engine_client(workbench, repo, root, project)
-            # The parse cache is read, not written: the preview's plan_files saves (and prunes) it.
-            scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
-                                      load_cache(workbench.data_dir))
+            # The parse cache is read, not written: the preview's plan saves (and prunes) it.
+            scoped = scope_of(client, ChangeRequest(project.state, root / project.dir, workbench.data_dir,
+                                                    selection))
             live = client.list_reservations(project.state)
         except (KlExit, EngineError, ClientConfigError) as exc:
             found.append(_with(shown, files=_shown_files(selection), error=workbench.redact(str(exc))))
@@ -272,9 +264,8 @@ def preview(workbench: Workbench, repo: str, root: Path, config: BotConfig, base
             project = anchored(project, trusted)
             selection = changed_selection(root / project.dir, base, against=head)
             ctx = terraform_context(workbench, project)
-            spec = plan_files(engine_client(workbench, repo, root, project), ctx, state=project.state,
-                              config_dir=root / project.dir, selection=selection, var_args=(),
-                              data_dir=workbench.data_dir)
+            spec = plan(engine_client(workbench, repo, root, project), ctx,
+                        ChangeRequest(project.state, root / project.dir, workbench.data_dir, selection)).spec
         except NothingToDo:
             continue
         except (KlExit, git.GitError, EngineError, ClientConfigError) as exc:
@@ -326,8 +317,8 @@ def apply_project(workbench: Workbench, repo: str, root: Path, project: Project,
         selection = changed_selection(root / project.dir, base, against=sha)
         client = engine_client(workbench, repo, root, project)
         remaining, waited = wait_seconds, 0.0
-        scoped = derive_footprint(client, project.state, read_configuration(root / project.dir), selection,
-                                  load_cache(workbench.data_dir))
+        request = ChangeRequest(project.state, root / project.dir, workbench.data_dir, selection)
+        scoped = scope_of(client, request)
         if before_apply is not None:
             waiting = time.monotonic()
             remaining = before_apply(scoped)
@@ -339,11 +330,9 @@ def apply_project(workbench: Workbench, repo: str, root: Path, project: Project,
         # The plan's workspace is kept through the apply: when nothing landed on the trunk between the plan
         # and the grant, the apply runs the saved plan instead of planning again (as kl apply -f does).
         with tempfile.TemporaryDirectory(prefix="kl-bot-plan-") as kept:
-            saved = plan_files_saved(client, ctx, state=project.state, config_dir=root / project.dir,
-                                     selection=selection, var_args=(), data_dir=workbench.data_dir, dest=Path(kept),
-                                     scoped=scoped)
-            spec = saved.spec
-            outcome = apply_files(client, ctx, spec, options, {}, planned=scoped.footprint, saved=saved)
+            planned = plan(client, ctx, replace(request, scoped=scoped), keep=Path(kept))
+            spec = planned.spec
+            outcome = apply(client, ctx, planned, options)
     except NothingToDo:
         return ApplyResult(project.name, project.state, sha, ApplyStatus.NO_CHANGES)
     except KlExit as exc:
@@ -403,12 +392,11 @@ def end_live_runs(workbench: Workbench, repo: str, root: Path, project: Project,
         return ended
     for run in runs:
         if run.get("actor") == actor and run.get("status") in LIVE_STATUSES:
-            try:
-                client.run_action(str(run["id"]), "close", {"holder": actor, "status": "failed",
-                                                             "error_summary": reason})
+            not_closed = ApplyRun(client, str(run["id"]), actor).close_failed(reason)
+            if not_closed is None:
                 ended.append(str(run["id"]))
-            except EngineError as exc:
-                log.warning("could not close run %s: %s", run["id"], exc)
+            else:
+                log.warning("could not close run %s: %s", run["id"], not_closed)
     return ended
 
 

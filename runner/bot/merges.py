@@ -41,7 +41,7 @@ from runner.bot.outcomes import ApplyResult, ApplyStatus, FootprintOutcome
 from runner.bot.results import ApplyProjectResult, FanOutResult, JobResult, result_of
 from runner.core import git
 from runner.core.errors import Failed, ReservationRefused
-from runner.core.filescoped import ScopedFootprint
+from runner.core.scope import ScopedFootprint
 
 log = logging.getLogger("kilolock.jobs")
 ZERO_SHA = "0" * 40

@@ -46,7 +46,7 @@ from runner.bot.owners import OwnedGlob, owned_globs
 from runner.bot.results import AppliedBefore, CommentResult, PrApply, ReadyCheck, Released, ReviewResult, results_of
 from runner.core import git
 from runner.core.errors import Failed, ReservationRefused
-from runner.core.filescoped import ScopedFootprint
+from runner.core.scope import ScopedFootprint
 
 log = logging.getLogger("kilolock.holds")
 APPLY_CHECK = "kilolock/apply"

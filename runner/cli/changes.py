@@ -1,7 +1,8 @@
 """The client commands that change a state: ``kl plan``, ``kl apply``, ``kl recover`` and ``kl abort``.
 
-``kl plan`` writes the plan file (``runner.core.plan``, or ``runner.core.filescoped`` with ``-f``/``--changed-from``);
-``kl apply`` carries it out (``runner.core.apply``); both print Terraform's output through the context's echo.
+``kl plan`` writes the plan file (``runner.core.pipeline.plan``: the whole configuration, or the files of
+``-f``/``--changed-from``); ``kl apply`` carries it out (``runner.core.pipeline.apply``); both print Terraform's
+output through the context's echo.
 With ``--json`` the one document goes to stdout and everything said goes to stderr.
 """
 
@@ -34,7 +35,7 @@ from runner.core.errors import UsageError
 
 def terraform_context(env: dict[str, str]) -> Any:
     from runner.core.config import data_dir
-    from runner.core.plan import TerraformContext
+    from runner.core.session import TerraformContext
     from runner.core.terraform import TerraformNotFoundError, resolve_binary
 
     try:
@@ -62,7 +63,7 @@ def _var_args(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
     """The file selection of -f / --changed-from, or None for a full plan."""
-    from runner.core.filescoped import Selection, changed_selection, file_selection
+    from runner.core.pipeline import Selection, changed_selection, file_selection
 
     if not args.file and not args.changed_from:
         return None
@@ -83,11 +84,12 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
 
 
 def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None = None) -> tuple[Any, Any, Any, Any]:
-    """The plan (full, or file-scoped with -f/--changed-from), the engine client, the selection, and with
-    ``keep`` the file-scoped plan's workspace kept there for the apply (None otherwise)."""
+    """The plan file (full, or file-scoped with -f/--changed-from), the engine client, the selection, and the
+    plan (``runner.core.pipeline.Planned``; with ``keep`` a file-scoped plan's workspace is kept there for the
+    apply)."""
     from runner.core.config import data_dir
-    from runner.core.filescoped import plan_files, plan_files_saved, read_configuration
-    from runner.core.plan import make_plan
+    from runner.core.pipeline import ChangeRequest, plan
+    from runner.core.scope import read_configuration
 
     config_dir = Path(args.chdir).resolve()
     if not config_dir.is_dir():
@@ -98,23 +100,16 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None 
     assert config.state
     client, ctx = EngineClient(config), terraform_context(env)
     selection = _selection(args, config_dir)
-    if selection is None:
-        return make_plan(client, ctx, state=config.state, config_dir=config_dir, var_args=_var_args(args),
-                         targets=args.target or [], refresh=getattr(args, "refresh", False)), client, selection, None
-    refresh = getattr(args, "refresh", False)
-    if keep is not None:
-        saved = plan_files_saved(client, ctx, state=config.state, config_dir=config_dir, selection=selection,
-                                 var_args=_var_args(args), data_dir=data_dir(env), refresh=refresh, dest=keep,
-                                 files=files)
-        return saved.spec, client, selection, saved
-    spec = plan_files(client, ctx, state=config.state, config_dir=config_dir, selection=selection,
-                      var_args=_var_args(args), data_dir=data_dir(env), refresh=refresh, files=files)
-    return spec, client, selection, None
+    request = ChangeRequest(state=config.state, config_dir=config_dir, data_dir=data_dir(env), selection=selection,
+                            targets=tuple(args.target or ()) if selection is None else (),
+                            var_args=tuple(_var_args(args)), refresh=getattr(args, "refresh", False), files=files)
+    planned = plan(client, ctx, request, keep=keep)
+    return planned.spec, client, selection, planned
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from runner.core.config import process_env
-    from runner.core.plan import summary
+    from runner.core.pipeline import summary
 
     with json_mode(args):
         spec, client, selection, _ = _plan_spec(args, process_env())
@@ -192,12 +187,9 @@ def _apply(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
-    from runner.core.apply import ApplyOptions, apply_spec
     from runner.core.config import data_dir, default_actor, process_env
-    from runner.core.filescoped import apply_files
-    from runner.core.plan import summary
-    from runner.core.recovery import ApplyOutcome
-    from runner.core.spec import PlanMode, PlanSpec
+    from runner.core.pipeline import ApplyOptions, ApplyOutcome, Planned, apply, summary
+    from runner.core.spec import PlanSpec
 
     env = process_env()
     supplied = dict(raw.split("=", 1) for kind, raw in _var_args(args) if kind == "var")
@@ -205,13 +197,13 @@ def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
                            data_dir=data_dir(env), supplied_vars=supplied, lease_seconds=args.lease)
     if args.plan_file and (args.file or args.changed_from):
         raise UsageError("give either a plan file or -f/--changed-from, not both")
-    saved = None
     if args.plan_file:
         spec = PlanSpec.load(Path(args.plan_file))
+        planned = Planned(spec)
         client = EngineClient(client_config(args, Path(spec.config_dir), env, need_state=False,
                                             address=spec.address, state=spec.state))
     elif args.file or args.changed_from:
-        spec, client, _, saved = _plan_spec(args, env, keep=kept)
+        spec, client, _, planned = _plan_spec(args, env, keep=kept)
         print(summary(spec))
         if not spec.write_set and not spec.output_changes:
             print("\nnothing to apply")
@@ -225,11 +217,7 @@ def _apply_in(args: argparse.Namespace, kept: Path) -> tuple[Any, Any]:
     else:
         raise UsageError("give a plan file (kl apply kl-plan.json) or files (kl apply -f FILE --confirm-scope)")
     client.on_wait = WaitProgress(sys.stderr) if args.wait else None  # says that, on whom and how long it waits
-    if spec.mode == PlanMode.FILES:
-        outcome = apply_files(client, terraform_context(env), spec, options, {}, saved=saved)
-    else:
-        outcome = apply_spec(client, terraform_context(env), spec, Path(spec.config_dir), options)
-    return spec, outcome
+    return spec, apply(client, terraform_context(env), planned, options)
 
 
 def cmd_recover(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""The ``kl drift`` and ``kl refresh`` commands: arguments, output and exit codes over ``runner.core.drift``,
-which does the work. ``kl drift`` exits 2 when it finds drift (a finding, not an error).
+"""The ``kl drift`` and ``kl refresh`` commands: arguments, output and exit codes over
+``runner.core.pipeline.drift`` and ``refresh``, which do the work. ``kl drift`` exits 2 when it finds drift
+(a finding, not an error).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ EXIT_DRIFTED = 2
 
 
 def _request(args: argparse.Namespace, env: dict[str, str]) -> tuple[EngineClient, Any]:
-    from runner.core.drift import DriftRequest
+    from runner.core.pipeline import DriftRequest
 
     config_dir = Path(args.chdir).resolve()
     config = client_config(args, config_dir, env)
@@ -45,11 +46,11 @@ def _context(env: dict[str, str], *, quiet: bool) -> Any:
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
-    from runner.core.drift import check_drift, describe
+    from runner.core.pipeline import describe, drift
 
     env = process_env()
     client, request = _request(args, env)
-    result = check_drift(client, _context(env, quiet=args.json), request)
+    result = drift(client, _context(env, quiet=args.json), request)
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -59,7 +60,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
-    from runner.core.drift import describe, refresh
+    from runner.core.pipeline import describe, refresh
 
     env = process_env()
     client, request = _request(args, env)

@@ -394,13 +394,10 @@ class EngineClient:
         return result
 
     def open_run(
-        self, state: str, *, actor: str, reservations: Sequence[Reservation | tuple[str, str]],
-        wait_seconds: float | None = None,
+        self, state: str, *, actor: str, reservations: Sequence[Reservation], wait_seconds: float | None = None,
         lease_seconds: float | None = None, base_serial: int | None = None, info: dict[str, Any] | None = None,
     ) -> OpenedRun:
-        # A (glob, mode) pair is accepted as well: callers outside the core (tests, scripts) write them so.
-        typed = [r if isinstance(r, Reservation) else Reservation.of(*r) for r in reservations]
-        body: dict[str, Any] = {"actor": actor, "reservations": [r.to_json() for r in typed]}
+        body: dict[str, Any] = {"actor": actor, "reservations": [r.to_json() for r in reservations]}
         for key, value in (("wait_seconds", wait_seconds), ("lease_seconds", lease_seconds),
                            ("base_serial", base_serial), ("info", info)):
             if value is not None:

@@ -4,120 +4,26 @@ kl-plan.json — the write set, the read set, the reservations to take, and what
 
 from __future__ import annotations
 
-import hashlib
-import json
 import tempfile
-import threading
-from collections.abc import Callable, Container, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from analyzer.configuration import described_resources, is_described, orphans
+from analyzer.configuration import described_resources, orphans
 from analyzer.globs import Glob, canonical, matches, parse_glob
 from analyzer.plan import PlanAnalysis, PlanFormatError, analyze_plan
 from analyzer.plan_drift import drift_in_plan, drift_warnings
 from analyzer.rewrites import rewritten_rows
 from analyzer.state import ParsedState, parse_state
-from analyzer.state_assembly import assemble_state
-from runner.core import workspace
-from runner.core.engine_client import EngineClient, EngineError
-from runner.core.errors import EngineCode, Failed, InvalidInput
+from runner.core import pins, workbuild
+from runner.core.engine_client import EngineClient
+from runner.core.errors import Failed
+from runner.core.pins import pin_variables
+from runner.core.session import TerraformContext, plan_in_workspace
 from runner.core.spec import PinKind, PinnedVar, PlanMode, PlanSpec
-from runner.core.terraform import TerraformBinary, TerraformError, run
-
-PLAN_FILE = "kl.tfplan"
-
-
-@dataclass(frozen=True, slots=True)
-class TerraformContext:
-    """How to run Terraform for one command."""
-
-    binary: TerraformBinary
-    env: Mapping[str, str]
-    plugin_cache: Path
-    echo: Callable[[str], None]
-    stream: bool = True
-    stop: threading.Event | None = None  # set: interrupt the running Terraform command (an abort)
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The trunk as the rows hold it (None when the state has no versions yet)."""
-
-    raw: bytes | None
-    parsed: ParsedState | None
-
-    @property
-    def serial(self) -> int:
-        return self.parsed.serial if self.parsed else 0
-
-    @property
-    def lineage(self) -> str | None:
-        return self.parsed.lineage if self.parsed else None
-
-    @property
-    def addresses(self) -> list[str]:
-        """The instance addresses it holds, sorted, each once (deposed objects share theirs)."""
-        return sorted({r.address for r in self.parsed.instances}) if self.parsed else []
-
-
-def fetch_snapshot(client: EngineClient, state: str, serial: int | None = None) -> Snapshot:
-    """The trunk at its head, or as it was at ``serial``."""
-    return _fetch(state, lambda: client.assembled(state, serial=serial))
-
-
-def fetch_rows(client: EngineClient, state: str, globs: Sequence[str]) -> Snapshot:
-    """The trunk's rows under ``globs`` (and the outputs), as the server slices them."""
-    return _fetch(state, lambda: client.slice(state, list(globs)))
-
-
-def _fetch(state: str, read: Callable[[], bytes]) -> Snapshot:
-    try:
-        raw = read()
-    except EngineError as exc:
-        if exc.code == EngineCode.STATE_NOT_FOUND:
-            return Snapshot(None, None)
-        raise
-    parsed = parse_state(raw)
-    if not isinstance(parsed, ParsedState):
-        raise InvalidInput(f"state {state!r} is encrypted (OpenTofu state encryption): kl cannot slice it")
-    return Snapshot(raw, parsed)
-
-
-def described_part(snapshot: Snapshot, described: frozenset[str]) -> Snapshot:
-    """The snapshot's instances the workspace's configuration describes (``is_described``), with the
-    outputs, re-assembled as a state file: what a workspace starts from."""
-    parsed = snapshot.parsed
-    if parsed is None:
-        return snapshot
-    rows = tuple(r for r in parsed.instances if is_described(r.address, described))
-    raw = assemble_state(serial=parsed.serial, lineage=parsed.lineage, terraform_version=parsed.terraform_version,
-                         instances=rows, outputs=parsed.outputs)
-    return Snapshot(raw, ParsedState(parsed.serial, parsed.lineage, parsed.terraform_version, rows, parsed.outputs))
-
-
-def terraform(ctx: TerraformContext, ws: workspace.Workspace, args: Sequence[str], *, quiet: bool = False,
-              ok: tuple[int, ...] = (0,)) -> str:
-    """Run one Terraform command in the workspace, streaming its output unless quiet."""
-    def forward(_: str, line: str) -> None:
-        ctx.echo("  │ " + line.rstrip("\n"))
-
-    env = workspace.terraform_env(ctx.env, ctx.plugin_cache)
-    try:
-        result = run(ctx.binary, ["-chdir=" + str(ws.path), *args], cwd=ws.path, env=env,
-                     stream=None if quiet or not ctx.stream else forward, stop=ctx.stop)
-        result.check(ok_codes=ok)
-    except TerraformError as exc:
-        raise Failed(f"terraform {args[0]} failed (exit {exc.exit_code}):\n{exc.stderr_tail}") from exc
-    return result.stdout
-
-
-def init(ctx: TerraformContext, ws: workspace.Workspace) -> None:
-    cache = workspace.plugin_cache(ctx.env, ctx.plugin_cache)
-    with workspace.plugin_cache_lock(cache, exclusive=workspace.may_install_providers(ws, cache)):
-        terraform(ctx, ws, ["init", "-input=false", "-no-color"], quiet=True)
+from runner.core.trunk import Snapshot, fetch_snapshot, state_edges
 
 
 def given_var_flags(var_args: Sequence[tuple[str, str]], declared: Container[str] | None = None) -> list[str]:
@@ -145,80 +51,9 @@ def var_flags(variables: Sequence[PinnedVar], supplied: Mapping[str, str]) -> li
     return flags
 
 
-AUTO_VAR_NAMES = ("terraform.tfvars", "terraform.tfvars.json")
-
-
-def auto_var_files(config_dir: Path) -> list[Path]:
-    """The variable-definitions files Terraform loads by itself, in its order: ``terraform.tfvars``,
-    ``terraform.tfvars.json``, then ``*.auto.tfvars`` and ``*.auto.tfvars.json`` in lexical order of their names."""
-    if not config_dir.is_dir():
-        return []
-    present = {p.name: p for p in config_dir.iterdir()
-               if (p.name in AUTO_VAR_NAMES or p.name.endswith((".auto.tfvars", ".auto.tfvars.json"))) and p.is_file()}
-    fixed = [present[n] for n in AUTO_VAR_NAMES if n in present]
-    auto = [present[n] for n in sorted(present) if n.endswith((".auto.tfvars", ".auto.tfvars.json"))]
-    return fixed + auto
-
-
-def pin_variables(
-    var_args: Sequence[tuple[str, str]], env: Mapping[str, str], sensitive: frozenset[str],
-    config_dir: Path | None = None,
-) -> tuple[PinnedVar, ...]:
-    """Record every input the plan used: the variable-definitions files Terraform loads by itself (content
-    hashes), -var values (hash only when sensitive), -var-file paths with content hashes, and TF_VAR_
-    variables (hash only). Terraform's precedence among them is its own: kl passes them on unchanged."""
-    pinned: list[PinnedVar] = []
-    for path in auto_var_files(config_dir) if config_dir is not None else ():
-        pinned.append(PinnedVar(PinKind.AUTO_VAR_FILE, str(path.resolve()), workspace.file_hash(path)))
-    for kind, raw in var_args:
-        if kind == "var":
-            name, _, value = raw.partition("=")
-            digest = hashlib.sha256(value.encode()).hexdigest()
-            pinned.append(PinnedVar(PinKind.VAR, name, digest, None if name in sensitive else value))
-        else:
-            path = Path(raw).resolve()
-            if not path.is_file():
-                raise InvalidInput(f"-var-file {raw}: no such file")
-            pinned.append(PinnedVar(PinKind.VAR_FILE, str(path), workspace.file_hash(path)))
-    for key in sorted(k for k in env if k.startswith("TF_VAR_")):
-        pinned.append(PinnedVar(PinKind.ENV, key, hashlib.sha256(env[key].encode()).hexdigest()))
-    return tuple(pinned)
-
-
 def sensitive_variables(plan: Mapping[str, Any]) -> frozenset[str]:
     root = plan.get("configuration", {}).get("root_module", {})
     return frozenset(name for name, var in (root.get("variables") or {}).items() if var.get("sensitive"))
-
-
-def plan_in_workspace(
-    ctx: TerraformContext, ws: workspace.Workspace, flags: Sequence[str], targets: Sequence[str],
-    *, refresh: bool = False,
-) -> dict[str, Any]:
-    """init, plan -out, show -json; returns the plan JSON. Plans do not refresh unless asked (kl plan
-    --refresh): Kilolock plans against the trunk as recorded (see docs/parallel-apply.md, docs/drift.md)."""
-    init(ctx, ws)
-    terraform(ctx, ws, ["plan", "-input=false", "-lock=false", *([] if refresh else ["-refresh=false"]), "-no-color",
-                        f"-out={PLAN_FILE}", *flags, *(f"-target={t}" for t in targets)], quiet=True)
-    return show_plan(ctx, ws)
-
-
-def show_plan(ctx: TerraformContext, ws: workspace.Workspace) -> dict[str, Any]:
-    """``terraform show -json`` of the workspace's saved plan, as a JSON object."""
-    shown = terraform(ctx, ws, ["show", "-json", PLAN_FILE], quiet=True)
-    try:
-        doc = json.loads(shown)
-    except ValueError as exc:
-        raise Failed("terraform show -json did not print JSON") from exc
-    if not isinstance(doc, dict):
-        raise Failed("terraform show -json did not print a plan object")
-    return doc
-
-
-def state_edges(snapshot: Snapshot) -> tuple[list[tuple[str, str]], list[str]]:
-    if snapshot.parsed is None:
-        return [], []
-    edges = [(row.address, dep) for row in snapshot.parsed.instances for dep in row.dependencies]
-    return edges, [row.address for row in snapshot.parsed.instances]
 
 
 def make_plan(
@@ -228,7 +63,7 @@ def make_plan(
     """Plan ``config_dir`` against the trunk and describe the result as a PlanSpec."""
     snapshot = fetch_snapshot(client, state)
     with tempfile.TemporaryDirectory(prefix="kl-plan-") as tmp:
-        ws = workspace.build(config_dir, Path(tmp) / "ws", snapshot.raw)
+        ws = workbuild.build(config_dir, Path(tmp) / "ws", snapshot.raw)
         plan = plan_in_workspace(ctx, ws, given_var_flags(var_args), targets, refresh=refresh)
     described = described_resources(plan)
     edges, addresses = state_edges(snapshot)
@@ -251,7 +86,7 @@ def make_plan(
                    analysis=analysis, var_args=tuple(var_args), env=ctx.env, refresh=refresh,
                    targets=tuple(targets)),
         PlannedChanges(
-            config_hash=workspace.config_hash(config_dir), write_set=write_set,
+            write_set=write_set,
             read_set=tuple(sorted(analysis.read_set - left_alone)),
             write_globs=tuple(sorted((set(analysis.write_globs) - left_alone) | output_write_globs(output_changes)
                                      | {canonical(Glob.exact(a)) for a in rewritten})),
@@ -295,10 +130,29 @@ class PlanSource:
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedChanges:
-    """What a plan changes and reserves, as the planner that made it worked it out."""
+class FileScopedPart:
+    """What a file-scoped plan (kl plan -f) adds to its plan file: the selected files and the variables whose
+    values changed, the files its workspace was cut from with their hashes (the plan's pin of its
+    configuration, ``pins.pin_files``), what the change deleted (the old texts' hashes, the globs they
+    declared, the root outputs whose blocks went), the validation and slice globs, and the footprint's
+    diagnostics. Each field is the plan file's field of the same name."""
 
-    config_hash: str  # empty for a file-scoped plan, whose files are pinned one by one instead
+    selected_files: tuple[str, ...]
+    files: dict[str, str]
+    seed_variables: tuple[str, ...]
+    deleted_files: dict[str, str]
+    deleted_globs: tuple[str, ...]
+    validation_globs: tuple[str, ...]
+    slice_globs: tuple[str, ...]
+    diagnostics: tuple[dict[str, Any], ...]
+    removed_outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChanges:
+    """What a plan changes and reserves, as the planner that made it worked it out; ``scoped`` is a
+    file-scoped plan's own part (None: a plan of the whole configuration)."""
+
     write_set: tuple[str, ...]
     read_set: tuple[str, ...]
     write_globs: tuple[str, ...]
@@ -307,23 +161,26 @@ class PlannedChanges:
     warnings: tuple[str, ...]
     output_changes: dict[str, str]
     left_alone: tuple[str, ...] = ()  # trunk instances the configuration has no block for
+    scoped: FileScopedPart | None = None
 
 
 def spec_from_plan(source: PlanSource, changes: PlannedChanges) -> PlanSpec:
     """The kl-plan.json of a plan over ``source.snapshot``: where and when it was made, its sets and
-    reservations, each written address's action, and every input it used (file-scoped plans add their
-    fields to it)."""
-    snapshot, analysis = source.snapshot, source.analysis
+    reservations, each written address's action, and every input it used. A plan pins its configuration by
+    its mode: a full plan by the whole configuration's hash, a file-scoped one by its files (``changes.scoped``)."""
+    snapshot, analysis, scoped = source.snapshot, source.analysis, changes.scoped
     return PlanSpec(
         state=source.state, address=source.address, lineage=snapshot.lineage, base_serial=snapshot.serial,
         terraform_version=analysis.terraform_version, config_dir=str(source.config_dir.resolve()),
-        config_hash=changes.config_hash, created_at=datetime.now(UTC).isoformat(),
+        config_hash="" if scoped else pins.config_hash(source.config_dir), created_at=datetime.now(UTC).isoformat(),
         write_set=changes.write_set, read_set=changes.read_set, write_globs=changes.write_globs,
         read_globs=changes.read_globs,
         actions={c.address: c.summary for c in analysis.changes if c.address in changes.write_set},
         described_resources=changes.described, orphans=changes.left_alone, warnings=changes.warnings,
         variables=pin_variables(source.var_args, source.env, sensitive_variables(source.plan), source.config_dir),
         targets=source.targets, output_changes=changes.output_changes, refresh=source.refresh,
+        mode=PlanMode.FULL if scoped is None else PlanMode.FILES,
+        **({f.name: getattr(scoped, f.name) for f in fields(scoped)} if scoped else {}),
     )
 
 

@@ -25,6 +25,7 @@ from app import atomic
 from app.domain.reservations import LIVE_STATUSES
 from runner.core.engine_client import Commit, EngineClient, EngineError
 from runner.core.errors import REFUSALS, EngineCode, Failed, InvalidInput, KlExit, NothingToDo, refusal
+from runner.core.run import ApplyRun, recovery_refused
 from runner.core.spec import PlanMode, PlanSpec
 
 Echo = Callable[[str], None]
@@ -132,39 +133,33 @@ def recover(client: EngineClient, data_dir: Path, run_id: str, actor: str | None
     except ValueError as exc:
         raise Failed(f"the state kept for {run_id} is not JSON (is its Terraform still stopping?): "
                      "try again in a moment") from exc
-    holder, target, opened = meta["holder"], run_id, None
+    run, opened = ApplyRun(client, run_id, meta["holder"]), None
     if client.run(run_id).status not in LIVE_STATUSES:
-        holder = actor or holder
-        try:
-            answer = client.open_run(meta["state"], actor=holder, reservations=[
-                Reservation.of(r["glob"], r["mode"]) for r in meta["reservations"]], base_serial=meta["base_serial"],
-                info={"recovers": run_id})
-        except EngineError as exc:
-            raise refusal(exc.code)(f"cannot recover {run_id}: {exc}; nothing was opened or committed") from exc
-        target = opened = answer.id
+        run = opened = ApplyRun.open(
+            client, meta["state"], holder=actor or run.holder, base_serial=meta["base_serial"],
+            reservations=[Reservation.of(r["glob"], r["mode"]) for r in meta["reservations"]],
+            info={"recovers": run_id}, refused=recovery_refused(run_id))
     try:
-        commit = _commit_widening(client, target, holder, state, meta, echo)
+        commit = _commit_widening(run, state, meta, echo)
     except BaseException as exc:
-        closed = _close_opened(client, opened, holder, f"recovery of {run_id} refused: {exc}", run_id)
+        closed = _close_opened(opened, f"recovery of {run_id} refused: {exc}", run_id)
         if isinstance(exc, EngineError):
             raise refusal(exc.code)(f"recovery commit of {run_id} refused: {exc}{closed}; the kept state stays "
                                     f"in {where}") from exc
         if isinstance(exc, KlExit):
             raise type(exc)(f"{exc}{closed}") from exc
         raise
-    _done(where, run_id, target, commit.serial)
-    echo(f"recovered {run_id}: committed at serial {commit.serial} (run {target})")
-    return ApplyOutcome(target, commit.serial, commit.addresses, commit.rows)
+    _done(where, run_id, run.id, commit.serial)
+    echo(f"recovered {run_id}: committed at serial {commit.serial} (run {run.id})")
+    return ApplyOutcome(run.id, commit.serial, commit.addresses, commit.rows)
 
 
-def _commit_widening(client: EngineClient, run_id: str, holder: str, state: dict[str, Any],
-                     meta: Mapping[str, Any], echo: Echo) -> Commit:
+def _commit_widening(run: ApplyRun, state: dict[str, Any], meta: Mapping[str, Any], echo: Echo) -> Commit:
     """Commit; when the server names changes outside the write reservations (Terraform did what its plan
     did not say), ask for write reservations on exactly those, without waiting, and commit once more: all of
     it when they were granted, else only what lies inside the reservations (the rest keeps the trunk's copy)."""
     def commit() -> Commit:
-        return client.commit(run_id, holder=holder, state=state, slice_addresses=meta["slice_addresses"],
-                             prune_outputs=meta.get("prune_outputs", True))
+        return run.commit(state, meta["slice_addresses"], meta.get("prune_outputs", True))
 
     try:
         return commit()
@@ -175,7 +170,7 @@ def _commit_widening(client: EngineClient, run_id: str, holder: str, state: dict
         echo(f"Terraform changed {len(outside)} address(es) outside the reservations: {', '.join(outside[:10])}; "
              "reserving them to commit what it did")
         try:
-            client.run_action(run_id, "reservations", {"holder": holder, "wait_seconds": 0, "reservations": [
+            run.client.run_action(run.id, "reservations", {"holder": run.holder, "wait_seconds": 0, "reservations": [
                 Reservation(a, Mode.WRITE).to_json() for a in outside]})
         except EngineError as more:
             if more.code not in REFUSALS:
@@ -184,7 +179,7 @@ def _commit_widening(client: EngineClient, run_id: str, holder: str, state: dict
             echo(f"kl: warning: they cannot be reserved ({more}); committing only what lies inside the "
                  f"reservations. The trunk keeps its old copy of {', '.join(outside[:10])}: once they are free, "
                  "kl drift and kl refresh with --target on them record what they are now")
-            state = _inside_only(client, meta, state, outside)  # commit() reads it: it is this scope's
+            state = _inside_only(run.client, meta, state, outside)  # commit() reads it: it is this scope's
         return commit()
 
 
@@ -216,13 +211,12 @@ def _inside_only(client: EngineClient, meta: Mapping[str, Any], state: dict[str,
     return doc
 
 
-def _close_opened(client: EngineClient, run_id: str | None, holder: str, summary: str, original: str) -> str:
+def _close_opened(opened: ApplyRun | None, summary: str, original: str) -> str:
     """Close the run recovery opened itself (failed); returns the words the refusal adds about it."""
-    if run_id is None:
+    if opened is None:
         return (f"; run {original} is still live and holds its reservations until its lease lapses "
                 f"(kl abort {original} ends it)")
-    try:
-        client.run_action(run_id, "close", {"holder": holder, "status": "failed", "error_summary": summary[-2000:]})
-    except EngineError as exc:
-        return f"; the recovery run {run_id} could not be closed ({exc}): kl abort {run_id} ends it"
-    return f"; the recovery run {run_id} is closed and its reservations released"
+    not_closed = opened.close_failed(summary)
+    if not_closed is not None:
+        return f"; the recovery run {opened.id} could not be closed ({not_closed}): kl abort {opened.id} ends it"
+    return f"; the recovery run {opened.id} is closed and its reservations released"

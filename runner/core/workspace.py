@@ -70,6 +70,21 @@ def config_hash(config_dir: Path) -> str:
     return digest.hexdigest()
 
 
+AUTO_VAR_NAMES = ("terraform.tfvars", "terraform.tfvars.json")
+
+
+def auto_var_files(config_dir: Path) -> list[Path]:
+    """The variable-definitions files Terraform loads by itself, in its order: ``terraform.tfvars``,
+    ``terraform.tfvars.json``, then ``*.auto.tfvars`` and ``*.auto.tfvars.json`` in lexical order of their names."""
+    if not config_dir.is_dir():
+        return []
+    present = {p.name: p for p in config_dir.iterdir()
+               if (p.name in AUTO_VAR_NAMES or p.name.endswith((".auto.tfvars", ".auto.tfvars.json"))) and p.is_file()}
+    fixed = [present[n] for n in AUTO_VAR_NAMES if n in present]
+    auto = [present[n] for n in sorted(present) if n.endswith((".auto.tfvars", ".auto.tfvars.json"))]
+    return fixed + auto
+
+
 def file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

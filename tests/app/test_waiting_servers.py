@@ -17,6 +17,7 @@ import psycopg
 import pytest
 import requests
 
+from analyzer.globs import Mode, Reservation
 from runner.core.config import ClientConfig
 from runner.core.engine_client import EngineClient, EngineError
 from tests.conftest import wait_for
@@ -91,7 +92,7 @@ def _exercise(url: str, db_url: str) -> None:
                               timeout=120, sleep=sleep)
         try:
             outcomes[i] = client.open_run("shared", actor=f"waiter-{i}", wait_seconds=600,
-                                          reservations=[(f"module.web.w{i}.x", "write")])
+                                          reservations=[Reservation(f"module.web.w{i}.x", Mode.WRITE)])
         except _Stopped:
             outcomes[i] = "stopped"
         except EngineError as exc:
@@ -149,10 +150,10 @@ def test_a_waiting_client_is_granted_once_the_holder_closes(live_server_factory)
     timer = threading.Timer(1.5, lambda: requests.post(f"{server.url}/v1/engine/runs/{held}/close",
                                                        json={"holder": "alice", "status": "aborted"}, timeout=30))
     timer.start()
-    answer = client.open_run("shared", actor="bob", wait_seconds=120, reservations=[("a.b", "write")])
+    answer = client.open_run("shared", actor="bob", wait_seconds=120, reservations=[Reservation("a.b", Mode.WRITE)])
     timer.join()
     assert answer.run.actor == "bob" and answer.run.status == "reserved"
     # A wait that runs out ends with the server's final refusal.
     with pytest.raises(EngineError) as refused:
-        client.open_run("shared", actor="carol", wait_seconds=1.5, reservations=[("a.b", "write")])
+        client.open_run("shared", actor="carol", wait_seconds=1.5, reservations=[Reservation("a.b", Mode.WRITE)])
     assert refused.value.status == 409 and refused.value.code == "reservation_conflict"

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from analyzer.state import parse_state
-from runner.core.plan import Snapshot, described_part, given_var_flags
+from runner.core.plan import given_var_flags
+from runner.core.trunk import Snapshot, described_part
 
 PROVIDER = 'provider["terraform.io/builtin/terraform"]'
 

@@ -14,11 +14,12 @@ import requests
 
 from app.domain.reservations import RunStatus
 from runner.cli.entry import main
-from runner.core.apply import Prepared, SavedPlan, saved_plan_refusal
+from runner.core.apply import saved_plan_refusal
 from runner.core.engine_client import EngineClient, OpenedRun, Run
-from runner.core.plan import TerraformContext
+from runner.core.session import TerraformContext
 from runner.core.spec import PlanSpec
 from runner.core.terraform import BinaryKind, TerraformBinary
+from runner.core.workbuild import Prepared, SavedPlan
 from runner.core.workspace import Workspace
 from tests.conftest import Workdir
 from tests.runner.test_file_scoped import make_repo, untrap

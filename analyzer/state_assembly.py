@@ -266,10 +266,11 @@ class _Encoder:
         """The instance items of ``rows`` (one resource's, in order) as ``stream_state`` writes them: each
         indented to its depth, joined by ",", after a "," when ``continued``. By one orjson call each way
         for all of them when the text allows it, else one instance at a time."""
-        text = self._bulk(rows) if self.may_differ is not None and len(rows) > 1 else None
-        if text is None:
-            text = b",".join([_INSTANCE_INDENT + self.instance(row).replace(b"\n", _INSTANCE_INDENT)
-                              for row in rows])
+        with gc_paused():  # the run's trees are acyclic and freed by reference counting
+            text = self._bulk(rows) if self.may_differ is not None and len(rows) > 1 else None
+            if text is None:
+                text = b",".join([_INSTANCE_INDENT + self.instance(row).replace(b"\n", _INSTANCE_INDENT)
+                                  for row in rows])
         return b"," + text if continued else text
 
     def _bulk(self, rows: list[InstanceRow | AssemblyRow]) -> bytes | None:

@@ -73,8 +73,6 @@ __all__ = ["DIAGNOSTICS", "HANDLED", "BlockRef", "Diagnostic", "Footprint", "com
 _RESOURCE_LIKE = frozenset({"resource", "data", "ephemeral", "action"})
 _LOCAL_KINDS = frozenset({"each", "count", "self", "path", "terraform"})
 SELECTED, WRITE, READ, VALIDATION = "selected", "write", "read", "validation"
-# Terraform's hclsyntax.ValidIdentifier: the rule for every name and type label of a named block.
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,21 +428,6 @@ class _Footprinter(Checks):
                 where = ", ".join(sorted({d.path for d in declared}))
                 self._diagnose("duplicate_definition", block.file, block.span.start_line,
                                f"{block.address} is declared more than once ({where})")
-
-    def _check_migration_sources(self, write_roots: list[_Member]) -> None:
-        for member in write_roots:
-            block = member.block
-            if block.type not in ("moved", "removed") or not block.targets or "[" in block.targets[0]:
-                continue
-            source = block.targets[0]
-            if source.startswith("module.") and source.count(".") > 1:
-                continue  # an object inside a module: declared in the module's files, not here
-            if block.type == "moved" and len(block.targets) > 1 and block.targets[1].split("[", 1)[0] == source:
-                continue  # moved to a keyed instance of itself: how Terraform adopts count/for_each
-            if declared := self.index.get(source):
-                where = ", ".join(sorted({d.path for d in declared}))
-                self._diagnose("migration_source_declared", block.file, block.span.start_line,
-                               f"this {block.type} block takes {source} away, but {where} still declares it")
 
     # --- the closure ------------------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ _PASS_THROUGH = frozenset({"data", "ephemeral"})
 class _Host(Protocol):
     files: Any
     selected: tuple[str, ...]
-    by_file: dict[str, list[Any]]
+    index: Any  # footprint_index.DefinitionIndex
     outputs: set[str]
 
     def _block(self, definition: Any) -> Block | None: ...
@@ -89,7 +89,7 @@ class Consumers:
                     self._consider(path, hit.pos, hit.address, write_roots, writes)
 
     def _consider(self, path: str, pos: int, address: str, write_roots: list[Any], writes: set[str]) -> None:
-        definition = _enclosing(self._host.by_file.get(path, ()), pos)
+        definition = _enclosing(self._host.index.defs(path), pos)
         if definition is None:
             return  # between blocks: a comment
         block = self._host._block(definition)

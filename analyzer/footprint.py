@@ -14,7 +14,8 @@ blocks are closed over in turn. A resource-like member pulls its provider config
 meta-argument, else the default configuration of the type's provider); a module call pulls the configurations
 in its ``providers`` map and every default configuration, which a child module may inherit. ``terraform``
 blocks are always members, their ``backend``/``cloud`` blocks marked for omission (the workspace builder
-sets the backend). Files are found with the cheap prescan; only the blocks the closure reaches are parsed.
+sets the backend). Files are found with the cheap prescan, indexed per file (``analyzer.footprint_index``, kept
+in the parse cache); only the blocks the closure reaches are parsed.
 
 The globs. Writes: each resource and data source declared in the selected files (``T.N`` and ``T.N.*``), each
 module call there (``module.N.*``), every address a ``moved``/``removed``/``import`` block of the workspace
@@ -36,9 +37,10 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from analyzer.addresses import AddressError, declared_address, parse_instance_address, parse_module_path
+from analyzer.addresses import AddressError, parse_instance_address, parse_module_path
 from analyzer.consumers import Consumers
-from analyzer.footprint_checks import Checks, labels_valid
+from analyzer.footprint_checks import Checks
+from analyzer.footprint_index import MIGRATIONS, DefinitionIndex, FileIndex, classify, file_index
 from analyzer.footprint_rules import (
     DIAGNOSTICS,
     HANDLED,
@@ -69,12 +71,8 @@ from analyzer.prescan import scan
 __all__ = ["DIAGNOSTICS", "HANDLED", "BlockRef", "Diagnostic", "Footprint", "compute_footprint"]
 
 _RESOURCE_LIKE = frozenset({"resource", "data", "ephemeral", "action"})
-_MIGRATIONS = frozenset({"moved", "removed", "import"})
-_NAMED = {"resource": 2, "data": 2, "ephemeral": 2, "action": 2, "module": 1, "variable": 1, "output": 1, "check": 1}
 _LOCAL_KINDS = frozenset({"each", "count", "self", "path", "terraform"})
 SELECTED, WRITE, READ, VALIDATION = "selected", "write", "read", "validation"
-# Terraform's hclsyntax.ValidIdentifier: the rule for every name and type label of a named block.
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +184,7 @@ class _Footprinter(Checks):
     seeds: tuple[str, ...] = ()
     deleted: tuple[str, ...] = ()
     diagnostics: dict[tuple[str, int, str, str], Diagnostic] = field(default_factory=dict)
-    index: dict[str, list[_Def]] = field(default_factory=dict)
+    index: DefinitionIndex[_Def] = field(default_factory=lambda: DefinitionIndex(_header_def))
     locals_defs: list[_Def] = field(default_factory=list)
     providers: dict[str, list[_Def]] = field(default_factory=dict)
     terraform_defs: list[_Def] = field(default_factory=list)
@@ -194,7 +192,6 @@ class _Footprinter(Checks):
     overrides: list[str] = field(default_factory=list)
     resolved: dict[str, list[_Member] | None] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
-    by_file: dict[str, list[_Def]] = field(default_factory=dict)
     reads: set[str] = field(default_factory=set)
     outputs: set[str] = field(default_factory=set)
 
@@ -278,15 +275,15 @@ class _Footprinter(Checks):
             if path in self.selected:
                 selected_blocks += self._index_parsed(path, text)
                 continue
-            headers, complete, bad = self._prescan(path, text)
-            if not complete:
+            index = self._prescan(path, text)
+            if not index.complete:
                 self._index_parsed(path, text)
                 continue
-            for index, header in enumerate(headers):
-                if index in bad:
-                    self._valid_labels(path, header.line, header.type, header.labels)
-                else:
-                    self._add(_Def(path, header=header), header.type, header.labels)
+            for position in sorted(index.bad):
+                header = index.headers[position]
+                self._valid_labels(path, header.line, header.type, header.labels)
+            for header, definition in self.index.add_index(path, index):
+                self._collect(definition, header.type, header.labels)
         return selected_blocks
 
     def _index_parsed(self, path: str, text: str) -> list[Block]:
@@ -297,47 +294,44 @@ class _Footprinter(Checks):
         except HclError as exc:
             self._parse_failure(path, exc)
             return []
-        indexed: list[Block] = []
-        for block in analysis.blocks:
-            if self._valid_labels(path, block.span.start_line, block.type, block.labels):
-                self._add(_Def(path, block=block), block.type, block.labels)
-                indexed.append(block)
+        indexed = [b for b in analysis.blocks if self._valid_labels(path, b.span.start_line, b.type, b.labels)]
+        self._add_file(path, [(_Def(path, block=b), b.type, b.labels) for b in indexed])
         return indexed
 
-    def _prescan(self, path: str, text: str) -> tuple[tuple[BlockHeader, ...], bool, frozenset[int]]:
-        """The file's headers, whether the scan was complete, and which headers carry labels Terraform rejects
-        (cached with the scan, so a warm run checks no label)."""
+    def _prescan(self, path: str, text: str) -> FileIndex:
+        """The file's index: its headers, whether the scan was complete, which headers carry labels Terraform
+        rejects and what the others declare (cached with the scan, so a warm run scans and checks nothing)."""
         digest = self.digests[path] = content_digest(text)
         hit = self.cache.prescans.get(digest)
-        if hit is None:
+        if not isinstance(hit, FileIndex):
             result = scan(text)
-            hit = (result.headers, result.complete)
-        if len(hit) == 2:  # a scan cached before labels were checked with it
-            headers = hit[0]
-            bad = frozenset(i for i, h in enumerate(headers) if not labels_valid(h.type, h.labels))
-            hit = self.cache.prescans[digest] = (headers, hit[1], bad)
+            hit = self.cache.prescans[digest] = file_index(result.headers, result.complete)
         return hit
 
-    def _add(self, definition: _Def, type_: str, labels: tuple[str, ...]) -> None:
-        self.by_file.setdefault(definition.path, []).append(definition)
+    def _add_file(self, path: str, definitions: list[tuple[_Def, str, tuple[str, ...]]]) -> None:
+        """Index a file whose definitions are made already (a parsed or a JSON file)."""
+        collected = self.index.add_defs(path, [(d, classify(type_, labels)) for d, type_, labels in definitions])
+        for position, definition in collected:
+            _, type_, labels = definitions[position]
+            self._collect(definition, type_, labels)
+
+    def _collect(self, definition: _Def, type_: str, labels: tuple[str, ...]) -> None:
+        """Keep a block ``classify`` collects in its list."""
         if type_ == "locals":
             self.locals_defs.append(definition)
         elif type_ == "terraform":
             self.terraform_defs.append(definition)
         elif type_ == "provider" and labels:
             self.providers.setdefault(labels[0], []).append(definition)
-        elif type_ in _MIGRATIONS:
-            if definition.path not in self.selected:
-                self.migrations.append(definition)
-        elif type_ in _NAMED and len(labels) == _NAMED[type_]:
-            self.index.setdefault(declared_address(type_, labels), []).append(definition)
+        elif type_ in MIGRATIONS and definition.path not in self.selected:
+            self.migrations.append(definition)
 
     def _index_json(self, path: str, text: str) -> None:
         declarations = json_document_declarations(text)
         if declarations is None:
             self._diagnose("parse_error", path, 1, "cannot parse the JSON configuration file")
-        for type_, labels in declarations or ():
-            self._add(_Def(path, is_json=True, labels=labels), type_, labels)
+        self._add_file(path, [(_Def(path, is_json=True, labels=labels), type_, labels)
+                              for type_, labels in declarations or ()])
 
     # --- migrations: moved, removed and import blocks ---------------------------------------------------
 
@@ -391,7 +385,7 @@ class _Footprinter(Checks):
             return list(resource_globs(block.address, exact=True))
         if block.type == "module":
             return list(resource_globs(block.address))
-        if block.type in _MIGRATIONS:
+        if block.type in MIGRATIONS:
             return self._target_globs(block)
         self.reads.update(g for address in block.scoped_data for g in resource_globs(address))
         return []
@@ -430,25 +424,10 @@ class _Footprinter(Checks):
                     self._resolve(f"local.{local.name}", block, local.span.start_line)
             elif block.type == "provider" and block.labels:
                 self._provider(block.address[len("provider."):], block)
-            elif len(self.index.get(block.address, ())) > 1:
-                where = ", ".join(sorted({d.path for d in self.index[block.address]}))
+            elif len(declared := self.index.get(block.address)) > 1:
+                where = ", ".join(sorted({d.path for d in declared}))
                 self._diagnose("duplicate_definition", block.file, block.span.start_line,
                                f"{block.address} is declared more than once ({where})")
-
-    def _check_migration_sources(self, write_roots: list[_Member]) -> None:
-        for member in write_roots:
-            block = member.block
-            if block.type not in ("moved", "removed") or not block.targets or "[" in block.targets[0]:
-                continue
-            source = block.targets[0]
-            if source.startswith("module.") and source.count(".") > 1:
-                continue  # an object inside a module: declared in the module's files, not here
-            if block.type == "moved" and len(block.targets) > 1 and block.targets[1].split("[", 1)[0] == source:
-                continue  # moved to a keyed instance of itself: how Terraform adopts count/for_each
-            if self.index.get(source):
-                where = ", ".join(sorted({d.path for d in self.index[source]}))
-                self._diagnose("migration_source_declared", block.file, block.span.start_line,
-                               f"this {block.type} block takes {source} away, but {where} still declares it")
 
     # --- the closure ------------------------------------------------------------------------------------
 
@@ -499,7 +478,7 @@ class _Footprinter(Checks):
     def _lookup(self, address: str, site: Block, line: int) -> list[_Member] | None:
         if address.startswith("local."):
             return self._local(address[len("local."):], site, line)
-        definitions = self.index.get(address, [])
+        definitions = self.index.get(address)
         if not definitions:
             return None
         if len(definitions) > 1:
@@ -590,8 +569,12 @@ class _Footprinter(Checks):
         self.diagnostics.setdefault((file, line, construct, detail), diagnostic)
 
 
+def _header_def(path: str, header: BlockHeader) -> _Def:
+    return _Def(path, header=header)
+
+
 def _is_write_root(block: Block) -> bool:
-    return block.type in ("resource", "data", "module", *_MIGRATIONS) or bool(block.scoped_data)
+    return block.type in ("resource", "data", "module", *MIGRATIONS) or bool(block.scoped_data)
 
 
 def _block_ref(member: _Member, role: str) -> BlockRef:

@@ -1,5 +1,6 @@
-"""Checks on the members of a footprint (file functions, remote state, module sources, override files) and on
-block labels, as a mixin of ``analyzer.footprint``'s footprinter: each one only adds diagnostics.
+"""Checks on the members of a footprint (file functions, remote state, module sources, override files, the
+sources of moved and removed blocks) and on block labels, as a mixin of ``analyzer.footprint``'s footprinter:
+each one only adds diagnostics.
 
 Must not do I/O.
 """
@@ -15,26 +16,27 @@ from analyzer.addresses import declared_address
 from analyzer.footprint_rules import FILE_FUNCTIONS, is_local_source, json_document_declarations
 from analyzer.hcl import HclError, analyze_file
 
-__all__ = ["Checks", "labels_valid"]
+__all__ = ["NAMED", "Checks", "labels_valid"]
 
-_NAMED = {"resource": 2, "data": 2, "ephemeral": 2, "action": 2, "module": 1, "variable": 1, "output": 1, "check": 1}
+NAMED = {"resource": 2, "data": 2, "ephemeral": 2, "action": 2, "module": 1, "variable": 1, "output": 1, "check": 1}
 # Terraform's hclsyntax.ValidIdentifier: the rule for every name and type label of a named block.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 def labels_valid(type_: str, labels: tuple[str, ...]) -> bool:
     """Whether Terraform accepts a block's labels as names (only named block types are checked)."""
-    return type_ not in _NAMED or all(_IDENTIFIER.fullmatch(label) for label in labels)
+    return type_ not in NAMED or all(_IDENTIFIER.fullmatch(label) for label in labels)
 
 
 class Checks:
     """Diagnostics a footprinter adds about what it holds (it provides ``files``, ``overrides``, ``cache``,
-    ``_diagnose`` and ``_parse_failure``)."""
+    ``index``, ``_diagnose`` and ``_parse_failure``)."""
 
     __slots__ = ()
     files: Any
     overrides: list[str]
     cache: Any
+    index: Any
 
     def _diagnose(self, construct: str, file: str, line: int, detail: str) -> None:
         raise NotImplementedError
@@ -44,7 +46,7 @@ class Checks:
 
     def _valid_labels(self, path: str, line: int, type_: str, labels: tuple[str, ...]) -> bool:
         """Whether Terraform accepts the block's name labels; a diagnostic (not an AddressError) when not."""
-        if type_ not in _NAMED:
+        if type_ not in NAMED:
             return True
         for label in labels:
             if _IDENTIFIER.fullmatch(label):
@@ -98,3 +100,18 @@ class Checks:
                 self._diagnose("override_file", path, 1, f"this override file changes {address}, which the "
                                "workspace contains")
 
+    def _check_migration_sources(self, write_roots: Iterable[Any]) -> None:
+        """A moved or removed block must not take away an object the configuration still declares."""
+        for member in write_roots:
+            block = member.block
+            if block.type not in ("moved", "removed") or not block.targets or "[" in block.targets[0]:
+                continue
+            source = block.targets[0]
+            if source.startswith("module.") and source.count(".") > 1:
+                continue  # an object inside a module: declared in the module's files, not here
+            if block.type == "moved" and len(block.targets) > 1 and block.targets[1].split("[", 1)[0] == source:
+                continue  # moved to a keyed instance of itself: how Terraform adopts count/for_each
+            if declared := self.index.get(source):
+                where = ", ".join(sorted({d.path for d in declared}))
+                self._diagnose("migration_source_declared", block.file, block.span.start_line,
+                               f"this {block.type} block takes {source} away, but {where} still declares it")

@@ -61,9 +61,8 @@ class ParseCache:
 
     analyses: dict[str, FileAnalysis] = field(default_factory=dict)
     blocks: dict[tuple[str, int], Block] = field(default_factory=dict)
-    # content sha256 -> (headers, complete) from the prescan, plus the indices of headers whose labels Terraform
-    # rejects once the footprint has checked them
-    prescans: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # content sha256 -> the footprint's index of the prescanned text (``analyzer.footprint_index.FileIndex``)
+    prescans: dict[str, Any] = field(default_factory=dict)
     parse_count: int = 0  # full or partial parses made through this cache (observability for callers)
 
     def __len__(self) -> int:

@@ -6,12 +6,15 @@ from rows is byte-comparable with one Terraform wrote. The row shapes and their 
 ``analyzer.state``'s. Must not do I/O.
 
 ``stream_state`` writes the file as a sequence of byte pieces from rows that arrive already in
-Terraform's order (``row_order``), one resource and one instance at a time, so a caller reading rows from
-a database cursor never holds the parsed state: only the current instance's tree and one piece of text.
+Terraform's order (``row_order``), one resource at a time and at most ``_RUN_ROWS`` of its instances
+together, so a caller reading rows from a database cursor never holds the parsed state: only the current
+run's trees and one piece of text.
 ``assemble_state`` sorts rows given in any order and joins the pieces. Both write exactly the text of
 ``json.dumps(document, indent=2)`` with Go's escapes: each instance object is encoded on its own and
 indented to its depth (a JSON string never holds a raw newline, so indenting the lines of a value is the
-same as encoding it in place).
+same as encoding it in place). A run of instances whose text orjson writes as ``json`` would is written
+by one orjson call, as an array nested to the items' depth, whose lines are those of the items indented
+there one by one.
 
 The optional ``orjson`` (see ``analyzer.state``) encodes an instance when it is sure to write the same text
 as ``json``: no number that could be an integer beyond 64 bits or a float below 1e-4 or from 1e16 in
@@ -82,6 +85,13 @@ _SIXTEEN_DIGITS = b"0" * 16
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
 _EXPONENT = re.compile(rb"[0-9][eE][-+]?[0-9]")
 _PIECE_BYTES = 1 << 20
+_RUN_ROWS = 500  # instances of one resource encoded together
+_ORDERS_KEPT = 64  # distinct field sets whose order an encoder remembers
+_INSTANCE_FIELDS = frozenset(_INSTANCE_FIELD_ORDER)
+# orjson writes items in an array nested four deep at an instance item's depth: each after
+# _INSTANCE_INDENT, joined by ",", between these.
+_NESTED_OPEN = b"[\n  [\n    [\n      ["
+_NESTED_CLOSE = b"\n      ]\n    ]\n  ]\n]"
 _INSTANCE_INDENT = b"\n        "  # an instance object is an item of an array four levels down
 _RESOURCE_INDENT = b"\n    "
 # The text around the resources: a file is the header, RESOURCES_OPEN, the resource cores joined by
@@ -173,32 +183,41 @@ def stream_state(
     group: tuple[str, str, str, str] | None = None
     provider = ""
     previous: tuple[int, int, str, str] | None = None
+    run: list[InstanceRow | AssemblyRow] = []  # the current resource's rows not yet encoded
+    continued = False  # whether some of the current resource's instances are written already
     for row in instances:
         key = (row.module, row.mode, row.type, row.name)
         order = _instance_order(row)
         if key != group:
+            if run:
+                out += encoder.items(run, continued)
+                run = []
             if group is not None:
                 if key < group:
                     raise ValueError(f"{resource_address(*key)}: rows are not in the state's resource order")
                 out += RESOURCE_SEP
-            group, provider, previous = key, row.provider, None
+            group, provider, previous, continued = key, row.provider, None, False
             out += _RESOURCE_INDENT
             out += _resource_head(row, encoder)
         elif row.provider != provider:
+            out += encoder.items(run, continued)  # the rows before fail first, as one at a time would
             raise ValueError(f"{resource_address(*key)} has instances with two providers: {provider} and "
                              f"{row.provider}")
-        else:
-            out += b","
         if previous is not None and order <= previous:
+            out += encoder.items(run, continued)
             if order == previous:
                 raise ValueError(f"{row.address} (deposed {row.deposed!r}) appears twice among the rows")
             raise ValueError(f"{row.address}: rows are not in the state's instance order")
         previous = order
-        out += _INSTANCE_INDENT
-        out += encoder.instance(row).replace(b"\n", _INSTANCE_INDENT)
-        if len(out) >= piece_bytes:
-            yield _go_escaped(out)
-            out = bytearray()
+        run.append(row)
+        if len(run) >= _RUN_ROWS:
+            out += encoder.items(run, continued)
+            run, continued = [], True
+            if len(out) >= piece_bytes:
+                yield _go_escaped(out)
+                out = bytearray()
+    if run:
+        out += encoder.items(run, continued)
     out += CLOSE_TAIL if group is not None else EMPTY_TAIL
     yield _go_escaped(out)
 
@@ -207,10 +226,11 @@ class _Encoder:
     """One value in, ``json.dumps(value, indent=2)`` out (as UTF-8, or ASCII with ``ensure_ascii``), by
     orjson where it writes the same text."""
 
-    __slots__ = ("ensure_ascii", "may_differ")
+    __slots__ = ("ensure_ascii", "may_differ", "orders")
 
     def __init__(self, *, ensure_ascii: bool, plain_numbers: bool) -> None:
         self.ensure_ascii = ensure_ascii
+        self.orders: dict[tuple[str, ...], tuple[str, ...]] = {}  # an instance's keys -> Terraform's order
         self.may_differ = None if orjson is None or ensure_ascii else (
             _MAY_DIFFER_PLAIN if plain_numbers else _MAY_DIFFER)
 
@@ -242,13 +262,52 @@ class _Encoder:
                 pass
         return json.dumps(value, indent=2, ensure_ascii=self.ensure_ascii).encode()
 
+    def items(self, rows: list[InstanceRow | AssemblyRow], continued: bool) -> bytes:
+        """The instance items of ``rows`` (one resource's, in order) as ``stream_state`` writes them: each
+        indented to its depth, joined by ",", after a "," when ``continued``. By one orjson call each way
+        for all of them when the text allows it, else one instance at a time."""
+        with gc_paused():  # the run's trees are acyclic and freed by reference counting
+            text = self._bulk(rows) if self.may_differ is not None and len(rows) > 1 else None
+            if text is None:
+                text = b",".join([_INSTANCE_INDENT + self.instance(row).replace(b"\n", _INSTANCE_INDENT)
+                                  for row in rows])
+        return b"," + text if continued else text
+
+    def _bulk(self, rows: list[InstanceRow | AssemblyRow]) -> bytes | None:
+        """``items`` of UTF-8 rows by orjson alone, the objects written in one call as an array nested to
+        the items' depth, so orjson indents them; None where the one-at-a-time path must decide (a text
+        that may differ, a str text, nesting orjson refuses)."""
+        texts = [row.instance_json for row in rows]
+        try:
+            joined = b"\n".join(texts)  # type: ignore[arg-type]
+        except TypeError:  # str texts
+            return None
+        if self._differs(joined):  # the separator cannot complete a match across two texts
+            return None
+        loads = orjson.loads
+        try:
+            ordered = [self.ordered(row, loads(text)) for row, text in zip(rows, texts, strict=True)]
+            return orjson.dumps([[[ordered]]], option=orjson.OPT_INDENT_2)[len(_NESTED_OPEN):-len(_NESTED_CLOSE)]
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+            return None
+
     def instance(self, row: InstanceRow | AssemblyRow) -> bytes:
         instance, fast = self.load(row.instance_json)
+        return self.dump(self.ordered(row, instance), fast)
+
+    def ordered(self, row: InstanceRow | AssemblyRow, instance: dict[str, Any]) -> dict[str, Any]:
+        """``instance`` with its fields in Terraform's order (the ones it does not know after, as they
+        come); raises ValueError when its key or deposed field disagrees with the row."""
         if instance.get("index_key") != row.index_key or (instance.get("deposed") or "") != row.deposed:
             raise ValueError(f"{row.address}: instance_json disagrees with the row's index_key or deposed")
-        ordered = {field: instance[field] for field in _INSTANCE_FIELD_ORDER if field in instance}
-        ordered.update(instance)
-        return self.dump(ordered, fast)
+        keys = tuple(instance)
+        order = self.orders.get(keys)
+        if order is None:
+            order = tuple(f for f in _INSTANCE_FIELD_ORDER if f in instance) + tuple(
+                k for k in keys if k not in _INSTANCE_FIELDS)
+            if len(self.orders) < _ORDERS_KEPT:
+                self.orders[keys] = order
+        return dict(zip(order, map(instance.__getitem__, order), strict=True))
 
 
 def _resource_head(row: InstanceRow | AssemblyRow, encoder: _Encoder) -> bytes:

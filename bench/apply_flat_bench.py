@@ -21,6 +21,11 @@ that code, so before and after are measured side by side on the same machine.
 
 ``measure_apply(h, work, files, reps)`` is the reusable part: it returns an ``ApplySize`` with the wall times,
 the per-request server times and the load averages.
+
+Every apply is measured twice: wall-clock seconds and CPU seconds (user + system of the ``kl`` process and the
+processes it waited for, from ``getrusage(RUSAGE_CHILDREN)``; plus the CPU of the server threads that answered
+its requests). On a loaded machine the wall-clock spread within one size can exceed the difference between
+sizes; the CPU seconds are what the apply itself costs, so the report gives the ratio of both.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,14 +57,16 @@ perf = time.perf_counter
 
 class RequestTimes(ServerTimes):
     """(method, route, seconds) of every request the server answers, taken in the server thread (records,
-    ``mark`` and ``since`` as ``ServerTimes``)."""
+    ``mark`` and ``since`` as ``ServerTimes``); ``cpu`` holds the CPU seconds of the answering thread, one per
+    record."""
 
     def __init__(self, app: Any) -> None:
         super().__init__()
         self.app = app
+        self.cpu: list[float] = []
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        started = perf()
+        started, cpu = perf(), time.thread_time()
         try:
             return self.app(environ, start_response)
         finally:
@@ -66,6 +74,11 @@ class RequestTimes(ServerTimes):
                            re.sub(r"/states/[^/]+", "/states/NAME", environ.get("PATH_INFO", "")))
             with self.lock:
                 self.records.append((environ.get("REQUEST_METHOD", ""), route, perf() - started))  # type: ignore[arg-type]
+                self.cpu.append(time.thread_time() - cpu)
+
+    def cpu_since(self, mark: int) -> float:
+        with self.lock:
+            return sum(self.cpu[mark:])
 
 
 def install_request_times(h: Harness) -> RequestTimes:
@@ -82,6 +95,8 @@ class ApplySize:
     state_bytes: int = 0
     post_seconds: float = 0.0
     seconds: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)          # CPU seconds of the kl process and its children
+    server_cpu: list[float] = field(default_factory=list)   # CPU seconds of the server threads, per apply
     load: list[float] = field(default_factory=list)
     requests: list[list[Any]] = field(default_factory=list)   # (method, route, seconds) per apply
 
@@ -146,11 +161,14 @@ class ApplyBench:
             env = {**self.env, "KL_DATA_DIR": str(self.base_data)}
         mark = self.times.mark()
         load = os.getloadavg()[0]
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = perf()
         with baseline_server(self.baseline if baseline else None):
             proc = subprocess.run(argv, cwd=self.dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, errors="replace")
         seconds = perf() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
         if proc.returncode != 0:
             raise BenchError(f"kl apply -f exited {proc.returncode}:\n{proc.stdout[-3000:]}")
         if self.serial() != before + 1:
@@ -160,6 +178,8 @@ class ApplyBench:
         if record and profile is None:
             res = self.base if baseline else self.res
             res.seconds.append(seconds)
+            res.cpu.append(cpu)
+            res.server_cpu.append(self.times.cpu_since(mark))
             res.load.append(load)
             res.requests.append(self.times.since(mark))
         return seconds
@@ -207,6 +227,11 @@ def report(results: list[ApplySize]) -> str:
     lines.append("| `kl apply -f` one instance, median (min-max) s | " + " | ".join(
         f"{med(r.seconds):.2f} ({min(r.seconds):.2f}-{max(r.seconds):.2f})" for r in results)
         + f" | {med(large.seconds) / med(small.seconds):.2f}x |")
+    lines.append("| CPU of `kl` and its children, median (min-max) s | " + " | ".join(
+        f"{med(r.cpu):.2f} ({min(r.cpu):.2f}-{max(r.cpu):.2f})" for r in results)
+        + f" | {med(large.cpu) / med(small.cpu):.2f}x |")
+    lines.append("| server CPU per apply, median s | " + " | ".join(f"{med(r.server_cpu):.3f}" for r in results)
+                 + f" | {med(large.server_cpu) / max(med(small.server_cpu), 1e-9):.2f}x |")
     lines.append("| state body | " + " | ".join(f"{r.state_bytes / 1e6:.0f} MB" for r in results) + " | |")
     lines.append("| 1-minute load average (min-max) | " + " | ".join(
         f"{min(r.load):.2f}-{max(r.load):.2f}" for r in results) + " | |")

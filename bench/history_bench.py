@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -94,11 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out, command = common.start_run(args, "history_bench", argv)
     instances, hot, versions = (5_000, 1_000, 20) if args.quick else (50_000, 1_000, 200)
-    name = f"kl_bench_history_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.database_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = common.with_dbname(args.database_url, name)
-    try:
+    with common.scratch_database(args.database_url, "kl_bench_history") as url:
         migrate(url)
         db = Database(url)
         try:
@@ -134,9 +129,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(section)
         if out is not None:
             common.write_section(out, SECTION, section)
-    finally:
-        with psycopg.connect(args.database_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0
 
 

@@ -204,7 +204,7 @@ def _tf_label(binary, args, **kwargs):
 _wrap(runner.cli.support, "resolve", "read plan file, resolve server (HCL parse), find terraform")
 _wrap(runner.cli.changes, "terraform_context", "read plan file, resolve server (HCL parse), find terraform")
 _wrap(runner.core.spec.PlanSpec, "load", "read plan file, resolve server (HCL parse), find terraform")
-_wrap(runner.core.pins, "verify", "check_spec (config hash, pinned inputs)")
+_wrap(runner.core.pins, "verify", "pins.verify (config hash, pinned inputs)")
 _wrap(runner.core.engine_client.EngineClient, "open_run", "open run (reserve)")
 _wrap(runner.core.workbuild, "fetch_snapshot", "snapshot fetch (GET assembled + parse)")
 _wrap(runner.core.workbuild, "described_part", "slice the snapshot")
@@ -250,7 +250,7 @@ PHASE_ORDER = [
     "Python start",
     "imports",
     "read plan file, resolve server (HCL parse), find terraform",
-    "check_spec (config hash, pinned inputs)",
+    "pins.verify (config hash, pinned inputs)",
     "open run (reserve)",
     "snapshot fetch (GET assembled + parse)",
     "slice the snapshot",

@@ -18,8 +18,8 @@ the assembly writes and the instance's text as bytes (``resources.stream_assembl
 ``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each piece goes to the
 reader and into a temporary table on the same connection as it comes (``_CacheWriter``, stored
 uncompressed); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing
-them once. The
-process holds a batch of rows and a few pieces, never the state, and the sha256 is taken piece by piece.
+them once. The process holds a batch of rows and a few pieces, never the state, and the sha256 is taken
+piece by piece.
 A reader that goes away mid-stream rolls the transaction back: nothing is cached and the next reader
 assembles again.
 

@@ -26,7 +26,11 @@ log = logging.getLogger("kilolock.store")
 
 # For each key (address, deposed) a write opened at ``serial``: the attribute names that differ from the
 # row it closed at the same serial. A name Terraform lists as sensitive (first step of a
-# sensitive_attributes path) or that looks like a secret is counted, never named.
+# sensitive_attributes path) or that looks like a secret is counted, never named. The differing names are
+# the new object's keys whose value differs from the old one's (or that the old one lacks) and the old
+# object's keys the new one lacks: two key scans and lookups per pair, no join (a FULL JOIN of two
+# jsonb_each scans builds a hash table per pair and costs twice as much). ``OFFSET 0`` keeps each pair's
+# attribute objects computed once rather than once per key.
 _CHANGED_NAMES = """
 INSERT INTO resource_changes (resource_id, names, sensitive)
 SELECT n.id, d.names, d.hidden
@@ -36,11 +40,18 @@ JOIN resources n ON n.state_id = %(state)s AND n.address = k.address AND n.depos
 JOIN resources o ON o.state_id = %(state)s AND o.address = k.address AND o.deposed = k.deposed
                 AND o.delete_serial = %(serial)s
 CROSS JOIN LATERAL (
+    SELECT CASE jsonb_typeof(n.instance -> 'attributes') WHEN 'object' THEN n.instance -> 'attributes'
+                ELSE '{}' END AS new,
+           CASE jsonb_typeof(o.instance -> 'attributes') WHEN 'object' THEN o.instance -> 'attributes'
+                ELSE '{}' END AS old
+    OFFSET 0
+) v
+CROSS JOIN LATERAL (
     SELECT coalesce(array_agg(x.k ORDER BY x.k) FILTER (WHERE NOT x.hidden), '{}') AS names,
            count(*) FILTER (WHERE x.hidden) AS hidden
     FROM (
-        SELECT coalesce(a.key, b.key) AS k,
-               coalesce(a.key, b.key) ~* %(secret)s OR coalesce(a.key, b.key) IN (
+        SELECT c.k,
+               c.k ~* %(secret)s OR c.k IN (
                    SELECT p -> 0 ->> 'value'
                    FROM jsonb_array_elements(
                        CASE jsonb_typeof(n.instance -> 'sensitive_attributes') WHEN 'array'
@@ -48,11 +59,9 @@ CROSS JOIN LATERAL (
                        || CASE jsonb_typeof(o.instance -> 'sensitive_attributes') WHEN 'array'
                                THEN o.instance -> 'sensitive_attributes' ELSE '[]' END) p
                    WHERE jsonb_typeof(p) = 'array') AS hidden
-        FROM jsonb_each(CASE jsonb_typeof(n.instance -> 'attributes') WHEN 'object'
-                             THEN n.instance -> 'attributes' ELSE '{}' END) a
-        FULL JOIN jsonb_each(CASE jsonb_typeof(o.instance -> 'attributes') WHEN 'object'
-                                  THEN o.instance -> 'attributes' ELSE '{}' END) b ON a.key = b.key
-        WHERE a.value IS DISTINCT FROM b.value
+        FROM (SELECT a.k FROM jsonb_object_keys(v.new) a(k) WHERE v.new -> a.k IS DISTINCT FROM v.old -> a.k
+              UNION ALL
+              SELECT b.k FROM jsonb_object_keys(v.old) b(k) WHERE NOT v.new ? b.k) c
     ) x
 ) d
 """

@@ -48,15 +48,6 @@ def whole_seconds(value: Any) -> int | None:
     return int(seconds) if seconds.is_integer() else None
 
 
-def parse_every(value: Any) -> int | None:
-    """Seconds of a drift window (``90m``, ``6h``, ``1d``, ``1h30m`` or a number of seconds), None when it is
-    not a duration or out of range."""
-    seconds = whole_seconds(value)
-    if seconds is None or not MIN_DRIFT_EVERY <= seconds <= MAX_DRIFT_EVERY:
-        return None
-    return seconds
-
-
 def _seconds_between(low: int, high: int, *, none_ok: bool = False) -> Any:
     def check(value: Any) -> int | None:
         if value is None and none_ok:

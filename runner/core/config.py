@@ -101,7 +101,7 @@ def read_tf_files(config_dir: Path) -> dict[str, str]:
 
 def backend_texts(config_dir: Path, texts: Mapping[str, str] | None) -> dict[str, str]:
     """The ``.tf`` files the backend block is looked for in: read from ``config_dir``, or taken from ``texts``
-    (its ``.tf`` and ``.tf.json`` files as ``read_configuration`` read them, so a
+    (its ``.tf`` and ``.tf.json`` files as ``read_configuration`` reads them, so a
     file-scoped command reads every file once) with undecodable bytes replaced as a fresh read would."""
     if texts is None:
         return read_tf_files(config_dir) if config_dir.is_dir() else {}

@@ -31,8 +31,8 @@ __all__ = ["Signature", "cache_path", "load_cache", "overlay_path", "prune_cache
 
 CACHE_NAME = "hcl-cache.pickle"
 OVERLAY_NAME = "hcl-cache.overlay.pickle"
-_MAGIC = b"kilolock-parse-cache 1\n"
-_OVERLAY_MAGIC = b"kilolock-parse-overlay 1\n"
+_MAGIC = b"kilolock-parse-cache 2\n"  # 2: prescans hold footprint_index.FileIndex
+_OVERLAY_MAGIC = b"kilolock-parse-overlay 2\n"
 _DIGEST_SIZE = hashlib.sha256().digest_size
 # An overlay is written instead of the whole cache only for a cache of at least this many entries, and only
 # while it holds at most this share of the cache's entries.

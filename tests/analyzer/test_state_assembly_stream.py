@@ -133,6 +133,25 @@ def test_rows_with_utf8_text_assemble_as_instance_rows_do(plain_numbers: bool) -
     assert b"".join(stream_state(instances=lean, **common)) == b"".join(stream_state(instances=rows, **common))
 
 
+@pytest.mark.parametrize("run_rows", [1, 2, 3, 500])
+def test_instances_encoded_together_write_what_one_at_a_time_writes(
+        monkeypatch: pytest.MonkeyPatch, run_rows: int) -> None:
+    parsed = _parsed()
+    many = [replace(parsed.instances[0], address=f"terraform_data.many[{i}]", name="many", index_key=i,
+                    instance_json=json.dumps({"index_key": i, "schema_version": 0,
+                                              "attributes": {"id": str(i), "v": _AWKWARD[i % 5]}}))
+            for i in range(7)]
+    rows = sorted([*parsed.instances, *many], key=row_order)
+    plain = [replace(row, instance_json=_jsonb_like(json.loads(row.instance_json))) for row in rows]
+    lean = [AssemblyRow(r.module, r.mode, r.type, r.name, r.address, r.index_key, r.deposed, r.provider,
+                        r.instance_json.encode()) for r in plain]
+    monkeypatch.setattr(state_assembly, "_RUN_ROWS", run_rows)
+    got = b"".join(stream_state(serial=parsed.serial, lineage=parsed.lineage, piece_bytes=300,
+                                terraform_version=parsed.terraform_version, instances=lean,
+                                outputs=parsed.outputs, plain_numbers=True))
+    assert got == _reference(parsed, plain)
+
+
 @pytest.mark.parametrize("plain_numbers", [True, False])
 def test_the_utf8_fast_path_check_agrees_with_the_pattern(plain_numbers: bool) -> None:
     encoder = state_assembly._Encoder(ensure_ascii=False, plain_numbers=plain_numbers)

@@ -87,3 +87,31 @@ def test_blame_refuses_bad_globs_and_bounds_with_the_error_envelope(client, clea
         assert answer.status_code == 400, (query, answer.data)
         assert answer.get_json()["ok"] is False
     assert client.get(READ, query_string={"glob": "terraform_data.never"}).status_code == 404
+
+
+def test_blame_names_added_removed_and_changed_keys_and_counts_secret_ones(client, clean_db):
+    """Every top-level name whose value differs is reported once, sorted: a changed value, a key only the old
+    object has, a key only the new one has, a JSON null against a missing key; equal values (nested objects
+    in another key order) are not. Secret-looking names, and names only the old row lists as sensitive, are
+    counted, never named. A lifecycle whose attributes are not an object compares as an empty object."""
+    def body(serial: int, attributes: object, *, sensitive: list[object]) -> bytes:
+        inst = instance(None, "x", sensitive_attributes=sensitive)
+        inst["attributes"] = attributes
+        return state(serial, [resource("t", [inst]), resource("u", [instance(None, f"u{serial}")])])
+
+    old = {"changed": 1, "gone": "g", "same": {"a": 1, "b": [1, 2]}, "nulled": 1, "db_password": "p1",
+           "listed": "l1", "api_token": "t"}
+    new = {"changed": 2, "added": "a", "same": {"b": [1, 2], "a": 1}, "nulled": None, "db_password": "p2",
+           "listed": "l2", "was_null": None}
+    listed = [[{"type": "get_attr", "value": "listed"}]]
+    assert client.post(STATE, data=body(1, old, sensitive=listed)).status_code == 200
+    assert client.post(STATE, data=body(2, new, sensitive=[])).status_code == 200
+    assert client.post(STATE, data=body(3, "not an object", sensitive=[])).status_code == 200
+
+    changes = client.get(READ, query_string={"glob": "terraform_data.t"}).get_json()["instances"][0]["changes"]
+    assert [(c["kind"], c["serial"]) for c in changes] == [("changed", 3), ("changed", 2), ("created", 1)]
+    assert changes[1]["attributes"] == ["added", "changed", "gone", "nulled", "was_null"]
+    assert changes[1]["sensitive"] == 3  # db_password, listed (sensitive in the old row), api_token (removed)
+    # every key of the old object is gone; db_password is counted, the rest named
+    assert changes[0]["attributes"] == ["added", "changed", "listed", "nulled", "same", "was_null"]
+    assert changes[0]["sensitive"] == 1

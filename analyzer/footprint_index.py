@@ -1,0 +1,182 @@
+"""The footprint's index of top-level block declarations, merged from small per-file indexes.
+
+Owns which address each top-level block declares for the footprint (``classify``), the per-file index of a
+prescanned text (``FileIndex``, kept in the parse cache under the text's content hash) and the whole
+configuration's index (``DefinitionIndex``: address -> definitions, in file and position order).
+
+A footprint looks up a handful of addresses, but the index must know every declaration so a duplicate is
+never missed. ``FileIndex`` holds, per text, the address -> position table and the positions of the blocks
+the footprint collects whatever they name (``locals``, ``terraform``, labelled ``provider``, ``moved``/
+``removed``/``import``), so building the whole index is one dictionary merge per file; the headers are
+stored packed (compressed JSON), decoded, and each file's definitions made, only for the files a footprint
+visits. A ``FileIndex`` pickles as plain strings, bytes and numbers, so loading a parse cache of many files
+unpickles no header objects.
+
+Must not do I/O or import hcl2.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+from analyzer.addresses import declared_address
+from analyzer.footprint_checks import NAMED, labels_valid
+from analyzer.prescan import BlockHeader
+
+__all__ = ["COLLECTED", "MIGRATIONS", "DefinitionIndex", "FileIndex", "classify", "file_index"]
+
+MIGRATIONS = frozenset({"moved", "removed", "import"})
+COLLECTED = "collected"  # classify(): the footprint keeps every such block, whatever it names
+
+D = TypeVar("D")
+
+
+def classify(type_: str, labels: tuple[str, ...]) -> str | None:
+    """``COLLECTED`` for a block the footprint collects (locals, terraform, a labelled provider, a migration),
+    the address a named block declares, or None for a block nothing looks up by name."""
+    if type_ in ("locals", "terraform") or type_ in MIGRATIONS or (type_ == "provider" and labels):
+        return COLLECTED
+    if type_ in NAMED and len(labels) == NAMED[type_]:
+        return declared_address(type_, labels)
+    return None
+
+
+class FileIndex:
+    """One prescanned text as the footprint indexes it.
+
+    ``complete`` is the prescan's; ``bad`` the positions (in the scan) of headers whose labels Terraform
+    rejects; the *kept* headers are the others, in order. ``names`` maps each declared address to the
+    position (among the kept headers) of its first declaration, ``repeats`` holds later declarations of an
+    address in the same text, ``collected`` the positions of the blocks ``classify`` collects.
+    """
+
+    __slots__ = ("_headers", "_kept", "_packed", "bad", "collected", "complete", "names", "repeats")
+
+    def __init__(self, complete: bool, bad: frozenset[int], names: dict[str, int],
+                 repeats: tuple[tuple[str, int], ...], collected: tuple[int, ...], packed: bytes,
+                 headers: tuple[BlockHeader, ...] | None = None) -> None:
+        self.complete, self.bad, self.names, self.repeats, self.collected = complete, bad, names, repeats, collected
+        self._packed, self._headers = packed, headers
+        self._kept: list[BlockHeader] | None = None
+
+    @property
+    def headers(self) -> tuple[BlockHeader, ...]:
+        """Every header the scan found, decoded on first use."""
+        if self._headers is None:
+            self._headers = tuple(BlockHeader(t, tuple(labels), line, start, end)
+                                  for t, labels, line, start, end in json.loads(zlib.decompress(self._packed)))
+        return self._headers
+
+    def kept(self) -> list[BlockHeader]:
+        """The headers whose labels are valid, in order (the positions of ``names`` and ``collected``)."""
+        if self._kept is None:
+            self._kept = [h for i, h in enumerate(self.headers) if i not in self.bad]
+        return self._kept
+
+    def __reduce__(self) -> tuple[Callable[..., FileIndex], tuple[Any, ...]]:
+        return (FileIndex, (self.complete, self.bad, self.names, self.repeats, self.collected, self._packed))
+
+
+def file_index(headers: Sequence[BlockHeader], complete: bool) -> FileIndex:
+    """The index of one prescanned text (its headers and whether the scan was complete)."""
+    bad = frozenset(i for i, h in enumerate(headers) if not labels_valid(h.type, h.labels))
+    names: dict[str, int] = {}
+    repeats: list[tuple[str, int]] = []
+    collected: list[int] = []
+    for position, header in enumerate(h for i, h in enumerate(headers) if i not in bad):
+        kind = classify(header.type, header.labels)
+        if kind == COLLECTED:
+            collected.append(position)
+        elif kind is not None and kind in names:
+            repeats.append((kind, position))
+        elif kind is not None:
+            names[kind] = position
+    packed = zlib.compress(json.dumps([[h.type, h.labels, h.line, h.start_pos, h.end_pos] for h in headers],
+                                      separators=(",", ":")).encode(), 1)
+    return FileIndex(complete, bad, names, tuple(repeats), tuple(collected), packed, tuple(headers))
+
+
+class DefinitionIndex(Generic[D]):
+    """Address -> definitions over the files added, in the order the files were added and then by position.
+
+    A file's definitions are made (``make(path, header)``) only when a lookup or ``defs`` reaches them.
+    """
+
+    def __init__(self, make: Callable[[str, BlockHeader], D]) -> None:
+        self._make = make
+        self._first: dict[str, str] = {}           # address -> the first file declaring it
+        self._more: dict[str, list[str]] = {}      # address -> the other files declaring it, in order
+        self._names: dict[str, tuple[Mapping[str, int], tuple[tuple[str, int], ...]]] = {}
+        self._defs: dict[str, list[D | None]] = {}
+        self._lazy: dict[str, FileIndex] = {}
+
+    def add_defs(self, path: str, definitions: Iterable[tuple[D, str | None]]) -> list[tuple[int, D]]:
+        """Add a file whose definitions are made already, each with its ``classify`` result; the collected
+        ones (position, definition)."""
+        defs: list[D | None] = []
+        names: dict[str, int] = {}
+        repeats: list[tuple[str, int]] = []
+        collected: list[tuple[int, D]] = []
+        for position, (definition, kind) in enumerate(definitions):
+            defs.append(definition)
+            if kind == COLLECTED:
+                collected.append((position, definition))
+            elif kind is not None and kind in names:
+                repeats.append((kind, position))
+            elif kind is not None:
+                names[kind] = position
+        self._defs[path] = defs
+        self._merge(path, names, tuple(repeats))
+        return collected
+
+    def add_index(self, path: str, index: FileIndex) -> list[tuple[BlockHeader, D]]:
+        """Add a prescanned file by its index; its collected definitions (made now) with their headers."""
+        self._lazy[path] = index
+        self._merge(path, index.names, index.repeats)
+        if not index.collected:
+            return []
+        kept = index.kept()
+        return [(kept[p], self._at(path, p)) for p in index.collected]
+
+    def _merge(self, path: str, names: Mapping[str, int], repeats: tuple[tuple[str, int], ...]) -> None:
+        self._names[path] = (names, repeats)
+        first = self._first
+        overlap = names.keys() & first.keys()
+        for address in sorted(overlap):
+            self._more.setdefault(address, []).append(path)
+        if overlap:
+            first.update((a, path) for a in names if a not in overlap)
+        else:
+            first.update(dict.fromkeys(names, path))
+
+    def _at(self, path: str, position: int) -> D:
+        defs = self._defs.get(path)
+        if defs is None:
+            defs = self._defs[path] = [None] * len(self._lazy[path].kept())
+        found = defs[position]
+        if found is None:
+            found = defs[position] = self._make(path, self._lazy[path].kept()[position])
+        return found
+
+    def defs(self, path: str) -> list[D]:
+        """Every definition of one file (of its kept headers), in position order; empty for a file not added."""
+        if path not in self._names:
+            return []
+        if path in self._lazy:
+            return [self._at(path, p) for p in range(len(self._lazy[path].kept()))]
+        return [d for d in self._defs[path] if d is not None]
+
+    def get(self, address: str) -> list[D]:
+        """The definitions of ``address`` (more than one: it is declared more than once)."""
+        first = self._first.get(address)
+        if first is None:
+            return []
+        out: list[D] = []
+        for path in (first, *self._more.get(address, ())):
+            names, repeats = self._names[path]
+            out.append(self._at(path, names[address]))
+            out.extend(self._at(path, p) for a, p in repeats if a == address)
+        return out

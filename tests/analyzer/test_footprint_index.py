@@ -1,0 +1,98 @@
+"""The footprint's per-file index: cached in the parse cache, merged into the configuration's index."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from analyzer.footprint import compute_footprint
+from analyzer.footprint_index import COLLECTED, DefinitionIndex, FileIndex, classify, file_index
+from analyzer.hcl import ParseCache
+from analyzer.prescan import BlockHeader, scan
+from tests.analyzer.test_footprint import RISKY, SPLIT, _files
+
+TEXT = '''resource "a" "b" {}
+locals {
+  x = 1
+}
+resource "a" "b" {}
+variable "bad name" {}
+provider "aws" {}
+moved {
+  from = a.c
+  to   = a.b
+}
+output "o" {}
+'''
+
+
+def test_a_file_index_says_what_each_kept_header_declares() -> None:
+    result = scan(TEXT)
+    index = file_index(result.headers, result.complete)
+    assert index.complete and index.bad == frozenset({3})
+    assert [h.type for h in index.kept()] == ["resource", "locals", "resource", "provider", "moved", "output"]
+    assert index.names == {"a.b": 0, "output.o": 5}
+    assert index.repeats == (("a.b", 2),)
+    assert index.collected == (1, 3, 4)
+
+
+def test_a_file_index_pickles_without_header_objects_and_decodes_the_same_headers() -> None:
+    result = scan(TEXT)
+    blob = pickle.dumps(file_index(result.headers, result.complete), protocol=pickle.HIGHEST_PROTOCOL)
+    assert b"BlockHeader" not in blob
+    loaded = pickle.loads(blob)
+    assert isinstance(loaded, FileIndex)
+    assert loaded.headers == result.headers
+    assert (loaded.bad, loaded.names, loaded.repeats, loaded.collected) == (
+        frozenset({3}), {"a.b": 0, "output.o": 5}, (("a.b", 2),), (1, 3, 4))
+
+
+def test_the_merged_index_returns_every_declaration_in_file_and_position_order() -> None:
+    made: list[tuple[str, int]] = []
+
+    def make(path: str, header: BlockHeader) -> tuple[str, int]:
+        made.append((path, header.line))
+        return (path, header.line)
+
+    index: DefinitionIndex[tuple[str, int]] = DefinitionIndex(make)
+    result = scan(TEXT)
+    collected = index.add_index("a.tf", file_index(result.headers, result.complete))
+    assert [d for _, d in collected] == [("a.tf", 2), ("a.tf", 7), ("a.tf", 8)]
+    assert index.add_defs("b.tf", [(("b.tf", 1), "a.b"), (("b.tf", 3), COLLECTED), (("b.tf", 9), None)]) == [
+        (1, ("b.tf", 3))]
+    index.add_index("c.tf", file_index(scan('output "o" {}\n').headers, True))
+    assert index.get("a.b") == [("a.tf", 1), ("a.tf", 5), ("b.tf", 1)]
+    assert index.get("output.o") == [("a.tf", 12), ("c.tf", 1)]
+    assert index.get("a.c") == [] and index.defs("missing.tf") == []
+    assert index.defs("b.tf") == [("b.tf", 1), ("b.tf", 3), ("b.tf", 9)]
+    assert [d[1] for d in index.defs("a.tf")] == [1, 2, 5, 7, 8, 12]
+    assert len(made) == len(set(made))  # each definition made once, on first use
+
+
+def test_classify() -> None:
+    assert classify("resource", ("a", "b")) == "a.b"
+    assert classify("variable", ("v",)) == "var.v"
+    assert classify("resource", ("a",)) is None
+    assert classify("provider", ()) is None
+    assert classify("provider", ("aws",)) == classify("import", ()) == classify("terraform", ()) == COLLECTED
+
+
+@pytest.mark.parametrize("construct", sorted(RISKY))
+def test_a_reloaded_cache_gives_the_same_footprint(construct: str) -> None:
+    case = RISKY[construct]
+    cache = ParseCache()
+    cold = compute_footprint(case.files, case.selected, cache=cache)
+    warm = pickle.loads(pickle.dumps(cache, protocol=pickle.HIGHEST_PROTOCOL))
+    assert compute_footprint(case.files, case.selected, cache=warm) == cold == compute_footprint(
+        case.files, case.selected)
+
+
+def test_a_reloaded_cache_gives_the_same_footprint_of_the_split_fixture() -> None:
+    files = _files(SPLIT)
+    cache = ParseCache()
+    cold = compute_footprint(files, ["app.tf"], cache=cache)
+    warm = pickle.loads(pickle.dumps(cache, protocol=pickle.HIGHEST_PROTOCOL))
+    parses = warm.parse_count
+    assert compute_footprint(files, ["app.tf"], cache=warm) == cold
+    assert warm.parse_count == parses

@@ -195,7 +195,7 @@ _W0 = time.time()
 import gc, json, os, sys, functools
 import runner.cli, runner.cli.changes, runner.cli.support
 import runner.core.config, runner.core.engine_client, runner.core.filescoped, runner.core.plan, runner.core.spec
-import runner.core.scope, runner.core.session, runner.core.workbuild
+import runner.core.pins, runner.core.pipeline, runner.core.scope, runner.core.session, runner.core.workbuild
 _W1 = time.time()
 ''' + common.SHIM_IMPORT + r'''_totals = {"imports": _W1 - _W0}
 _stack = []
@@ -226,7 +226,7 @@ def _on_gc(phase, info):
         _gc["t"] = None
 gc.callbacks.append(_on_gc)
 
-fs, pl, cli = runner.core.filescoped, runner.core.plan, runner.cli.changes
+fs, pl, cli = runner.core.pipeline, runner.core.plan, runner.cli.changes
 sc, wb, tfs = runner.core.scope, runner.core.workbuild, runner.core.session
 _wrap(cli, "cmd_plan", "write the artifact, print the summary")
 _wrap(runner.core.spec.PlanSpec, "to_json", "write the artifact, print the summary")
@@ -235,7 +235,7 @@ _wrap(cli, "_plan_spec", "other (between the phases)")
 _wrap(runner.cli.support, "resolve", "resolve the server (backend.tf)")
 _wrap(cli, "terraform_context", "find terraform")
 _wrap(cli, "_selection", "other (between the phases)")
-_wrap(fs, "plan_files", "other (between the phases)")
+_wrap(fs, "_plan_files", "other (between the phases)")
 _wrap(fs, "read_configuration", "read every .tf file")
 _wrap(fs, "load_cache", "load the parse cache")
 _wrap(fs, "save_cache", "save the parse cache")
@@ -248,7 +248,7 @@ _wrap(wb, "build", "build the minimal workspace")
 _wrap(fs, "plan_in_workspace", "read terraform show's JSON")
 _wrap(tfs, "terraform", lambda ctx, ws, args, **kw: "terraform " + args[0])
 _wrap(fs, "analyze_plan", "analyze the plan")
-_wrap(fs, "_hash_tree", "hash the workspace's files")
+_wrap(runner.core.pins, "pin_files", "hash the workspace's files")
 
 def _dump(code):
     with open(os.environ["KL_BENCH_TIMINGS"], "w") as fh:

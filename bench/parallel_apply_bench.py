@@ -216,14 +216,14 @@ _wrap(runner.core.apply, "commit_delta", "commit delta (parse + diff)")
 _wrap(runner.core.apply, "parse_state", "commit delta (parse + diff)")
 _wrap(runner.core.engine_client.EngineClient, "commit", "commit (POST)")
 
-_lock = shim_target(runner.core.workspace, "plugin_cache_lock")
+_lock = shim_target(runner.core.session, "plugin_cache_lock")
 @contextlib.contextmanager
-def _timed_lock(cache_dir):
+def _timed_lock(cache_dir, **kwargs):
     t = time.time()
-    with _lock(cache_dir):
+    with _lock(cache_dir, **kwargs):
         _spans.append(("init lock wait", t, time.time()))
         yield
-runner.core.workspace.plugin_cache_lock = _timed_lock
+runner.core.session.plugin_cache_lock = _timed_lock
 
 def _dump():
     with open(os.environ["KL_BENCH_TIMINGS"], "w") as fh:

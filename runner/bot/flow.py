@@ -4,10 +4,9 @@ commit, against the trunk on the Kilolock server.
 
 Owns the orchestration only: the checkout (``runner.core.git``), the project mapping (``runner.bot.config``),
 and the very functions ``kl plan --changed-from`` / ``kl apply -f --confirm-scope`` use
-(``runner.core.pipeline``: ``changed_selection``, then ``footprint``, ``plan`` and ``apply`` of one
-``ChangeRequest``), with
-the engine client authenticated by the project's token (``runner.bot.credentials``). Results are the outcome
-types of ``runner.bot.outcomes``.
+(``runner.core.pipeline``: ``changed_selection``, then ``scope_of``, ``plan`` and ``apply`` of one
+``ChangeRequest``), with the engine client authenticated by the project's token (``runner.bot.credentials``).
+Results are the outcome types of ``runner.bot.outcomes``.
 
 Must not: talk to GitHub, RQ or the database (``runner.bot.jobs`` does: it claims, stores and posts), or read
 the environment (``runner.core.config.process_env`` does, once per job).

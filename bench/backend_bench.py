@@ -55,7 +55,7 @@ from psycopg import sql
 from werkzeug.serving import make_server
 
 from analyzer.state import parse_state
-from app.config import Settings
+from app.config import DEFAULT_MAX_BODY_BYTES, Settings
 from app.store import resources as store_resources
 from app.store import states as store_states
 from app.store.migrate import migrate
@@ -279,8 +279,9 @@ class Response:
 class Harness:
     """A scratch database, the app on a live loopback server, a client session and a side connection."""
 
-    def __init__(self, server_url: str) -> None:
+    def __init__(self, server_url: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.server_url = server_url
+        self.max_body_bytes = max_body_bytes
         self.dbname = f"kl_bench_backend_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.url = common.with_dbname(server_url, self.dbname)
         self.recorder = Recorder()
@@ -296,7 +297,8 @@ class Harness:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.dbname)))
         try:
             migrate(self.url)
-            self._app = create_app(Settings(database_url=self.url, auto_migrate=False, log_level="WARNING"))
+            self._app = create_app(Settings(database_url=self.url, auto_migrate=False, log_level="WARNING",
+                                           max_body_bytes=self.max_body_bytes))
             # werkzeug's dev server logs every request at INFO on its own logger; a production server
             # (gunicorn) does not do that inside the request, so keep it out of the timings.
             logging.getLogger("werkzeug").setLevel(logging.WARNING)

@@ -163,7 +163,8 @@ def measure_slices(database_url: str, res: SizeResult, reps: int, vanilla_timeou
     res.slice_load = common.load_average()
     work = Path(tempfile.mkdtemp(prefix="kl-bench-scale-"))
     try:
-        with Harness(database_url) as h:
+        # The one-resource-per-instance state outgrows the default body limit past about 400,000 instances.
+        with Harness(database_url, max_body_bytes=1 << 30) as h:
             times = install_request_times(h)
             (work / "plan").mkdir()
             plan = SizeBench(h, times, work / "plan", files, log)

@@ -112,16 +112,21 @@ ORDER BY module COLLATE "C", mode COLLATE "C", type COLLATE "C", name COLLATE "C
 # (no decoding), its key as text with its JSON type (no JSON parse per row). The order is
 # ``_ORDER_FOR_ASSEMBLY``'s with an integer key sorted by a bigint before its numeric (clamped, so never
 # out of order; the numeric decides ties): the sort compares numerics only where the bigints are equal.
+# The sort carries the stored values and the text is made above it (``OFFSET 0`` keeps the subquery, and
+# its order, as it is), so Postgres writes the text of each row as it sends it, while the assembly
+# encodes the rows before, rather than all of it before the first row.
 _KEY_NUMBER = "CASE WHEN jsonb_typeof(index_key) = 'number' THEN (index_key)::numeric END"
 _STREAM_FOR_ASSEMBLY = f"""
 SELECT module, mode, type, name, address, index_key #>> '{{}}', jsonb_typeof(index_key), deposed, provider,
        convert_to(instance::text, 'UTF8')
-FROM resources WHERE state_id = %(state_id)s AND {_ALIVE_AT}
-ORDER BY module COLLATE "C", mode COLLATE "C", type COLLATE "C", name COLLATE "C",
-         CASE jsonb_typeof(index_key) WHEN 'number' THEN 1 WHEN 'string' THEN 2 ELSE 0 END,
-         least(greatest({_KEY_NUMBER}, -9e18), 9e18)::bigint, {_KEY_NUMBER},
-         CASE WHEN jsonb_typeof(index_key) = 'string' THEN index_key #>> '{{}}' END COLLATE "C",
-         deposed COLLATE "C"
+FROM (SELECT module, mode, type, name, address, index_key, deposed, provider, instance
+      FROM resources WHERE state_id = %(state_id)s AND {_ALIVE_AT}
+      ORDER BY module COLLATE "C", mode COLLATE "C", type COLLATE "C", name COLLATE "C",
+               CASE jsonb_typeof(index_key) WHEN 'number' THEN 1 WHEN 'string' THEN 2 ELSE 0 END,
+               least(greatest({_KEY_NUMBER}, -9e18), 9e18)::bigint, {_KEY_NUMBER},
+               CASE WHEN jsonb_typeof(index_key) = 'string' THEN index_key #>> '{{}}' END COLLATE "C",
+               deposed COLLATE "C"
+      OFFSET 0) AS sorted
 """
 # The instance objects whose rows opened or closed after one serial, up to another.
 _CHANGED_BETWEEN = """

@@ -71,6 +71,8 @@ _GO_ESCAPES = (
     ("\u2028".encode(), b"\\u2028"),
     ("\u2029".encode(), b"\\u2029"),
 )
+_ASCII_GO_ESCAPES = _GO_ESCAPES[:3]
+_LINE_SEPARATOR_LEAD = b"\xe2"  # the first byte of U+2028 and U+2029 in UTF-8
 # Text where orjson's numbers or escapes could differ from json's: a run of 16 digits (an integer beyond
 # 64 bits, or a float of 1e16 and more in plain notation), a plain decimal below 1e-3, a number with an
 # exponent, a surrogate escape. Postgres writes jsonb numbers in plain notation, so its text needs no
@@ -323,7 +325,8 @@ def _resource_head(row: InstanceRow | AssemblyRow, encoder: _Encoder) -> bytes:
 
 def _go_escaped(text: bytearray) -> bytes:
     data = bytes(text)
-    for raw, escaped in _GO_ESCAPES:
+    # One byte found by memchr rules out both three-byte separators, whose search costs more.
+    for raw, escaped in _GO_ESCAPES if _LINE_SEPARATOR_LEAD in data else _ASCII_GO_ESCAPES:
         if raw in data:
             data = data.replace(raw, escaped)
     return data

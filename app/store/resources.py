@@ -355,11 +355,11 @@ def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int
     with conn.cursor("kl_assembly_rows", binary=True) as cur:
         cur.itersize = STREAM_BATCH
         cur.execute(_STREAM_FOR_ASSEMBLY.encode(), {"state_id": state_id, "serial": serial})
-        make = AssemblyRow._make
+        new = tuple.__new__  # AssemblyRow._make without its length check: the query gives nine columns
         for batch in _fetched_ahead(cur):
             for module, mode, type_, name, address, key_text, key_type, deposed, provider, instance in batch:
-                yield make((module, mode, type_, name, address, _index_key(key_text, key_type), deposed,
-                            provider, instance))
+                key = key_text if key_type == "string" else _index_key(key_text, key_type)
+                yield new(AssemblyRow, (module, mode, type_, name, address, key, deposed, provider, instance))
 
 
 def _fetched_ahead(cur: psycopg.ServerCursor[Any]) -> Iterator[list[Any]]:

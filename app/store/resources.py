@@ -8,8 +8,6 @@ from ``opencache`` when it holds the state's exact head, else from the table.
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,8 +111,8 @@ ORDER BY module COLLATE "C", mode COLLATE "C", type COLLATE "C", name COLLATE "C
 # ``_ORDER_FOR_ASSEMBLY``'s with an integer key sorted by a bigint before its numeric (clamped, so never
 # out of order; the numeric decides ties): the sort compares numerics only where the bigints are equal.
 # The sort carries the stored values and the text is made above it (``OFFSET 0`` keeps the subquery, and
-# its order, as it is), so Postgres writes the text of each row as it sends it, while the assembly
-# encodes the rows before, rather than all of it before the first row.
+# its order, as it is), so Postgres writes the text of each row as it sends it rather than all of it
+# before the first row.
 _KEY_NUMBER = "CASE WHEN jsonb_typeof(index_key) = 'number' THEN (index_key)::numeric END"
 _STREAM_FOR_ASSEMBLY = f"""
 SELECT module, mode, type, name, address, index_key #>> '{{}}', jsonb_typeof(index_key), deposed, provider,
@@ -140,7 +138,6 @@ _AMONG = """
 """
 # Rows a streamed assembly fetches at a time: a few megabytes of instance text.
 STREAM_BATCH = 2000
-_BATCHES_AHEAD = 2  # batches the fetching thread may hold beyond the caller's
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,58 +341,17 @@ def instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> lis
 
 def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int) -> Iterator[AssemblyRow]:
     """The rows alive at ``serial`` in assembly order, with only the columns the assembly writes (binary
-    results, the instance's text as bytes), from a server-side cursor ``STREAM_BATCH`` rows at a time.
-
-    A helper thread fetches the batches ahead into a queue of ``_BATCHES_AHEAD`` (psycopg waits on the
-    socket without the GIL), so Postgres sends the next batch while the caller encodes this one; the
-    caller holds a few batches rather than the state. The caller's transaction must stay open while it
-    iterates; other statements may run on the connection between rows (the connection serializes them
-    with the fetches). Closing the iterator early, or an error on either side, stops the thread and waits
-    for it before the cursor closes, so nothing outlives the iteration."""
+    results, the instance's text as bytes), from a server-side cursor ``STREAM_BATCH`` rows at a time, so
+    the caller holds one batch rather than the state. The caller's transaction must stay open while it
+    iterates; other statements may run on the connection between rows."""
     with conn.cursor("kl_assembly_rows", binary=True) as cur:
         cur.itersize = STREAM_BATCH
         cur.execute(_STREAM_FOR_ASSEMBLY.encode(), {"state_id": state_id, "serial": serial})
         new = tuple.__new__  # AssemblyRow._make without its length check: the query gives nine columns
-        for batch in _fetched_ahead(cur):
+        while batch := cur.fetchmany(STREAM_BATCH):
             for module, mode, type_, name, address, key_text, key_type, deposed, provider, instance in batch:
                 key = key_text if key_type == "string" else _index_key(key_text, key_type)
                 yield new(AssemblyRow, (module, mode, type_, name, address, key, deposed, provider, instance))
-
-
-def _fetched_ahead(cur: psycopg.ServerCursor[Any]) -> Iterator[list[Any]]:
-    """The batches of ``cur`` as ``fetchmany(STREAM_BATCH)`` gives them, fetched by a helper thread at
-    most ``_BATCHES_AHEAD`` ahead of the caller; the thread has ended when this returns or raises."""
-    ahead: queue.Queue[list[Any] | BaseException | None] = queue.Queue(_BATCHES_AHEAD)
-    stop = threading.Event()
-
-    def fetch() -> None:
-        item: list[Any] | BaseException | None
-        try:
-            while not stop.is_set():
-                item = cur.fetchmany(STREAM_BATCH)
-                if not item:
-                    break
-                ahead.put(item)
-            item = None
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
-            item = exc
-        ahead.put(item)
-
-    worker = threading.Thread(target=fetch, name="kl-assembly-fetch", daemon=True)
-    worker.start()
-    try:
-        while (item := ahead.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while worker.is_alive():  # unblock a put on a full queue until the thread sees ``stop``
-            try:
-                ahead.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        worker.join()
 
 
 def _index_key(text: str | None, json_type: str | None) -> Any:

@@ -1,10 +1,9 @@
-"""The assembly's rows fetched ahead by a helper thread: the same rows in the same order, statements may run
-on the connection between rows, and the thread has ended whenever the iteration does (exhausted, closed
-early, a reader that goes away mid-stream), leaving the connection usable and nothing cached."""
+"""The assembly's rows from the server-side cursor (the text made above the sort): the same rows in the same
+order as the analyzer sorts them, statements may run on the connection between rows, and an iteration closed
+early (a reader that goes away mid-stream) leaves the connection usable and nothing cached."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import psycopg
@@ -16,10 +15,6 @@ from tests.app.test_lazy_state import STATE, commit_one, stored
 from tests.helpers import counted_state
 
 COUNT = 4000  # more than one piece of the streamed file (about 1 MB), so a reader can leave mid-stream
-
-
-def _fetch_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "kl-assembly-fetch"]
 
 
 def _head(url: str) -> tuple[int, int]:
@@ -36,9 +31,9 @@ def committed(client: Any, clean_db: str) -> tuple[int, int]:
     return _head(clean_db)
 
 
-def test_rows_fetched_ahead_are_the_rows_in_assembly_order(committed: tuple[int, int], clean_db: str,
+def test_streamed_rows_are_the_rows_in_assembly_order(committed: tuple[int, int], clean_db: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(resources, "STREAM_BATCH", 7)  # many batches, so the thread runs well ahead
+    monkeypatch.setattr(resources, "STREAM_BATCH", 7)  # many batches
     state_id, serial = committed
     with psycopg.connect(clean_db) as conn:
         expected = sorted(resources.instances_at(conn, state_id=state_id, serial=serial), key=row_order)
@@ -47,49 +42,30 @@ def test_rows_fetched_ahead_are_the_rows_in_assembly_order(committed: tuple[int,
             if i % 500 == 0:  # another statement on the connection between rows
                 assert conn.execute("SELECT 1").fetchone() == (1,)
             got.append(row)
-        assert not _fetch_threads()
     assert [(r.address, r.deposed, r.provider, bytes(r.instance_json).decode()) for r in got] == [
         (r.address, r.deposed, r.provider, r.instance_json) for r in expected]
 
 
-def test_closing_the_rows_early_ends_the_thread_and_leaves_the_connection_usable(
+def test_closing_the_rows_early_leaves_the_connection_usable(
         committed: tuple[int, int], clean_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resources, "STREAM_BATCH", 5)
     state_id, serial = committed
     with psycopg.connect(clean_db) as conn:
         rows = resources.stream_assembly_rows(conn, state_id=state_id, serial=serial)
         next(rows)
-        assert len(_fetch_threads()) == 1
         rows.close()
-        assert not _fetch_threads()
         assert conn.execute("SELECT count(*) FROM pg_cursors").fetchone() == (0,)
         # The same transaction goes on, and a second stream reads every row.
         assert sum(1 for _ in resources.stream_assembly_rows(conn, state_id=state_id, serial=serial)) == COUNT
 
 
-def test_an_error_while_fetching_reaches_the_reader_and_ends_the_thread(
-        committed: tuple[int, int], clean_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(resources, "STREAM_BATCH", 5)  # the thread is at most a few batches ahead
-    state_id, serial = committed
-    with psycopg.connect(clean_db) as conn, psycopg.connect(clean_db, autocommit=True) as other:
-        rows = resources.stream_assembly_rows(conn, state_id=state_id, serial=serial)
-        next(rows)
-        other.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-        with pytest.raises(psycopg.OperationalError):
-            for _ in rows:
-                pass
-        assert not _fetch_threads()
-
-
-def test_a_reader_that_leaves_mid_stream_leaves_no_thread_and_nothing_cached(client: Any, clean_db: str,
+def test_a_reader_that_leaves_mid_stream_leaves_nothing_cached(client: Any, clean_db: str,
                                                                             committed: tuple[int, int]) -> None:
     answer = client.get(STATE, buffered=False)
     assert answer.status_code == 200
     first = next(answer.response)
     assert first and len(first) < 2 * 1024 * 1024
     answer.close()
-    assert not _fetch_threads()
     assert stored(clean_db)[-1][2] is False
     full = client.get(STATE).data
     assert full.startswith(first) and stored(clean_db)[-1][2] is True
-    assert not _fetch_threads()

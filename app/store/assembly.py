@@ -34,7 +34,16 @@ and the ranges of the earlier bytes kept, which the final UPDATE copies from the
 Postgres; it checks the length, so a base pruned meanwhile leaves the version uncached, never wrong.
 Whenever something is not as expected (no such base, more changed objects than ``SPLICE_MAX_CHANGED``,
 a resource whose provider changed, a base whose text is not where the layout puts it) it assembles from
-all rows instead, before sending a byte. Bytes Terraform wrote are never a base: their layout is Terraform's.
+all rows instead, before sending a byte. Bytes Terraform wrote are never a base: their layout is
+Terraform's (it orders the ``value`` and ``type`` of a dynamic value as its encoder does and keeps empty
+``sensitive_attributes``), which the assembly, writing from the rows, does not reproduce.
+
+The spliced file's size is known before its first piece (``Found.size``, as is that of stored bytes), so
+the backend lane sends it with a Content-Length: the reader has the whole body when the last piece is
+written, and the cache write that follows (the final UPDATE, which joins and compresses the bytes in
+Postgres) is off its path. The version's row lock is held until that write commits, so concurrent first
+readers still coalesce; should the write fail, the transaction rolls back (the version stays uncached,
+the reader already has its bytes) and the failure is logged by its class alone.
 
 A version whose bytes retention removed (``pruned_at`` set) is still assembled on read, from the rows,
 but not cached again: retention would otherwise undo itself.
@@ -43,6 +52,7 @@ but not cached again: retention would otherwise undo itself.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -54,6 +64,8 @@ from analyzer.state_splice import Part, ResourceChange, ResourceKey, SpliceError
 from app.errors import NotFoundError
 from app.store import resources
 from app.store.db import Database
+
+log = logging.getLogger("kilolock.store")
 
 _LOCK_VERSION = """
 SELECT state_id, serial, lineage, terraform_version, encrypted, source, pruned_at IS NOT NULL AS pruned, raw_state
@@ -152,13 +164,14 @@ def materialise_in(conn: psycopg.Connection, version_id: int) -> Materialised | 
 class Found:
     """What ``pieces_in`` found, filled in as it runs."""
 
-    __slots__ = ("assembled", "cached", "exists", "spliced")
+    __slots__ = ("assembled", "cached", "exists", "size", "spliced")
 
     def __init__(self) -> None:
         self.exists = False
         self.assembled = False
         self.spliced = False  # assembled from an earlier version's bytes and the changed rows
         self.cached = False
+        self.size: int | None = None  # the body's length, when known before its first piece
 
 
 def stream(db: Database, version_id: int, found: Found,
@@ -182,6 +195,7 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     found.exists = True
     state_id, serial, lineage, terraform_version, encrypted, source, pruned, raw = row
     if raw is not None:
+        found.size = len(raw)
         yield bytes(raw)
         return
     if encrypted:
@@ -197,6 +211,7 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     spliced = None if source != "apply" else _spliced(conn, state_id, serial, lineage, terraform_version, outputs)
     if spliced is not None:
         found.spliced = True
+        found.size = sum(part[1] - part[0] if isinstance(part, tuple) else len(part) for part in spliced.parts)
         yield from _write_spliced(conn, version_id, spliced, found, cache=not pruned)
         return
     text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
@@ -207,7 +222,20 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     for piece in text:
         writer.add(piece)
         yield piece
-    found.cached = writer.finish(version_id)
+    found.cached = _stored(conn, writer, version_id)
+
+
+def _stored(conn: psycopg.Connection, writer: _CacheWriter, version_id: int, base_id: int | None = None) -> bool:
+    """The cache write after the last piece: whether it stored the bytes. A failure rolls the transaction
+    back (the version stays uncached; the reader has had every byte) and is logged by its class alone,
+    as the database's message may quote the bytes."""
+    try:
+        return writer.finish(version_id, base_id=base_id)
+    except psycopg.Error as exc:
+        log.warning("caching the assembled bytes of version %s failed (%s); it stays uncached", version_id,
+                    exc.__class__.__name__)
+        conn.rollback()
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +265,7 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
             piece = bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
             writer.digest(piece)
             yield piece
-    found.cached = writer.finish(version_id, base_id=spliced.base_id)
+    found.cached = _stored(conn, writer, version_id, base_id=spliced.base_id)
 
 
 def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,

@@ -15,7 +15,7 @@ from app.domain.locking import classify_unlock
 from app.domain.reservations import Mode
 from app.domain.scopes import check_whole_state
 from app.errors import InvalidLockInfoError, InvalidStateNameError, PayloadTooLargeError, StateNotFoundError
-from app.store import states
+from app.store import assembly, states
 from app.web import inputs, metrics
 from app.web.context import principal, services, state_name
 
@@ -64,10 +64,16 @@ def state(name: str) -> Response:
     mode = Mode.READ if request.method == "GET" else Mode.WRITE
     check_whole_state(who.scopes, name, mode, f"Terraform's {request.method}")
     if request.method == "GET":
-        pieces = states.head_pieces(db, who, name, before_assembly=inputs.large_body_slot)
+        found = assembly.Found()
+        pieces = states.head_pieces(db, who, name, before_assembly=inputs.large_body_slot, found=found)
         if pieces is None:
             raise StateNotFoundError(f"no state named {name!r}")
-        return _ok(stream_with_context(pieces), "application/json")
+        response = _ok(stream_with_context(pieces), "application/json")
+        if found.size is not None:
+            # The reader has the whole body with its last piece; what the stream does after (the cache
+            # write of a spliced assembly) is off its path.
+            response.content_length = found.size
+        return response
     if request.method == "POST":
         states.write_state(db, who, name, inputs.read_body(), lock_id=lock_id)
         return _ok()

@@ -1,0 +1,178 @@
+"""First-GET benchmark: the backend lane's first GET after row commits, assembled from all rows and spliced
+from an earlier version's cached bytes, beside the raw GET of a state of the same size, each against a
+baseline checkout served in the same run.
+
+Run from the repository root:
+
+    .venv/bin/python -m bench.first_get_bench --sizes 50000,200000 --baseline /work/main
+    .venv/bin/python -m bench.first_get_bench --sizes 2000 --reps 1          # a smoke run, no baseline
+
+For each size and each tree (this checkout, then ``--baseline``) it builds the state with
+``bench.states.counted_state``, makes a scratch database (``bench.backend_bench.Harness``), serves the tree
+with gunicorn in its own process (``bench.body_memory_bench.start_server``: 1 worker, 4 threads) and times,
+over HTTP with one keep-alive session: the raw GET of the POSTed head (the floor); 12 one-instance commits
+(``bench.commit_bench.commit_cycle``) and the first GET after them, **assembled from all rows** (the head's
+base is the POSTed version, whose bytes are Terraform's layout and never a base); 12 more commits and the
+first GET after them, **spliced** from the bytes the previous GET cached; the wall time until that
+version's bytes are stored (polled in the database); and the GET after that. The server worker's peak RSS
+is sampled from the start of each first GET until its bytes are stored. Every body is checked (serial,
+instance count, the changed values, and the spliced bytes equal to a later GET's); a wrong one stops the
+run with exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import requests
+
+from bench import common
+from bench.backend_bench import Harness
+from bench.body_memory_bench import Sampler, _status, start_server, stop_server
+from bench.commit_bench import STATE, commit_cycle
+from bench.common import BenchError, log, table
+from bench.states import counted_state
+
+COMMITS = 12
+perf = time.perf_counter
+
+
+@dataclass
+class Run:
+    tree: str
+    instances: int
+    body_bytes: int = 0
+    raw_get: float = 0.0
+    rows_get: float = 0.0
+    rows_stored: float = 0.0
+    rows_rss: int = 0
+    spliced_get: float = 0.0
+    spliced_stored: float = 0.0
+    spliced_rss: int = 0
+    cached_get: float = 0.0
+    idle_rss: int = 0
+    load: str = ""
+
+
+def _get(session: requests.Session, url: str) -> tuple[float, bytes]:
+    started = perf()
+    resp = session.get(url, timeout=3600)
+    content = resp.content
+    elapsed = perf() - started
+    if resp.status_code != 200:
+        raise BenchError(f"GET {url} answered {resp.status_code}: {content[:300]!r}")
+    return elapsed, content
+
+
+def _stored_after(database_url: str, serial: int, started: float) -> float:
+    """Seconds from ``started`` until the version at ``serial`` has bytes stored."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while True:
+            row = conn.execute("SELECT raw_state IS NOT NULL FROM state_versions WHERE serial = %s",
+                               (serial,)).fetchone()
+            if row is not None and row[0]:
+                return perf() - started
+            if perf() - started > 3600:
+                raise BenchError(f"serial {serial} was not cached within an hour")
+            time.sleep(0.01)
+
+
+def _check(body: bytes, serial: int, n: int, values: dict[int, str]) -> None:
+    doc = json.loads(body)
+    instances = doc["resources"][0]["instances"]
+    if doc["serial"] != serial or len(instances) != n:
+        raise BenchError(f"a first GET returned serial {doc['serial']} with {len(instances)} instances")
+    for index, value in values.items():
+        if instances[index]["attributes"]["input"]["value"] != value:
+            raise BenchError(f"a first GET lost the commit of item[{index}]")
+
+
+def measure(database_url: str, n: int, tree: Path | None) -> Run:
+    res = Run(tree="this checkout" if tree is None else str(tree), instances=n, load=common.load_average())
+    body = counted_state(1, n)
+    res.body_bytes = len(body)
+    with Harness(database_url) as h:
+        server = start_server(h.url, max_large_bodies=2, large_body_bytes=8 * 1024 * 1024, tree=tree)
+        try:
+            session = requests.Session()
+            url = f"{server.url}/v1/states/{STATE}"
+            posted = session.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=3600)
+            if posted.status_code != 200:
+                raise BenchError(f"POST answered {posted.status_code}")
+            res.raw_get, got = _get(session, url)
+            if got != body:
+                raise BenchError("GET of the POSTed head did not return its bytes")
+            res.idle_rss = _status(server.worker, "VmRSS")
+            serial, values = 1, {}
+            for k in range(COMMITS):
+                index = (k * 7919) % n
+                serial, _ = commit_cycle(session, server.url, index, f"rows-{k}", serial)
+                values[index] = f"rows-{k}"
+            with Sampler(server.worker) as peak:
+                started = perf()
+                res.rows_get, first = _get(session, url)
+                res.rows_stored = _stored_after(h.url, serial, started)
+            res.rows_rss = peak.peak
+            _check(first, serial, n, values)
+            for k in range(COMMITS):
+                index = (k * 104729 + 1) % n
+                serial, _ = commit_cycle(session, server.url, index, f"splice-{k}", serial)
+                values[index] = f"splice-{k}"
+            with Sampler(server.worker) as peak:
+                started = perf()
+                res.spliced_get, second = _get(session, url)
+                res.spliced_stored = _stored_after(h.url, serial, started)
+            res.spliced_rss = peak.peak
+            _check(second, serial, n, values)
+            res.cached_get, again = _get(session, url)
+            if again != second:
+                raise BenchError("the cached GET differs from the spliced first GET")
+            log(f"  {res.tree} {n}: raw {res.raw_get:.2f}s, from rows {res.rows_get:.2f}s, "
+                f"spliced {res.spliced_get:.2f}s (stored after {res.spliced_stored:.2f}s)")
+        finally:
+            stop_server(server)
+    return res
+
+
+def _rows(r: Run) -> list[str]:
+    def growth(peak: int) -> str:
+        return f"{(peak - r.idle_rss) / r.body_bytes:.2f}x"
+    return [f"{r.instances:,}", r.tree, f"{r.body_bytes / 1e6:.0f} MB", f"{r.raw_get:.2f}",
+            f"{r.rows_get:.2f} ({r.rows_get / r.raw_get:.1f}x)", f"{r.rows_stored:.2f}", growth(r.rows_rss),
+            f"{r.spliced_get:.2f} ({r.spliced_get / r.raw_get:.1f}x)", f"{r.spliced_stored:.2f}",
+            growth(r.spliced_rss), f"{r.cached_get:.2f}", r.load]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="50000,200000", help="instance counts, comma-separated")
+    parser.add_argument("--baseline", type=Path, help="a checkout to measure the same way in the same run")
+    parser.add_argument("--reps", type=int, default=1, help="runs per size and tree")
+    parser.add_argument("--database-url", default=common.DEFAULT_DATABASE_URL)
+    args = parser.parse_args(argv)
+    trees: list[Path | None] = [None] if args.baseline is None else [None, args.baseline]
+    runs = []
+    try:
+        for n in (int(s) for s in args.sizes.split(",")):
+            for _ in range(args.reps):
+                for tree in trees:
+                    runs.append(measure(args.database_url, n, tree))
+    except BenchError as exc:
+        log(f"FAILED: {exc}")
+        return 1
+    print(table(["instances", "tree", "state", "raw GET s", "first GET from rows s (x raw)",
+                 "stored after s", "RSS growth", "first GET spliced s (x raw)", "stored after s", "RSS growth",
+                 "cached GET s", "load"], [_rows(r) for r in runs]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

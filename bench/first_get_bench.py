@@ -14,16 +14,18 @@ over HTTP with one keep-alive session: the raw GET of the POSTed head (the floor
 (``bench.commit_bench.commit_cycle``) and the first GET after them, **assembled from all rows** (the head's
 base is the POSTed version, whose bytes are Terraform's layout and never a base); 12 more commits and the
 first GET after them, **spliced** from the bytes the previous GET cached; the wall time until that
-version's bytes are stored (polled in the database); and the GET after that. The server worker's peak RSS
-is sampled from the start of each first GET until its bytes are stored. Every body is checked (serial,
-instance count, the changed values, and the spliced bytes equal to a later GET's); a wrong one stops the
-run with exit status 1.
+version's bytes are stored (polled in the database); and the GET after that (on the same connection, so
+it waits for a cache write still running). The server worker's peak RSS over its RSS just before, and
+its CPU time (``/proc``), are taken from the start of each first GET until its bytes are stored. Every
+body is checked (serial, instance count, the changed values, and the spliced bytes equal to a later
+GET's); a wrong one stops the run with exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -57,7 +59,10 @@ class Run:
     spliced_stored: float = 0.0
     spliced_rss: int = 0
     cached_get: float = 0.0
-    idle_rss: int = 0
+    rows_before: int = 0
+    spliced_before: int = 0
+    rows_cpu: float = 0.0
+    spliced_cpu: float = 0.0
     load: str = ""
 
 
@@ -69,6 +74,12 @@ def _get(session: requests.Session, url: str) -> tuple[float, bytes]:
     if resp.status_code != 200:
         raise BenchError(f"GET {url} answered {resp.status_code}: {content[:300]!r}")
     return elapsed, content
+
+
+def _cpu(pid: int) -> float:
+    """The process's user + system CPU seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _stored_after(database_url: str, serial: int, started: float) -> float:
@@ -109,27 +120,28 @@ def measure(database_url: str, n: int, tree: Path | None) -> Run:
             res.raw_get, got = _get(session, url)
             if got != body:
                 raise BenchError("GET of the POSTed head did not return its bytes")
-            res.idle_rss = _status(server.worker, "VmRSS")
             serial, values = 1, {}
             for k in range(COMMITS):
                 index = (k * 7919) % n
                 serial, _ = commit_cycle(session, server.url, index, f"rows-{k}", serial)
                 values[index] = f"rows-{k}"
+            res.rows_before, cpu = _status(server.worker, "VmRSS"), _cpu(server.worker)
             with Sampler(server.worker) as peak:
                 started = perf()
                 res.rows_get, first = _get(session, url)
                 res.rows_stored = _stored_after(h.url, serial, started)
-            res.rows_rss = peak.peak
+            res.rows_rss, res.rows_cpu = peak.peak, _cpu(server.worker) - cpu
             _check(first, serial, n, values)
             for k in range(COMMITS):
                 index = (k * 104729 + 1) % n
                 serial, _ = commit_cycle(session, server.url, index, f"splice-{k}", serial)
                 values[index] = f"splice-{k}"
+            res.spliced_before, cpu = _status(server.worker, "VmRSS"), _cpu(server.worker)
             with Sampler(server.worker) as peak:
                 started = perf()
                 res.spliced_get, second = _get(session, url)
                 res.spliced_stored = _stored_after(h.url, serial, started)
-            res.spliced_rss = peak.peak
+            res.spliced_rss, res.spliced_cpu = peak.peak, _cpu(server.worker) - cpu
             _check(second, serial, n, values)
             res.cached_get, again = _get(session, url)
             if again != second:
@@ -142,12 +154,13 @@ def measure(database_url: str, n: int, tree: Path | None) -> Run:
 
 
 def _rows(r: Run) -> list[str]:
-    def growth(peak: int) -> str:
-        return f"{(peak - r.idle_rss) / r.body_bytes:.2f}x"
+    def growth(peak: int, before: int) -> str:
+        return f"{(peak - before) / r.body_bytes:.2f}x"
     return [f"{r.instances:,}", r.tree, f"{r.body_bytes / 1e6:.0f} MB", f"{r.raw_get:.2f}",
-            f"{r.rows_get:.2f} ({r.rows_get / r.raw_get:.1f}x)", f"{r.rows_stored:.2f}", growth(r.rows_rss),
+            f"{r.rows_get:.2f} ({r.rows_get / r.raw_get:.1f}x)", f"{r.rows_stored:.2f}", f"{r.rows_cpu:.2f}",
+            growth(r.rows_rss, r.rows_before),
             f"{r.spliced_get:.2f} ({r.spliced_get / r.raw_get:.1f}x)", f"{r.spliced_stored:.2f}",
-            growth(r.spliced_rss), f"{r.cached_get:.2f}", r.load]
+            f"{r.spliced_cpu:.2f}", growth(r.spliced_rss, r.spliced_before), f"{r.cached_get:.2f}", r.load]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,9 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as exc:
         log(f"FAILED: {exc}")
         return 1
-    print(table(["instances", "tree", "state", "raw GET s", "first GET from rows s (x raw)",
-                 "stored after s", "RSS growth", "first GET spliced s (x raw)", "stored after s", "RSS growth",
-                 "cached GET s", "load"], [_rows(r) for r in runs]))
+    print(table(["instances", "tree", "state", "raw GET s", "first GET from all rows s (x raw)", "stored after s",
+                 "server CPU s", "RSS growth", "first GET spliced s (x raw)", "stored after s", "server CPU s",
+                 "RSS growth", "next GET s", "load"], [_rows(r) for r in runs]))
     return 0
 
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -164,25 +165,57 @@ def materialise_in(conn: psycopg.Connection, version_id: int) -> Materialised | 
 class Found:
     """What ``pieces_in`` found, filled in as it runs."""
 
-    __slots__ = ("assembled", "cached", "exists", "size", "spliced")
+    __slots__ = ("assembled", "cached", "exists", "late", "size", "spliced", "_finish")
 
-    def __init__(self) -> None:
+    def __init__(self, *, late: bool = False) -> None:
         self.exists = False
         self.assembled = False
         self.spliced = False  # assembled from an earlier version's bytes and the changed rows
         self.cached = False
         self.size: int | None = None  # the body's length, when known before its first piece
+        # The caller calls ``finish`` once the body is sent: the cache write of an assembly from all rows
+        # (whose size is not known in advance) waits for it, with the transaction and row lock still held.
+        self.late = late
+        self._finish: Callable[[], None] | None = None
+
+    def finish(self) -> None:
+        """The cache write left for after the body (``late``), and the end of its transaction; nothing when
+        there is none (stored bytes, a splice, a stream closed early). Called once the response is done."""
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish()
 
 
 def stream(db: Database, version_id: int, found: Found,
            before_assembly: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """The version's bytes as pieces, in a transaction of their own that lasts as long as the iteration
-    (it holds the version's row lock, so concurrent first readers wait and then read the cached bytes).
+    (it holds the version's row lock, so concurrent first readers wait and then read the cached bytes),
+    or, when ``found.late`` and an assembly from all rows is left to cache, until ``found.finish()``.
     Yields nothing when the version no longer exists. ``before_assembly`` is called with the expected size
     only by the reader that assembles (after the row lock, the bytes still absent): the caller's admission
     check, which readers that waited for another's assembly never meet."""
-    with db.transaction() as conn:
+    transaction = db.transaction()
+    conn = transaction.__enter__()
+    try:
         yield from pieces_in(conn, version_id, found, before_assembly)
+    except BaseException:
+        if not transaction.__exit__(*sys.exc_info()):
+            raise
+        return
+    write = found._finish
+    if write is None:
+        transaction.__exit__(None, None, None)
+        return
+
+    def finish() -> None:
+        try:
+            write()
+        except BaseException:
+            if not transaction.__exit__(*sys.exc_info()):
+                raise
+        else:
+            transaction.__exit__(None, None, None)
+    found._finish = finish
 
 
 def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
@@ -222,6 +255,11 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     for piece in text:
         writer.add(piece)
         yield piece
+    if found.late:
+        def store() -> None:
+            found.cached = _stored(conn, writer, version_id)
+        found._finish = store
+        return
     found.cached = _stored(conn, writer, version_id)
 
 
@@ -234,7 +272,10 @@ def _stored(conn: psycopg.Connection, writer: _CacheWriter, version_id: int, bas
     except psycopg.Error as exc:
         log.warning("caching the assembled bytes of version %s failed (%s); it stays uncached", version_id,
                     exc.__class__.__name__)
-        conn.rollback()
+        try:
+            conn.rollback()
+        except psycopg.Error:
+            pass  # the connection is gone: so is the transaction
         return False
 
 

@@ -64,14 +64,15 @@ def state(name: str) -> Response:
     mode = Mode.READ if request.method == "GET" else Mode.WRITE
     check_whole_state(who.scopes, name, mode, f"Terraform's {request.method}")
     if request.method == "GET":
-        found = assembly.Found()
+        # The cache write of a first GET comes after the body: when the response closes (every WSGI server
+        # closes it once the body is sent), or, for a body whose size is known, after the last piece.
+        found = assembly.Found(late=True)
         pieces = states.head_pieces(db, who, name, before_assembly=inputs.large_body_slot, found=found)
         if pieces is None:
             raise StateNotFoundError(f"no state named {name!r}")
         response = _ok(stream_with_context(pieces), "application/json")
+        response.call_on_close(found.finish)
         if found.size is not None:
-            # The reader has the whole body with its last piece; what the stream does after (the cache
-            # write of a spliced assembly) is off its path.
             response.content_length = found.size
         return response
     if request.method == "POST":

@@ -37,7 +37,7 @@ import requests
 
 from bench import common
 from bench.backend_bench import Harness
-from bench.body_memory_bench import Sampler, _status, start_server, stop_server
+from bench.body_memory_bench import Sampler, Server, _status, start_server, stop_server
 from bench.commit_bench import STATE, commit_cycle
 from bench.common import BenchError, log, table
 from bench.states import counted_state
@@ -52,18 +52,20 @@ class Run:
     instances: int
     body_bytes: int = 0
     raw_get: float = 0.0
-    rows_get: float = 0.0
-    rows_stored: float = 0.0
-    rows_rss: int = 0
-    spliced_get: float = 0.0
-    spliced_stored: float = 0.0
-    spliced_rss: int = 0
+    rows: FirstGet | None = None  # assembled from all rows
+    spliced: FirstGet | None = None  # spliced from the bytes the first cached
     cached_get: float = 0.0
-    rows_before: int = 0
-    spliced_before: int = 0
-    rows_cpu: float = 0.0
-    spliced_cpu: float = 0.0
     load: str = ""
+
+
+@dataclass
+class FirstGet:
+    body: bytes
+    seconds: float  # until the reader has the body
+    stored: float  # until the bytes are stored
+    cpu: float  # the server worker's CPU seconds meanwhile
+    rss_before: int
+    rss_peak: int
 
 
 def _get(session: requests.Session, url: str) -> tuple[float, bytes]:
@@ -95,6 +97,25 @@ def _stored_after(database_url: str, serial: int, started: float) -> float:
             time.sleep(0.01)
 
 
+def _commits(session: requests.Session, base: str, n: int, values: dict[int, str], serial: int, label: str,
+             step: int, offset: int) -> int:
+    """COMMITS one-instance commits, recorded in ``values``; the new head serial."""
+    for k in range(COMMITS):
+        index = (k * step + offset) % n
+        serial, _ = commit_cycle(session, base, index, f"{label}-{k}", serial)
+        values[index] = f"{label}-{k}"
+    return serial
+
+
+def _first_get(session: requests.Session, server: Server, url: str, database_url: str, serial: int) -> FirstGet:
+    before, cpu = _status(server.worker, "VmRSS"), _cpu(server.worker)
+    with Sampler(server.worker) as peak:
+        started = perf()
+        seconds, body = _get(session, url)
+        stored = _stored_after(database_url, serial, started)
+    return FirstGet(body, seconds, stored, _cpu(server.worker) - cpu, before, peak.peak)
+
+
 def _check(body: bytes, serial: int, n: int, values: dict[int, str]) -> None:
     doc = json.loads(body)
     instances = doc["resources"][0]["instances"]
@@ -120,47 +141,32 @@ def measure(database_url: str, n: int, tree: Path | None) -> Run:
             res.raw_get, got = _get(session, url)
             if got != body:
                 raise BenchError("GET of the POSTed head did not return its bytes")
-            serial, values = 1, {}
-            for k in range(COMMITS):
-                index = (k * 7919) % n
-                serial, _ = commit_cycle(session, server.url, index, f"rows-{k}", serial)
-                values[index] = f"rows-{k}"
-            res.rows_before, cpu = _status(server.worker, "VmRSS"), _cpu(server.worker)
-            with Sampler(server.worker) as peak:
-                started = perf()
-                res.rows_get, first = _get(session, url)
-                res.rows_stored = _stored_after(h.url, serial, started)
-            res.rows_rss, res.rows_cpu = peak.peak, _cpu(server.worker) - cpu
-            _check(first, serial, n, values)
-            for k in range(COMMITS):
-                index = (k * 104729 + 1) % n
-                serial, _ = commit_cycle(session, server.url, index, f"splice-{k}", serial)
-                values[index] = f"splice-{k}"
-            res.spliced_before, cpu = _status(server.worker, "VmRSS"), _cpu(server.worker)
-            with Sampler(server.worker) as peak:
-                started = perf()
-                res.spliced_get, second = _get(session, url)
-                res.spliced_stored = _stored_after(h.url, serial, started)
-            res.spliced_rss, res.spliced_cpu = peak.peak, _cpu(server.worker) - cpu
-            _check(second, serial, n, values)
+            values: dict[int, str] = {}
+            serial = _commits(session, server.url, n, values, 1, "rows", 7919, 0)
+            rows = _first_get(session, server, url, h.url, serial)
+            _check(rows.body, serial, n, values)
+            serial = _commits(session, server.url, n, values, serial, "splice", 104729, 1)
+            spliced = _first_get(session, server, url, h.url, serial)
+            _check(spliced.body, serial, n, values)
+            res.rows, res.spliced = rows, spliced
+            second = spliced.body
             res.cached_get, again = _get(session, url)
             if again != second:
                 raise BenchError("the cached GET differs from the spliced first GET")
-            log(f"  {res.tree} {n}: raw {res.raw_get:.2f}s, from rows {res.rows_get:.2f}s, "
-                f"spliced {res.spliced_get:.2f}s (stored after {res.spliced_stored:.2f}s)")
+            log(f"  {res.tree} {n}: raw {res.raw_get:.2f}s, from rows {rows.seconds:.2f}s, "
+                f"spliced {spliced.seconds:.2f}s (stored after {spliced.stored:.2f}s)")
         finally:
             stop_server(server)
     return res
 
 
 def _rows(r: Run) -> list[str]:
-    def growth(peak: int, before: int) -> str:
-        return f"{(peak - before) / r.body_bytes:.2f}x"
-    return [f"{r.instances:,}", r.tree, f"{r.body_bytes / 1e6:.0f} MB", f"{r.raw_get:.2f}",
-            f"{r.rows_get:.2f} ({r.rows_get / r.raw_get:.1f}x)", f"{r.rows_stored:.2f}", f"{r.rows_cpu:.2f}",
-            growth(r.rows_rss, r.rows_before),
-            f"{r.spliced_get:.2f} ({r.spliced_get / r.raw_get:.1f}x)", f"{r.spliced_stored:.2f}",
-            f"{r.spliced_cpu:.2f}", growth(r.spliced_rss, r.spliced_before), f"{r.cached_get:.2f}", r.load]
+    cells = [f"{r.instances:,}", r.tree, f"{r.body_bytes / 1e6:.0f} MB", f"{r.raw_get:.2f}"]
+    for got in (r.rows, r.spliced):
+        assert got is not None
+        cells += [f"{got.seconds:.2f} ({got.seconds / r.raw_get:.1f}x)", f"{got.stored:.2f}", f"{got.cpu:.2f}",
+                  f"{(got.rss_peak - got.rss_before) / r.body_bytes:.2f}x"]
+    return [*cells, f"{r.cached_get:.2f}", r.load]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

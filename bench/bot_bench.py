@@ -304,7 +304,7 @@ def time_parts(world: World) -> Parts:
         base = timed("merge base", lambda: rgit.merge_base(root, pr["base_sha"], pr["head_sha"]))
         project = config.projects[0]
         selection = timed("changed files → selection (as --changed-from)",
-                          lambda: changed_selection(root / project.dir, base, against=pr["head_sha"]))
+                          lambda: changed_selection(root / project.dir, base, against=pr["head_sha"]).selection)
         client = botflow.engine_client(workbench, REPO, root, project)
         files = timed("read the configuration", lambda: read_configuration(root / project.dir))
         scoped = timed("footprint + trunk edges (cold parse cache)",

@@ -156,15 +156,20 @@ class ReconcileArgs(RepoArgs):
 
 
 @dataclass(frozen=True, slots=True)
-class DriftTickArgs(JobArgs):
-    kind: ClassVar[JobKind] = JobKind.DRIFT_TICK
+class TickArgs(JobArgs):
+    """Arguments of a periodic job about no repository: ``at`` is the epoch second of its slot."""
+
     at: int
 
 
 @dataclass(frozen=True, slots=True)
-class EventsTickArgs(JobArgs):
+class DriftTickArgs(TickArgs):
+    kind: ClassVar[JobKind] = JobKind.DRIFT_TICK
+
+
+@dataclass(frozen=True, slots=True)
+class EventsTickArgs(TickArgs):
     kind: ClassVar[JobKind] = JobKind.EVENTS_TICK
-    at: int
 
 
 @dataclass(frozen=True, slots=True)

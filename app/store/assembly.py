@@ -34,7 +34,16 @@ and the ranges of the earlier bytes kept, which the final UPDATE copies from the
 Postgres; it checks the length, so a base pruned meanwhile leaves the version uncached, never wrong.
 Whenever something is not as expected (no such base, more changed objects than ``SPLICE_MAX_CHANGED``,
 a resource whose provider changed, a base whose text is not where the layout puts it) it assembles from
-all rows instead, before sending a byte. Bytes Terraform wrote are never a base: their layout is Terraform's.
+all rows instead, before sending a byte. Bytes Terraform wrote are never a base: their layout is
+Terraform's (it orders the ``value`` and ``type`` of a dynamic value as its encoder does and keeps empty
+``sensitive_attributes``), which the assembly, writing from the rows, does not reproduce.
+
+The spliced file's size is known before its first piece (``Found.size``, as is that of stored bytes), so
+the backend lane sends it with a Content-Length: the reader has the whole body when the last piece is
+written, and the cache write that follows (the final UPDATE, which joins and compresses the bytes in
+Postgres) is off its path. The version's row lock is held until that write commits, so concurrent first
+readers still coalesce; should the write fail, the transaction rolls back (the version stays uncached,
+the reader already has its bytes) and the failure is logged by its class alone.
 
 A version whose bytes retention removed (``pruned_at`` set) is still assembled on read, from the rows,
 but not cached again: retention would otherwise undo itself.
@@ -43,6 +52,8 @@ but not cached again: retention would otherwise undo itself.
 from __future__ import annotations
 
 import hashlib
+import logging
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -54,6 +65,8 @@ from analyzer.state_splice import Part, ResourceChange, ResourceKey, SpliceError
 from app.errors import NotFoundError
 from app.store import resources
 from app.store.db import Database
+
+log = logging.getLogger("kilolock.store")
 
 _LOCK_VERSION = """
 SELECT state_id, serial, lineage, terraform_version, encrypted, source, pruned_at IS NOT NULL AS pruned, raw_state
@@ -152,24 +165,57 @@ def materialise_in(conn: psycopg.Connection, version_id: int) -> Materialised | 
 class Found:
     """What ``pieces_in`` found, filled in as it runs."""
 
-    __slots__ = ("assembled", "cached", "exists", "spliced")
+    __slots__ = ("assembled", "cached", "exists", "late", "size", "spliced", "_finish")
 
-    def __init__(self) -> None:
+    def __init__(self, *, late: bool = False) -> None:
         self.exists = False
         self.assembled = False
         self.spliced = False  # assembled from an earlier version's bytes and the changed rows
         self.cached = False
+        self.size: int | None = None  # the body's length, when known before its first piece
+        # The caller calls ``finish`` once the body is sent: the cache write of an assembly from all rows
+        # (whose size is not known in advance) waits for it, with the transaction and row lock still held.
+        self.late = late
+        self._finish: Callable[[], None] | None = None
+
+    def finish(self) -> None:
+        """The cache write left for after the body (``late``), and the end of its transaction; nothing when
+        there is none (stored bytes, a splice, a stream closed early). Called once the response is done."""
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish()
 
 
 def stream(db: Database, version_id: int, found: Found,
            before_assembly: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """The version's bytes as pieces, in a transaction of their own that lasts as long as the iteration
-    (it holds the version's row lock, so concurrent first readers wait and then read the cached bytes).
+    (it holds the version's row lock, so concurrent first readers wait and then read the cached bytes),
+    or, when ``found.late`` and an assembly from all rows is left to cache, until ``found.finish()``.
     Yields nothing when the version no longer exists. ``before_assembly`` is called with the expected size
     only by the reader that assembles (after the row lock, the bytes still absent): the caller's admission
     check, which readers that waited for another's assembly never meet."""
-    with db.transaction() as conn:
+    transaction = db.transaction()
+    conn = transaction.__enter__()
+    try:
         yield from pieces_in(conn, version_id, found, before_assembly)
+    except BaseException:
+        if not transaction.__exit__(*sys.exc_info()):
+            raise
+        return
+    write = found._finish
+    if write is None:
+        transaction.__exit__(None, None, None)
+        return
+
+    def finish() -> None:
+        try:
+            write()
+        except BaseException:
+            if not transaction.__exit__(*sys.exc_info()):
+                raise
+        else:
+            transaction.__exit__(None, None, None)
+    found._finish = finish
 
 
 def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
@@ -182,6 +228,7 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     found.exists = True
     state_id, serial, lineage, terraform_version, encrypted, source, pruned, raw = row
     if raw is not None:
+        found.size = len(raw)
         yield bytes(raw)
         return
     if encrypted:
@@ -197,6 +244,7 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     spliced = None if source != "apply" else _spliced(conn, state_id, serial, lineage, terraform_version, outputs)
     if spliced is not None:
         found.spliced = True
+        found.size = sum(part[1] - part[0] if isinstance(part, tuple) else len(part) for part in spliced.parts)
         yield from _write_spliced(conn, version_id, spliced, found, cache=not pruned)
         return
     text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
@@ -207,7 +255,28 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     for piece in text:
         writer.add(piece)
         yield piece
-    found.cached = writer.finish(version_id)
+    if found.late:
+        def store() -> None:
+            found.cached = _stored(conn, writer, version_id)
+        found._finish = store
+        return
+    found.cached = _stored(conn, writer, version_id)
+
+
+def _stored(conn: psycopg.Connection, writer: _CacheWriter, version_id: int, base_id: int | None = None) -> bool:
+    """The cache write after the last piece: whether it stored the bytes. A failure rolls the transaction
+    back (the version stays uncached; the reader has had every byte) and is logged by its class alone,
+    as the database's message may quote the bytes."""
+    try:
+        return writer.finish(version_id, base_id=base_id)
+    except psycopg.Error as exc:
+        log.warning("caching the assembled bytes of version %s failed (%s); it stays uncached", version_id,
+                    exc.__class__.__name__)
+        try:
+            conn.rollback()
+        except psycopg.Error:
+            pass  # the connection is gone: so is the transaction
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +306,7 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
             piece = bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
             writer.digest(piece)
             yield piece
-    found.cached = writer.finish(version_id, base_id=spliced.base_id)
+    found.cached = _stored(conn, writer, version_id, base_id=spliced.base_id)
 
 
 def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,

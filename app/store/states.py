@@ -138,7 +138,8 @@ def read_head(db: Database, principal: Principal, name: str) -> bytes | None:
 
 
 def head_pieces(db: Database, principal: Principal, name: str,
-                before_assembly: Callable[[int], None] | None = None) -> Iterator[bytes] | None:
+                before_assembly: Callable[[int], None] | None = None,
+                found: assembly.Found | None = None) -> Iterator[bytes] | None:
     """The bytes of the head version as pieces, or None when the state has never been written (or was
     deleted meanwhile).
 
@@ -147,7 +148,8 @@ def head_pieces(db: Database, principal: Principal, name: str,
     when this reader is the one that assembles (the caller's admission check); the head read here is the
     committed one, so a GET never sees an older serial than a commit that finished before it started, and
     always a whole serial. The first piece is read before this
-    returns, so a refusal or a database error is raised here, not halfway through the body.
+    returns, so a refusal or a database error is raised here, not halfway through the body; ``found``
+    then tells what was found, its ``size`` the body's length when it is known before the last piece.
     """
     with db.transaction() as conn:
         # Binary results: a 25 MB state as hex text costs twice the bytes and a decode pass.
@@ -155,9 +157,10 @@ def head_pieces(db: Database, principal: Principal, name: str,
     if row is None:
         return None
     version_id, raw = row
+    found = assembly.Found() if found is None else found
     if raw is not None:
+        found.exists, found.size = True, len(raw)
         return iter((bytes(raw),))
-    found = assembly.Found()
     pieces = assembly.stream(db, version_id, found, before_assembly)
     first = next(pieces, None)
     if first is None:

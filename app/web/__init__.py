@@ -16,7 +16,9 @@ from typing import Any
 
 from flask import Flask, Response, g, jsonify, redirect, request
 from flask.json.provider import DefaultJSONProvider
+from flask.testing import FlaskClient
 from werkzeug.routing import PathConverter
+from werkzeug.test import TestResponse
 
 from app.config import AuthMode, Settings
 from app.errors import ConfigError
@@ -80,6 +82,15 @@ def resolve_database_url(settings: Settings) -> str:
     return start_embedded_postgres(settings.data_root)
 
 
+class _TestClient(FlaskClient):
+    """Flask's test client, closing each response once it has read it as a WSGI server does once it has
+    sent it (werkzeug's client closes only what it buffers): what a response does at close (a first GET's
+    cache write) has happened when the call returns."""
+
+    def open(self, *args: Any, buffered: bool = True, **kwargs: Any) -> TestResponse:
+        return super().open(*args, buffered=buffered, **kwargs)
+
+
 def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask:
     """The WSGI app. ``lanes``: ``all`` (default), ``public`` (everything but the control API) or
     ``control`` (only the control API and health), for serving the control API on its own port."""
@@ -95,6 +106,7 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
         if applied:
             log.info("applied migrations: %s", ", ".join(f"{m.version:04d}_{m.name}" for m in applied))
     app = Flask("kilolock")
+    app.test_client_class = _TestClient
     app.json = _JSONProvider(app)
     # Never merge "//" by redirecting: a redirect's Location is built from the Host header, and it turns
     # Terraform's LOCK or POST into a bodiless GET. Doubled slashes reach the name rules instead (400).

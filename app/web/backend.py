@@ -15,7 +15,7 @@ from app.domain.locking import classify_unlock
 from app.domain.reservations import Mode
 from app.domain.scopes import check_whole_state
 from app.errors import InvalidLockInfoError, InvalidStateNameError, PayloadTooLargeError, StateNotFoundError
-from app.store import states
+from app.store import assembly, states
 from app.web import inputs, metrics
 from app.web.context import principal, services, state_name
 
@@ -64,10 +64,17 @@ def state(name: str) -> Response:
     mode = Mode.READ if request.method == "GET" else Mode.WRITE
     check_whole_state(who.scopes, name, mode, f"Terraform's {request.method}")
     if request.method == "GET":
-        pieces = states.head_pieces(db, who, name, before_assembly=inputs.large_body_slot)
+        # The cache write of a first GET comes after the body: when the response closes (every WSGI server
+        # closes it once the body is sent), or, for a body whose size is known, after the last piece.
+        found = assembly.Found(late=True)
+        pieces = states.head_pieces(db, who, name, before_assembly=inputs.large_body_slot, found=found)
         if pieces is None:
             raise StateNotFoundError(f"no state named {name!r}")
-        return _ok(stream_with_context(pieces), "application/json")
+        response = _ok(stream_with_context(pieces), "application/json")
+        response.call_on_close(found.finish)
+        if found.size is not None:
+            response.content_length = found.size
+        return response
     if request.method == "POST":
         states.write_state(db, who, name, inputs.read_body(), lock_id=lock_id)
         return _ok()

@@ -206,7 +206,7 @@ def footprint(workbench: Workbench, repo: str, root: Path, config: BotConfig, ba
             continue
         shown = _with(shown, state=project.state)
         try:
-            selection = changed_selection(root / project.dir, base, against=head)
+            changed = changed_selection(root / project.dir, base, against=head)
         except NothingToDo:
             continue  # every changed path is unrelated to the configuration (state files, .terraform/)
         except (KlExit, git.GitError) as exc:
@@ -216,10 +216,10 @@ def footprint(workbench: Workbench, repo: str, root: Path, config: BotConfig, ba
             client = engine_client(workbench, repo, root, project)
             # The parse cache is read, not written: the preview's plan saves (and prunes) it.
             scoped = scope_of(client, ChangeRequest(project.state, root / project.dir, workbench.data_dir,
-                                                    selection))
+                                                    changed.selection, files=changed.files))
             live = client.list_reservations(project.state)
         except (KlExit, EngineError, ClientConfigError) as exc:
-            found.append(_with(shown, files=_shown_files(selection), error=workbench.redact(str(exc))))
+            found.append(_with(shown, files=_shown_files(changed.selection), error=workbench.redact(str(exc))))
             continue
         found.append(ProjectFootprint(
             name=project.name, dir=project.dir, state=project.state, changed=tuple(paths),
@@ -269,10 +269,11 @@ def preview(workbench: Workbench, repo: str, root: Path, config: BotConfig, base
         assert project is not None
         try:
             project = anchored(project, trusted)
-            selection = changed_selection(root / project.dir, base, against=head)
+            changed = changed_selection(root / project.dir, base, against=head)
             ctx = terraform_context(workbench, project)
             spec = plan(engine_client(workbench, repo, root, project), ctx,
-                        ChangeRequest(project.state, root / project.dir, workbench.data_dir, selection)).spec
+                        ChangeRequest(project.state, root / project.dir, workbench.data_dir, changed.selection,
+                                      files=changed.files)).spec
         except NothingToDo:
             continue
         except (KlExit, git.GitError, EngineError, ClientConfigError) as exc:
@@ -321,10 +322,11 @@ def apply_project(workbench: Workbench, repo: str, root: Path, project: Project,
     footprint is derived once: ``before_apply`` sees it, the plan and the apply's workspace reuse it."""
     client: EngineClient | None = None
     try:
-        selection = changed_selection(root / project.dir, base, against=sha)
+        changed = changed_selection(root / project.dir, base, against=sha)
         client = engine_client(workbench, repo, root, project)
         remaining, waited = wait_seconds, 0.0
-        request = ChangeRequest(project.state, root / project.dir, workbench.data_dir, selection)
+        request = ChangeRequest(project.state, root / project.dir, workbench.data_dir, changed.selection,
+                                files=changed.files)
         scoped = scope_of(client, request)
         if before_apply is not None:
             waiting = time.monotonic()

@@ -15,7 +15,8 @@ urllib3 retry is off, since it re-sends POSTs blindly. This policy (``_Retrying`
 calls: no other module imports PyGithub (a layering test checks). A job that still fails is retried whole by
 RQ (``app.queue``), and that retry posts the outcome the first attempt stored.
 
-Used by jobs on workers only: never in a web request. Error messages never include tokens.
+Used by jobs on workers only: never in a web request. Error messages never include tokens. GitHub's size
+limits and its rate-limit headers are read by plain functions in ``runner.bot.github_rules``.
 """
 
 from __future__ import annotations
@@ -36,22 +37,27 @@ from github.Repository import Repository
 
 from app.config import Settings
 from app.domain.redaction import Redactor, redact
+from runner.bot.github_rules import (
+    COMMENT_LIMIT,
+    OUTPUT_LIMIT,
+    STATUS_DESCRIPTION_LIMIT,
+    TITLE_LIMIT,
+    first_line,
+    is_rate_limited,
+    rate_limit_wait,
+    shortened,
+    truncate,
+    with_marker,
+)
 
 log = logging.getLogger("kilolock.github")
 T = TypeVar("T")
 
-# GitHub's limits: 65,535 characters for a check run's summary and text and 65,536 for a comment
-# body. Measured in UTF-8 bytes here, so no character count can exceed them.
-OUTPUT_LIMIT = 65_535
-COMMENT_LIMIT = 65_535
-TITLE_LIMIT = 255
-STATUS_DESCRIPTION_LIMIT = 140
 # An installation token lives one hour; refresh well before, so a clone or a long job never holds
 # one that expires under it.
 TOKEN_REFRESH_BEFORE = timedelta(minutes=5)
 MAX_ATTEMPTS = 5
 DEFAULT_MAX_WAIT = 120.0  # total seconds one operation may spend waiting for rate limits
-SECONDARY_RATE_WAIT = 60.0  # GitHub's advice for a secondary rate limit without Retry-After
 REQUEST_TIMEOUT = 30
 USER_AGENT = "kilolock-bot"
 CHECK_STATUSES = ("queued", "in_progress", "completed")
@@ -347,7 +353,7 @@ class GitHub:
         """Edit the bot's own comment on PR ``number`` that contains ``marker`` (a hidden HTML
         comment), or create it; returns the comment id. Comments by anyone else are never edited,
         even when they contain the marker. A retry after a lost answer finds the comment it made."""
-        text = _with_marker(marker, self._policy.redact(body))
+        text = with_marker(marker, self._policy.redact(body))
 
         def once() -> int:
             issue = self._repository.get_issue(number)
@@ -383,8 +389,8 @@ class GitHub:
         open. The issue is found by ``number`` (as stored from an earlier call) when that one is the bot's and
         carries the marker, else among the bot's issues by marker, so a retry after a lost answer never
         opens a second one. Returns the issue's number (None: there was none to close)."""
-        text = _with_marker(marker, self._policy.redact(body))
-        short = _short(self._policy.redact(title), TITLE_LIMIT)
+        text = with_marker(marker, self._policy.redact(body))
+        short = shortened(self._policy.redact(title), TITLE_LIMIT)
 
         def mine(issue: Any) -> bool:
             return issue.user is not None and issue.user.login == self.login and marker in (issue.body or "")
@@ -431,11 +437,12 @@ class GitHub:
         title, summary = self._policy.redact(title), self._policy.redact(summary)
         text = self._policy.redact(text) if text else text
         if self.mode == "token":
-            self._set_status(sha, name, status, conclusion, title or _first_line(summary))
+            self._set_status(sha, name, status, conclusion, title or first_line(summary))
             return
         output: dict[str, Any] | Any = NotSet
         if title or summary or text:
-            output = {"title": _short(title or name, TITLE_LIMIT), "summary": truncate(summary or title, OUTPUT_LIMIT)}
+            output = {"title": shortened(title or name, TITLE_LIMIT),
+                      "summary": truncate(summary or title, OUTPUT_LIMIT)}
             if text:
                 output["text"] = truncate(text, OUTPUT_LIMIT)
         fields: dict[str, Any] = {"status": status, "output": output,
@@ -455,7 +462,7 @@ class GitHub:
 
     def _set_status(self, sha: str, name: str, status: str, conclusion: str | None, description: str) -> None:
         state = "pending" if status != "completed" else _STATUS_STATE.get(conclusion or "", "error")
-        short = _short(description or name, STATUS_DESCRIPTION_LIMIT)
+        short = shortened(description or name, STATUS_DESCRIPTION_LIMIT)
         self._policy.call(f"set status {name} on {sha[:12]}", lambda: self._repository.get_commit(sha).create_status(
             state=state, description=short, context=name))
 
@@ -487,9 +494,9 @@ class _Retrying:
                 status = exc.status
                 headers = {str(k).lower(): str(v) for k, v in (exc.headers or {}).items()}
                 message = _message(exc.data)
-                limited = status == 429 or (status == 403 and _is_rate_limited(headers, message))
+                limited = status == 429 or (status == 403 and is_rate_limited(headers, message))
                 if limited:
-                    delay = _rate_limit_wait(headers)
+                    delay = rate_limit_wait(headers)
                     if waited + delay > self._max_wait:
                         raise GitHubError(self.redact(
                             f"GitHub could not {what}: rate limited (HTTP {status}) for {delay:.0f} more seconds, "
@@ -552,55 +559,11 @@ def _installation_for(settings: Settings, owner: str, name: str, policy: _Retryi
         return _INSTALLATIONS.setdefault(repo_key, installation)
 
 
-# --- text helpers -------------------------------------------------------------------------------
-
-
-def truncate(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes, with a note saying how much was left out."""
-    data = text.encode()
-    if len(data) <= limit:
-        return text
-    omitted_total = len(text)
-    note = "\n\n… output truncated: {} more characters not shown (GitHub's size limit)"
-    keep = limit - len(note.format(omitted_total).encode())
-    head = data[:keep].decode("utf-8", "ignore")
-    return head + note.format(len(text) - len(head))
-
-
-def _with_marker(marker: str, body: str) -> str:
-    text = body if marker in body else f"{marker}\n{body}"
-    text = truncate(text, COMMENT_LIMIT)
-    if marker not in text:  # the marker sat past the cut: it must survive, or the next run duplicates
-        text = truncate(f"{marker}\n{body}", COMMENT_LIMIT)
-    return text
-
-
-def _short(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else ""
-
-
 def _message(data: Any) -> str:
     if isinstance(data, dict):
         return str(data.get("message") or data)[:300]
     return str(data)[:300]
 
 
-def _is_rate_limited(headers: dict[str, str], message: str) -> bool:
-    return "retry-after" in headers or headers.get("x-ratelimit-remaining") == "0" or "rate limit" in message.lower()
-
-
-def _rate_limit_wait(headers: dict[str, str]) -> float:
-    retry_after = headers.get("retry-after", "")
-    if retry_after.strip().isdigit():
-        return float(retry_after)
-    reset = headers.get("x-ratelimit-reset", "")
-    if headers.get("x-ratelimit-remaining") == "0" and reset.strip().isdigit():
-        return max(float(reset) - time.time(), 0.0) + 1.0
-    return SECONDARY_RATE_WAIT
-
-
-__all__ = ["GitHub", "GitHubError", "PullInfo", "Review", "forget_cached_installations", "truncate"]
+__all__ = ["COMMENT_LIMIT", "OUTPUT_LIMIT", "GitHub", "GitHubError", "PullInfo", "Review",
+           "forget_cached_installations", "truncate"]

@@ -12,6 +12,7 @@ import argparse
 import difflib
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,9 @@ def _var_args(args: argparse.Namespace) -> list[tuple[str, str]]:
     return found
 
 
-def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
-    """The file selection of -f / --changed-from, or None for a full plan."""
+def _selection(args: argparse.Namespace, config_dir: Path, texts: Mapping[str, str] | None) -> Any:
+    """The file selection of -f / --changed-from, or None for a full plan; ``texts`` are the root module's
+    files when they were read already."""
     from runner.core.pipeline import Selection, changed_selection, file_selection
 
     if not args.file and not args.changed_from:
@@ -77,7 +79,7 @@ def _selection(args: argparse.Namespace, config_dir: Path) -> Any:
     from runner.core.git import GitError
 
     try:
-        chosen = changed_selection(config_dir, args.changed_from)
+        chosen = changed_selection(config_dir, args.changed_from, files=texts).selection
     except GitError as exc:
         raise UsageError(str(exc)) from exc
     return Selection(tuple(sorted(set(chosen.files) | set(files))), chosen.deleted, chosen.variables)
@@ -98,7 +100,7 @@ def _plan_spec(args: argparse.Namespace, env: dict[str, str], keep: Path | None 
     config = client_config(args, config_dir, env, texts=files)
     assert config.state
     client, ctx = EngineClient(config), terraform_context(env)
-    selection = _selection(args, config_dir)
+    selection = _selection(args, config_dir, files)
     request = ChangeRequest(state=config.state, config_dir=config_dir, data_dir=data_dir(env), selection=selection,
                             targets=tuple(args.target or ()) if selection is None else (),
                             var_args=tuple(_var_args(args)), refresh=getattr(args, "refresh", False), files=files)

@@ -60,9 +60,9 @@ def apply_spec(client: EngineClient, ctx: TerraformContext, spec: PlanSpec, conf
     """Check the spec's pins, then reserve, re-plan, apply and commit ``spec``. ``builder`` makes the
     workspace (default: the whole configuration); ``saved`` is the plan phase's kept workspace, applied
     without re-planning when ``saved_plan_refusal`` allows it."""
+    pins.verify(spec, config_dir, ctx.env, options.supplied_vars)
     info = {**run_info(spec.config_hash, options.dry_run, config_dir),
             **({"bot": dict(options.origin)} if options.origin else {})}
-    pins.verify(spec, config_dir, ctx.env, options.supplied_vars)
     builder = builder or rebuild(client, spec, config_dir, data_dir=options.data_dir)
     echo = ctx.echo
     if not spec.write_set and not spec.output_changes:

@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from analyzer.gitdiff import WidenKind
 from analyzer.hcl import HclError, ParseCache
 from analyzer.scoping import (
     ScopeRefused,
@@ -17,19 +20,26 @@ from analyzer.scoping import (
 )
 from runner.core.config import read_configuration
 from runner.core.errors import InvalidInput, NothingToDo
-from runner.core.git import work_tree_root
+from runner.core.git import GitError, changed_from, text_at, work_tree_root
 from runner.core.scope import module_sources
 from runner.core.spec import is_plan_file
 
-__all__ = ["Selection", "changed_selection", "file_selection"]
+__all__ = ["ChangedSelection", "Selection", "changed_selection", "file_selection"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangedSelection:
+    """What ``--changed-from`` chose, with the root module's files read to choose it: the plan takes them
+    (``ChangeRequest.files``) instead of reading the configuration a second time."""
+
+    selection: Selection
+    files: Mapping[str, str]
 
 
 def file_selection(config_dir: Path, files: Sequence[str]) -> Selection:
     """-f FILE…: the selected files, with the text each had at HEAD when the configuration is in a git work tree
     (what a selected file declared there and no file declares now is destroyed, its outputs removed, as a full
     apply would). Without git, or for a file new since HEAD, there is no earlier text to compare."""
-    from runner.core.git import GitError, text_at
-
     root = work_tree_root(config_dir)
     earlier: dict[str, str] = {}
     if root is None:
@@ -42,18 +52,15 @@ def file_selection(config_dir: Path, files: Sequence[str]) -> Selection:
     return Selection(tuple(files), earlier)
 
 
-def changed_selection(config_dir: Path, ref: str, *, against: str | None = None) -> Selection:
+def changed_selection(config_dir: Path, ref: str, *, against: str | None = None,
+                      files: Mapping[str, str] | None = None) -> ChangedSelection:
     """--changed-from REF: the selection for what changed since ``ref`` in the git repository holding
     ``config_dir`` — up to the working tree, or up to the commit ``against`` (the pull-request bot, on a
     checkout of that commit). What a still-present selected file declared at ``ref`` joins the deleted
-    texts, so a block removed from it is planned for destruction. Raises runner.core.git.GitError, InvalidInput,
+    texts, so a block removed from it is planned for destruction. ``files`` are the root module's files when
+    the caller has read them (read here otherwise). Raises runner.core.git.GitError, InvalidInput,
     NothingToDo (no Terraform file changed)."""
-    import posixpath
-
-    from analyzer.gitdiff import WidenKind
-    from runner.core.git import GitError, changed_from, text_at
-
-    texts = read_configuration(config_dir)
+    texts = read_configuration(config_dir) if files is None else files
     cache = ParseCache()
     try:
         sources = module_sources(texts, cache)
@@ -88,4 +95,4 @@ def changed_selection(config_dir: Path, ref: str, *, against: str | None = None)
             deleted[f"{name}@{ref}"] = text_at(config_dir, ref, posixpath.join(scope.config_dir, name))
         except GitError:
             continue  # new since the ref: nothing declared before
-    return Selection(chosen.files, deleted, chosen.variables)
+    return ChangedSelection(Selection(chosen.files, deleted, chosen.variables), texts)

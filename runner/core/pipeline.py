@@ -35,7 +35,7 @@ from runner.core.config import read_configuration
 from runner.core.drift import DriftRequest, DriftResult, RefreshOutcome, describe
 from runner.core.engine_client import EngineClient
 from runner.core.errors import Failed, InvalidInput
-from runner.core.filescoped import changed_selection, file_selection
+from runner.core.filescoped import ChangedSelection, changed_selection, file_selection
 from runner.core.parsecache import load_cache, prune_cache, save_cache, signature
 from runner.core.pins import pin_files
 from runner.core.plan import make_plan, summary
@@ -48,10 +48,10 @@ from runner.core.trunk import fetch_slice
 from runner.core.workbuild import SavedPlan, carried_files
 from runner.core.workspace import artifact_dir, auto_var_files
 
-__all__ = ["ApplyOptions", "ApplyOutcome", "ApplyRun", "ChangeKind", "ChangeRequest", "DriftRequest", "DriftResult",
-           "Planned", "RefreshOutcome", "ScopedFootprint", "Selection", "TerraformContext", "apply", "artifact_dir",
-           "changed_selection", "describe", "drift", "file_selection", "module_sources", "plan", "read_configuration",
-           "recover", "refresh", "scope_of", "summary"]
+__all__ = ["ApplyOptions", "ApplyOutcome", "ApplyRun", "ChangeKind", "ChangeRequest", "ChangedSelection",
+           "DriftRequest", "DriftResult", "Planned", "RefreshOutcome", "ScopedFootprint", "Selection",
+           "TerraformContext", "apply", "artifact_dir", "changed_selection", "describe", "drift", "file_selection",
+           "module_sources", "plan", "read_configuration", "recover", "refresh", "scope_of", "summary"]
 
 
 class ChangeKind(StrEnum):

@@ -37,6 +37,17 @@ def _rss(pid: int) -> int:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
 
 
+def _cached(url: str, serial: int) -> tuple[bytes, str]:
+    """The version's cached bytes and digest, once the cache write that follows its first GET's body has
+    committed (waiting on the version's row lock, which that write holds until then)."""
+    with psycopg.connect(url) as conn:
+        conn.execute("SELECT 1 FROM state_versions WHERE serial = %s FOR NO KEY UPDATE", (serial,))
+        conn.rollback()
+        row = conn.execute("SELECT raw_state, sha256 FROM state_versions WHERE serial = %s", (serial,)).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
 def test_a_first_get_and_a_slice_read_grow_the_server_by_less_than_the_bound(server: Server, clean_db: str) -> None:
     body = counted_state(1, COUNT)
     http = requests.Session()
@@ -48,11 +59,10 @@ def test_a_first_get_and_a_slice_read_grow_the_server_by_less_than_the_bound(ser
     before = _rss(server.worker)
     with Sampler(server.worker) as sampler:
         got = http.get(f"{server.url}/v1/states/big")
+        cached = _cached(clean_db, serial)  # the cache write follows the body: sampled until it is done
     assert got.status_code == 200 and got.content.startswith(b"{\n")
     growth = sampler.peak - before
     assert growth <= BOUND * len(got.content), (growth, len(got.content))
-    with psycopg.connect(clean_db) as conn:
-        cached = conn.execute("SELECT raw_state, sha256 FROM state_versions WHERE serial = %s", (serial,)).fetchone()
     assert cached is not None and bytes(cached[0]) == got.content
     assert cached[1] == hashlib.sha256(got.content).hexdigest()
 
@@ -61,12 +71,11 @@ def test_a_first_get_and_a_slice_read_grow_the_server_by_less_than_the_bound(ser
     before = _rss(server.worker)
     with Sampler(server.worker) as sampler:
         spliced = http.get(f"{server.url}/v1/states/big")
+        stored = _cached(clean_db, serial)
     assert spliced.status_code == 200 and b'"spliced"' in spliced.content
     growth = sampler.peak - before
     assert growth <= BOUND * len(spliced.content), (growth, len(spliced.content))
-    with psycopg.connect(clean_db) as conn:
-        assert conn.execute("SELECT sha256 FROM state_versions WHERE serial = %s", (serial,)).fetchone() == (
-            hashlib.sha256(spliced.content).hexdigest(),)
+    assert stored[1] == hashlib.sha256(spliced.content).hexdigest()
 
     before = _rss(server.worker)
     with Sampler(server.worker) as sampler:

@@ -187,37 +187,46 @@ def stream_state(
     previous: tuple[int, int, str, str] | None = None
     run: list[InstanceRow | AssemblyRow] = []  # the current resource's rows not yet encoded
     continued = False  # whether some of the current resource's instances are written already
-    for row in instances:
-        key = (row.module, row.mode, row.type, row.name)
-        order = _instance_order(row)
-        if key != group:
-            if run:
+    rows: Iterator[InstanceRow | AssemblyRow] = iter(instances)
+    try:
+        for row in rows:
+            key = (row.module, row.mode, row.type, row.name)
+            order = _instance_order(row)
+            if key != group:
+                if run:
+                    out += encoder.items(run, continued)
+                    run = []
+                if group is not None:
+                    if key < group:
+                        raise ValueError(f"{resource_address(*key)}: rows are not in the state's resource order")
+                    out += RESOURCE_SEP
+                group, provider, previous, continued = key, row.provider, None, False
+                out += _RESOURCE_INDENT
+                out += _resource_head(row, encoder)
+            elif row.provider != provider:
+                out += encoder.items(run, continued)  # the rows before fail first, as one at a time would
+                raise ValueError(f"{resource_address(*key)} has instances with two providers: {provider} and "
+                                 f"{row.provider}")
+            if previous is not None and order <= previous:
                 out += encoder.items(run, continued)
-                run = []
-            if group is not None:
-                if key < group:
-                    raise ValueError(f"{resource_address(*key)}: rows are not in the state's resource order")
-                out += RESOURCE_SEP
-            group, provider, previous, continued = key, row.provider, None, False
-            out += _RESOURCE_INDENT
-            out += _resource_head(row, encoder)
-        elif row.provider != provider:
-            out += encoder.items(run, continued)  # the rows before fail first, as one at a time would
-            raise ValueError(f"{resource_address(*key)} has instances with two providers: {provider} and "
-                             f"{row.provider}")
-        if previous is not None and order <= previous:
-            out += encoder.items(run, continued)
-            if order == previous:
-                raise ValueError(f"{row.address} (deposed {row.deposed!r}) appears twice among the rows")
-            raise ValueError(f"{row.address}: rows are not in the state's instance order")
-        previous = order
-        run.append(row)
-        if len(run) >= _RUN_ROWS:
-            out += encoder.items(run, continued)
-            run, continued = [], True
-            if len(out) >= piece_bytes:
-                yield _go_escaped(out)
-                out = bytearray()
+                if order == previous:
+                    raise ValueError(f"{row.address} (deposed {row.deposed!r}) appears twice among the rows")
+                raise ValueError(f"{row.address}: rows are not in the state's instance order")
+            previous = order
+            run.append(row)
+            if len(run) >= _RUN_ROWS:
+                out += encoder.items(run, continued)
+                run, continued = [], True
+                if len(out) >= piece_bytes:
+                    yield _go_escaped(out)
+                    out = bytearray()
+    except BaseException:
+        # A generator of rows (a database cursor) is closed as the error leaves, not when the error's
+        # traceback goes: the caller may end its transaction first.
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
+        raise
     if run:
         out += encoder.items(run, continued)
     out += CLOSE_TAIL if group is not None else EMPTY_TAIL

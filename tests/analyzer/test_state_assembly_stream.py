@@ -8,6 +8,7 @@ the same, with orjson and without it, in pieces of any size.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -198,3 +199,26 @@ def test_rows_out_of_order_are_refused_rather_than_written() -> None:
     counted = [r for r in rows if r.name == "count"]
     with pytest.raises(ValueError, match="instance order"):
         b"".join(stream_state(instances=[counted[1], counted[0]], **common))
+
+
+def test_rows_are_closed_before_an_error_leaves_the_stream() -> None:
+    """A generator of rows (a database cursor) is closed as the error leaves, not when its traceback goes, so
+    the cursor is done with before the caller ends the transaction."""
+    rows: list[InstanceRow] = sorted(_parsed().instances, key=row_order)
+    common: dict[str, Any] = {"serial": 1, "lineage": "l", "terraform_version": "", "outputs": ()}
+    closed: list[bool] = []
+
+    def cursor() -> Iterator[InstanceRow]:
+        try:
+            yield rows[-1]
+            yield rows[0]
+            yield rows[1]
+        finally:
+            closed.append(True)
+
+    try:
+        b"".join(stream_state(instances=cursor(), **common))
+    except ValueError:
+        assert closed == [True]
+    else:
+        raise AssertionError("rows out of order were written")

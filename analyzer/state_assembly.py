@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from analyzer.addresses import resource_address
@@ -163,7 +163,7 @@ def stream_state(
     ensure_ascii: bool = False,
     plain_numbers: bool = False,
     piece_bytes: int = _PIECE_BYTES,
-) -> Iterator[bytes]:
+) -> Generator[bytes, None, None]:
     """The state file ``assemble_state`` builds, as pieces of about ``piece_bytes`` each, from rows already
     sorted by ``row_order`` and consumed one at a time.
 

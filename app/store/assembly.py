@@ -54,7 +54,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -252,9 +252,14 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
         yield from text
         return
     writer = _CacheWriter(conn)
-    for piece in text:
-        writer.add(piece)
-        yield piece
+    try:
+        for piece in text:
+            writer.add(piece)
+            yield piece
+    finally:
+        # Closed here, while this transaction is still the connection's: a row cursor left open until the
+        # error is freed would send its CLOSE into whatever transaction the pooled connection serves next.
+        text.close()
     if found.late:
         def store() -> None:
             found.cached = _stored(conn, writer, version_id)
@@ -310,7 +315,7 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
 
 
 def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
-              outputs: list[OutputRow]) -> Iterator[bytes]:
+              outputs: list[OutputRow]) -> Generator[bytes, None, None]:
     """The state at ``serial`` assembled from all its rows, as pieces."""
     return stream_state(
         serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs, plain_numbers=True,

@@ -227,6 +227,8 @@ def write_state(
             terraform_version=terraform_version, raw=body, sha256=digest, encrypted=encrypted, source=source,
             actor=principal.actor,
         )
+        size = len(body)
+        del body  # stored: the caller holds no other reference, so a large body is freed before the rows' write
         if isinstance(parsed, EncryptedState):
             opened, closed = 0, resources.close_all(conn, state_id=row.id, serial=parsed.serial)
         else:
@@ -243,7 +245,7 @@ def write_state(
             opened, closed = len(delta.inserts), len(delta.close_ids)
         history.record_token(conn, version_id=version_id, token_name=principal.token_name)
         conn.execute(_SET_HEAD, (parsed.lineage, parsed.serial, version_id, row.id))
-        detail: dict[str, object] = {"bytes": len(body), "opened": opened, "closed": closed, "source": source}
+        detail: dict[str, object] = {"bytes": size, "opened": opened, "closed": closed, "source": source}
         if encrypted:
             detail["encrypted"] = True
         if row.lineage is not None and row.lineage != parsed.lineage:

@@ -24,7 +24,7 @@ from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
 from app.store import assembly, events, history, rawwrite, reservation_rows, resources
-from app.store.db import Database
+from app.store.db import LARGE_VALUE_BYTES, Database, retire
 
 _ENSURE = """
 INSERT INTO states (tenant_id, scope, name) VALUES (%s, %s, %s)
@@ -154,6 +154,8 @@ def head_pieces(db: Database, principal: Principal, name: str,
     with db.transaction() as conn:
         # Binary results: a 25 MB state as hex text costs twice the bytes and a decode pass.
         row = conn.execute(_HEAD_RAW, (principal.tenant_id, principal.scope, name), binary=True).fetchone()
+        if row is not None and row[1] is not None and len(row[1]) >= LARGE_VALUE_BYTES:
+            retire(conn)
     if row is None:
         return None
     version_id, raw = row

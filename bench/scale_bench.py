@@ -325,7 +325,8 @@ def render(command: str, machine: list[tuple[str, str]], results: Sequence[SizeR
     ]
     for r in results:
         parts += [f"### {r.instances:,} instances ({mb(r.body_bytes)}; {mb(r.wide_bytes)} as N resources)", "",
-                  f"Load average before the HTTP rows {r.load}; before the `kl` rows {r.slice_load}.", "",
+                  f"Load average before the HTTP rows {r.load}"
+                  + (f"; before the `kl` rows {r.slice_load}." if r.slice_load else "."), "",
                   table(["measure", "Kilolock", "floor / peer", "ratio", "target"], size_rows(r)), ""]
     parts += ["### Targets", "", *targets(results), ""]
     return "\n".join(parts)

@@ -267,14 +267,21 @@ def write_state(
 
 # A write that opens this many rows (the first POST of a large state) makes the planner's row counts
 # stale until autovacuum catches up, and slices and edge lookups then fall back to scanning the
-# whole state: refresh them at once.
+# whole state: refresh them at once. It also fills the pending list of the GIN index on dependencies
+# (new entries wait there, unsorted, until vacuum folds them in), which every dependents lookup of
+# ``edges`` then reads through whatever it finds: fold it in at once as well.
 BULK_ROWS = 5000
 _ANALYZE = "ANALYZE resources"
+_FOLD_PENDING = "SELECT gin_clean_pending_list('resources_alive_deps_gin'::regclass)"
 
 
 def refresh_statistics(db: Database) -> None:
+    """Bring the planner's statistics and the dependencies index up to a bulk write (after its commit,
+    outside any state's row lock)."""
     with db.transaction() as conn:
         conn.execute(_ANALYZE)
+    with db.transaction() as conn:
+        conn.execute(_FOLD_PENDING)
 
 
 def lock(db: Database, principal: Principal, name: str, body: bytes) -> None:

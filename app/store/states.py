@@ -24,7 +24,7 @@ from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
 from app.store import assembly, events, history, rawwrite, reservation_rows, resources
-from app.store.db import Database
+from app.store.db import LARGE_VALUE_BYTES, Database, retire
 
 _ENSURE = """
 INSERT INTO states (tenant_id, scope, name) VALUES (%s, %s, %s)
@@ -154,6 +154,8 @@ def head_pieces(db: Database, principal: Principal, name: str,
     with db.transaction() as conn:
         # Binary results: a 25 MB state as hex text costs twice the bytes and a decode pass.
         row = conn.execute(_HEAD_RAW, (principal.tenant_id, principal.scope, name), binary=True).fetchone()
+        if row is not None and row[1] is not None and len(row[1]) >= LARGE_VALUE_BYTES:
+            retire(conn)
     if row is None:
         return None
     version_id, raw = row
@@ -227,6 +229,8 @@ def write_state(
             terraform_version=terraform_version, raw=body, sha256=digest, encrypted=encrypted, source=source,
             actor=principal.actor,
         )
+        size = len(body)
+        del body  # stored: the caller holds no other reference, so a large body is freed before the rows' write
         if isinstance(parsed, EncryptedState):
             opened, closed = 0, resources.close_all(conn, state_id=row.id, serial=parsed.serial)
         else:
@@ -243,7 +247,7 @@ def write_state(
             opened, closed = len(delta.inserts), len(delta.close_ids)
         history.record_token(conn, version_id=version_id, token_name=principal.token_name)
         conn.execute(_SET_HEAD, (parsed.lineage, parsed.serial, version_id, row.id))
-        detail: dict[str, object] = {"bytes": len(body), "opened": opened, "closed": closed, "source": source}
+        detail: dict[str, object] = {"bytes": size, "opened": opened, "closed": closed, "source": source}
         if encrypted:
             detail["encrypted"] = True
         if row.lineage is not None and row.lineage != parsed.lineage:

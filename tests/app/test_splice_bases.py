@@ -38,8 +38,11 @@ def based(settings: Settings) -> Any:
 
 def _base(url: str, serial: int) -> tuple[bytes, str, int] | None:
     with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT b.raw, b.sha256, b.size_bytes FROM state_version_bases b "
-                           "JOIN state_versions v ON v.id = b.version_id WHERE v.serial = %s", (serial,)).fetchone()
+        row = conn.execute(
+            "SELECT b.raw, b.sha256, b.size_bytes FROM state_version_bases b "
+            "JOIN state_versions v ON v.id = b.version_id WHERE v.serial = %s",
+            (serial,),
+        ).fetchone()
     return None if row is None else (bytes(row[0]), row[1], row[2])
 
 
@@ -50,8 +53,9 @@ def _post(application: Any, walk: RandomStates) -> None:
 
 
 @pytest.mark.parametrize("seed", [3, 5])
-def test_a_posted_version_gets_a_base_the_next_reads_splice_from(based: Any, db: Database, clean_db: str,
-                                                                 seed: int) -> None:
+def test_a_posted_version_gets_a_base_the_next_reads_splice_from(
+    based: Any, db: Database, clean_db: str, seed: int
+) -> None:
     walk = RandomStates(seed, provider_changes=False)
     _post(based, walk)
     base = _base(clean_db, 1)
@@ -74,8 +78,7 @@ def test_a_posted_version_gets_a_base_the_next_reads_splice_from(based: Any, db:
     assert _base(clean_db, 1) is None and _base(clean_db, serial + 1) is not None
 
 
-def test_a_failed_or_skipped_build_leaves_reads_assembled_from_rows(client: Any, db: Database,
-                                                                    clean_db: str) -> None:
+def test_a_failed_or_skipped_build_leaves_reads_assembled_from_rows(client: Any, db: Database, clean_db: str) -> None:
     walk = RandomStates(4, provider_changes=False)
     assert client.post(STATE, data=json.dumps(walk.doc())).status_code == 200  # default threshold: no base
     assert _base(clean_db, 1) is None

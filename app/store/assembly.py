@@ -36,7 +36,10 @@ Whenever something is not as expected (no such base, more changed objects than `
 a resource whose provider changed, a base whose text is not where the layout puts it) it assembles from
 all rows instead, before sending a byte. Bytes Terraform wrote are never a base: their layout is
 Terraform's (it orders the ``value`` and ``type`` of a dynamic value as its encoder does and keeps empty
-``sensitive_attributes``), which the assembly, writing from the rows, does not reproduce.
+``sensitive_attributes``), which the assembly, writing from the rows, does not reproduce. Instead, a large
+POSTed version gets the assembly of its own rows built off the request path (``app.store.splicebase``)
+and stored beside it in ``state_version_bases``; the newest of those and of the apply versions' cached
+bytes is the base, read and copied from whichever table holds it.
 
 The spliced file's size is known before its first piece (``Found.size``, as is that of stored bytes), so
 the backend lane sends it with a Content-Length: the reader has the whole body when the last piece is

@@ -20,6 +20,7 @@ from analyzer.addresses import (
     resource_address,
 )
 from analyzer.globs import Glob, canonical, parse_glob
+from analyzer.jsonfields import is_list, is_string, is_text, member
 
 _RUN_SHOW = "save the plan with `terraform plan -out=PLANFILE`, then pass the output of `terraform show -json PLANFILE`"
 
@@ -183,24 +184,15 @@ def _object(value: object, where: str) -> Mapping[str, Any]:
 
 
 def _list_of(plan: Mapping[str, Any], key: str) -> list[Any]:
-    value = plan.get(key, [])
-    if not isinstance(value, list):
-        raise PlanFormatError(f"{key} must be a list: {_RUN_SHOW}")
-    return value
+    return member(plan, key, is_list, lambda: PlanFormatError(f"{key} must be a list: {_RUN_SHOW}"), [])
 
 
 def _required_str(item: Mapping[str, Any], key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str) or not value:
-        raise PlanFormatError(f"{where} has no {key}: {_RUN_SHOW}")
-    return value
+    return member(item, key, is_text, lambda: PlanFormatError(f"{where} has no {key}: {_RUN_SHOW}"))
 
 
 def _optional_str(item: Mapping[str, Any], key: str, where: str) -> str:
-    value = item.get(key, "")
-    if not isinstance(value, str):
-        raise PlanFormatError(f"{where}.{key} must be a string: {_RUN_SHOW}")
-    return value
+    return member(item, key, is_string, lambda: PlanFormatError(f"{where}.{key} must be a string: {_RUN_SHOW}"), "")
 
 
 def _checked(address: str, where: str) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["BlockHeader", "Prescan", "scan"]
+__all__ = ["BlockHeader", "Prescan", "Unterminated", "expression_end", "scan", "template_end"]
 
 # Everything that can neither open nor close a block, swallowed in C: text without braces, quotes, comments or
 # heredoc introducers, and whole quoted strings whose templates hold no braces or quotes (nearly all of them).
@@ -72,8 +72,14 @@ class Prescan:
     complete: bool
 
 
-class _Unterminated(Exception):
-    pass
+class Unterminated(Exception):
+    """A quoted string (``what`` is "string"), a ``${…}``/``%{…}`` sequence ("sequence") or a heredoc
+    ("heredoc") that opens at ``start`` and does not end."""
+
+    def __init__(self, what: str, start: int) -> None:
+        super().__init__(what, start)
+        self.what = what
+        self.start = start
 
 
 # One walk (a footprint, its widening, the workspace) asks for the headers of the same texts from several
@@ -115,10 +121,10 @@ def scan(text: str) -> Prescan:
                 elif depth < 0:
                     return Prescan(tuple(headers), False)
             elif kind == "quote":
-                pos = _template_end(text, pos)
+                pos = template_end(text, pos)
             elif kind == "heredoc":
                 pos = _heredoc_end(text, pos, match.group("marker"))
-    except _Unterminated:
+    except Unterminated:
         return Prescan(tuple(headers), False)
     return Prescan(tuple(headers), complete and depth == 0)
 
@@ -145,31 +151,38 @@ def _unquote(label: str) -> str:
     return value if isinstance(value, str) else label[1:-1]
 
 
-def _template_end(text: str, pos: int) -> int:
-    """Just past the closing quote of a quoted template whose contents start at ``pos``."""
+def template_end(text: str, pos: int) -> int:
+    """Just past the ``"`` closing a quoted string whose contents start at ``pos``.
+
+    A backslash escapes the next character; ``$${`` and ``%%{`` are escapes, not sequences; ``${`` and ``%{``
+    open a sequence, scanned by :func:`expression_end`; a newline ends the string unterminated. Raises
+    :class:`Unterminated` for the innermost string or sequence that does not end."""
+    start = pos
     while True:
         match = _IN_TEMPLATE.search(text, pos)
         if match is None or match.group() == "\n":
-            raise _Unterminated
+            raise Unterminated("string", start)
         token = match.group()
         pos = match.end()
         if token == '"':
             return pos
         if token in ("${", "%{"):
-            pos = _expression_end(text, pos)
+            pos = expression_end(text, pos)
 
 
-def _expression_end(text: str, pos: int) -> int:
-    """Just past the ``}`` closing a template sequence whose expression starts at ``pos``."""
+def expression_end(text: str, pos: int) -> int:
+    """Just past the ``}`` closing a template sequence whose expression starts at ``pos`` (after ``${``):
+    braces nest, quoted strings are skipped whole (:func:`template_end`), newlines are allowed."""
+    start = pos
     depth = 0
     while True:
         match = _IN_EXPRESSION.search(text, pos)
         if match is None:
-            raise _Unterminated
+            raise Unterminated("sequence", start)
         token = match.group()
         pos = match.end()
         if token == '"':
-            pos = _template_end(text, pos)
+            pos = template_end(text, pos)
         elif token == "{":
             depth += 1
         elif token == "}":
@@ -182,5 +195,5 @@ def _heredoc_end(text: str, pos: int, marker: str) -> int:
     closing = re.compile(r"^[ \t]*" + re.escape(marker) + r"[ \t]*\r?$", re.M)
     match = closing.search(text, pos)
     if match is None:
-        raise _Unterminated
+        raise Unterminated("heredoc", pos)
     return match.end()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from lark import Token, Tree
 
 from analyzer.addresses import quote_hcl_string
+from analyzer.prescan import Unterminated, expression_end
 
 __all__ = [
     "ExpressionReader",
@@ -504,43 +505,13 @@ def _next_sequence(body: str, pos: int) -> int:
 
 
 def _sequence_end(body: str, pos: int) -> int:
-    """The index of the ``}`` closing a sequence whose expression starts at ``pos``."""
-    depth = 0
-    i = pos
-    length = len(body)
-    while i < length:
-        ch = body[i]
-        if ch == '"':
-            i = _string_end(body, i + 1)
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            if depth == 0:
-                return i
-            depth -= 1
-        i += 1
-    raise UnreadableExpressionError(f"unterminated template sequence {body[pos - 2 : pos + 40]!r}")
-
-
-def _string_end(body: str, pos: int) -> int:
-    """The index just past the closing quote of a quoted string whose contents start at ``pos``."""
-    i = pos
-    length = len(body)
-    while i < length:
-        ch = body[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == '"':
-            return i + 1
-        if ch in "$%" and body.startswith(ch + "{", i + 1):
-            i += 3  # $${ and %%{ are escapes, not sequences
-            continue
-        if ch in "$%" and body.startswith("{", i + 1):
-            i = _sequence_end(body, i + 2) + 1
-            continue
-        if ch == "\n":
-            break
-        i += 1
-    raise UnreadableExpressionError(f"unterminated string in template {body[pos - 1 : pos + 40]!r}")
+    """The index of the ``}`` closing a sequence whose expression starts at ``pos`` (the scan is
+    ``analyzer.prescan``'s, so a template is read here as the block scan reads it)."""
+    try:
+        return expression_end(body, pos) - 1
+    except Unterminated as exc:
+        if exc.what == "string":
+            raise UnreadableExpressionError(
+                f"unterminated string in template {body[exc.start - 1 : exc.start + 40]!r}") from None
+        raise UnreadableExpressionError(
+            f"unterminated template sequence {body[exc.start - 2 : exc.start + 40]!r}") from None

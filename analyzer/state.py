@@ -15,6 +15,7 @@ from analyzer.staterows import _EMPTY_METADATA as _EMPTY_METADATA
 from analyzer.staterows import (
     STATE_VERSION,
     EncryptedState,
+    InstanceObjectAddress,
     InstanceRow,
     OutputRow,
     ParsedState,
@@ -32,6 +33,7 @@ from analyzer.statestream import Unstreamable, stream_state
 __all__ = [
     "STATE_VERSION",
     "EncryptedState",
+    "InstanceObjectAddress",
     "InstanceRow",
     "OutputRow",
     "ParsedState",

@@ -72,8 +72,9 @@ class StateFormatError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class InstanceRow:
-    """One resource instance object: the current object of an instance, or one of its deposed objects."""
+class InstanceObjectAddress:
+    """Which resource instance object a row is about: its instance address with the parts of it, and its
+    deposed key ("" for the current object). The columns a parsed row and a stored lifecycle share."""
 
     address: str
     resource_address: str
@@ -83,6 +84,12 @@ class InstanceRow:
     name: str
     index_key: int | str | None
     deposed: str
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRow(InstanceObjectAddress):
+    """One resource instance object: the current object of an instance, or one of its deposed objects."""
+
     provider: str
     instance_json: str
     attributes_hash: str

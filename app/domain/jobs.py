@@ -1,20 +1,20 @@
 """The bot's job contract: the kinds of job, one frozen argument type per kind, and the stable job id.
 
-:data:`REGISTRY` is the one table of kinds (argument type, the dotted path of the job function). The webhook
-router (``app.domain.webhooks``) builds the arguments, ``app.queue`` enqueues them (by that dotted path,
-arguments passed by keyword) and ``runner.bot.jobs`` runs them; ``bot_jobs.args`` keeps them, so a re-run
-reads the arguments back instead of rebuilding them. Arguments are str/int only (RQ's JSON serializer).
-Pure: no I/O. Must not: import RQ, Redis or anything in ``runner``.
+:data:`REGISTRY` is the one table of kinds (argument type, the dotted path of the job function), filled by
+:func:`job` where each argument type is declared. The webhook router (``app.domain.webhooks``) builds the
+arguments, ``app.queue`` enqueues them (by that dotted path, arguments passed by keyword) and ``runner.bot.jobs``
+runs them; ``bot_jobs.args`` keeps them, so a re-run reads the arguments back instead of rebuilding them.
+Arguments are str/int only (RQ's JSON serializer). Pure: no I/O. Must not: import RQ, Redis or anything in ``runner``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -65,126 +65,7 @@ class Subject:
     project: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class RepoArgs(JobArgs):
-    """Arguments of a job about one repository; every kind but the drift tick."""
-
-    repo: str
-
-
-@dataclass(frozen=True, slots=True)
-class PullArgs(RepoArgs):
-    """Arguments of a job about one pull request (or, for ``apply_project``, 0 for a push)."""
-
-    number: int
-
-
-@dataclass(frozen=True, slots=True)
-class PullRequestArgs(PullArgs):
-    kind: ClassVar[JobKind] = JobKind.PULL_REQUEST
-    SHA: ClassVar[str] = "head_sha"
-    head_sha: str
-
-
-@dataclass(frozen=True, slots=True)
-class PreviewArgs(PullRequestArgs):
-    kind: ClassVar[JobKind] = JobKind.PLAN_PREVIEW
-
-
-@dataclass(frozen=True, slots=True)
-class ReviewArgs(PullRequestArgs):
-    kind: ClassVar[JobKind] = JobKind.PULL_REQUEST_REVIEW
-
-
-@dataclass(frozen=True, slots=True)
-class ClosedArgs(PullArgs):
-    kind: ClassVar[JobKind] = JobKind.PULL_REQUEST_CLOSED
-
-
-@dataclass(frozen=True, slots=True)
-class MergeArgs(PullArgs):
-    kind: ClassVar[JobKind] = JobKind.MERGE
-    SHA: ClassVar[str] = "merge_sha"
-    merge_sha: str
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyProjectArgs(PullArgs):
-    """One project of a merge (``number`` > 0) or a push (0), diffed from ``base``."""
-
-    kind: ClassVar[JobKind] = JobKind.APPLY_PROJECT
-    SHA: ClassVar[str] = "sha"
-    sha: str
-    project: str
-    base: str
-
-    def parent_id(self) -> str:
-        """The id of the merge or push job that fanned this one out."""
-        if self.number:
-            return job_id(JobKind.MERGE, self.repo, self.number, self.sha)
-        return job_id(JobKind.PUSH, self.repo, self.sha)
-
-
-@dataclass(frozen=True, slots=True)
-class CommentArgs(PullArgs):
-    kind: ClassVar[JobKind] = JobKind.COMMENT
-    SHA: ClassVar[str] = "comment_id"  # a comment has no SHA of its own: the row keeps the comment's id
-    comment_id: int
-    login: str
-    body: str
-
-
-@dataclass(frozen=True, slots=True)
-class PushArgs(RepoArgs):
-    kind: ClassVar[JobKind] = JobKind.PUSH
-    SHA: ClassVar[str] = "after"
-    after: str
-    before: str
-
-
-@dataclass(frozen=True, slots=True)
-class RerunArgs(RepoArgs):
-    kind: ClassVar[JobKind] = JobKind.RERUN
-    SHA: ClassVar[str] = "head_sha"
-    external_id: str
-    head_sha: str
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcileArgs(RepoArgs):
-    kind: ClassVar[JobKind] = JobKind.RECONCILE_HOLDS
-
-
-@dataclass(frozen=True, slots=True)
-class TickArgs(JobArgs):
-    """Arguments of a periodic job about no repository: ``at`` is the epoch second of its slot."""
-
-    at: int
-
-
-@dataclass(frozen=True, slots=True)
-class DriftTickArgs(TickArgs):
-    kind: ClassVar[JobKind] = JobKind.DRIFT_TICK
-
-
-@dataclass(frozen=True, slots=True)
-class EventsTickArgs(TickArgs):
-    kind: ClassVar[JobKind] = JobKind.EVENTS_TICK
-
-
-@dataclass(frozen=True, slots=True)
-class DriftCheckArgs(RepoArgs):
-    """The scheduled drift check of one project for the window starting at ``window`` (epoch seconds)."""
-
-    kind: ClassVar[JobKind] = JobKind.DRIFT_CHECK
-    SHA: ClassVar[str] = "sha"
-    project: str
-    window: int
-    sha: str
-    branch: str
-
-
-TICK_REPO = "-"  # drift ticks belong to no repository
+A = TypeVar("A", bound=type[JobArgs])
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,25 +81,160 @@ class JobSpec:
         return self.args.kind
 
 
-# The one table of job kinds: every other table keyed by kind is derived from it or checked against it.
-_SPECS = (
-    JobSpec(PullRequestArgs, "runner.bot.jobs.pull_request_footprint"),
-    JobSpec(PreviewArgs, "runner.bot.jobs.pull_request_preview"),
-    JobSpec(ClosedArgs, "runner.bot.jobs.pull_request_closed"),
-    JobSpec(MergeArgs, "runner.bot.jobs.merge"),
-    JobSpec(ApplyProjectArgs, "runner.bot.jobs.apply_project"),
-    JobSpec(PushArgs, "runner.bot.jobs.push_to_default_branch"),
-    JobSpec(RerunArgs, "runner.bot.jobs.rerun_check"),
-    JobSpec(CommentArgs, "runner.bot.jobs.comment_command"),
-    JobSpec(ReconcileArgs, "runner.bot.jobs.reconcile_holds"),
-    JobSpec(ReviewArgs, "runner.bot.jobs.pull_request_review"),
-    JobSpec(DriftTickArgs, "runner.bot.jobs.drift_tick"),
-    JobSpec(DriftCheckArgs, "runner.bot.jobs.drift_check"),
-    JobSpec(EventsTickArgs, "runner.bot.jobs.events_tick"),
-)
-REGISTRY: dict[JobKind, JobSpec] = {spec.kind: spec for spec in _SPECS}
-if set(REGISTRY) != set(JobKind) or len(REGISTRY) != len(_SPECS):  # a kind without a row, or with two
-    raise RuntimeError(f"job kinds without exactly one registry row: {set(JobKind) ^ set(REGISTRY)}")
+# The one table of job kinds, filled by :func:`job` as each argument type is declared: every other table keyed
+# by kind is derived from it or checked against it.
+REGISTRY: dict[JobKind, JobSpec] = {}
+
+
+def job(kind: JobKind, entry: str, *, sha: str | None = None) -> Callable[[A], A]:
+    """Declare the decorated type the arguments of ``kind``, run by the function at the dotted path ``entry``;
+    ``sha`` names the field that holds the row's SHA (the base type's when not given)."""
+
+    def declare(cls: A) -> A:
+        if kind in REGISTRY:
+            raise RuntimeError(f"job kind {kind} declared twice: {REGISTRY[kind].args.__name__}, {cls.__name__}")
+        cls.kind = kind
+        if sha is not None:
+            cls.SHA = sha
+        REGISTRY[kind] = JobSpec(cls, entry)
+        return cls
+
+    return declare
+
+
+@dataclass(frozen=True, slots=True)
+class RepoArgs(JobArgs):
+    """Arguments of a job about one repository; every kind but the periodic ticks."""
+
+    repo: str
+
+
+@dataclass(frozen=True, slots=True)
+class PullArgs(RepoArgs):
+    """Arguments of a job about one pull request (or, for ``apply_project``, 0 for a push)."""
+
+    number: int
+
+
+@job(JobKind.PULL_REQUEST, "runner.bot.jobs.pull_request_footprint", sha="head_sha")
+@dataclass(frozen=True, slots=True)
+class PullRequestArgs(PullArgs):
+    """Predict the footprint of a pull request's head."""
+
+    head_sha: str
+
+
+@job(JobKind.PLAN_PREVIEW, "runner.bot.jobs.pull_request_preview")
+@dataclass(frozen=True, slots=True)
+class PreviewArgs(PullRequestArgs):
+    """The file-scoped plan of a pull request's head."""
+
+
+@job(JobKind.PULL_REQUEST_REVIEW, "runner.bot.jobs.pull_request_review")
+@dataclass(frozen=True, slots=True)
+class ReviewArgs(PullRequestArgs):
+    """A review was submitted or dismissed: whether a comment apply may run on the head now."""
+
+
+@job(JobKind.PULL_REQUEST_CLOSED, "runner.bot.jobs.pull_request_closed")
+@dataclass(frozen=True, slots=True)
+class ClosedArgs(PullArgs):
+    """A pull request closed without a merge: forget its footprint and release its holds."""
+
+
+@job(JobKind.MERGE, "runner.bot.jobs.merge", sha="merge_sha")
+@dataclass(frozen=True, slots=True)
+class MergeArgs(PullArgs):
+    """A merged pull request: fan out one ``apply_project`` per touched project."""
+
+    merge_sha: str
+
+
+@job(JobKind.APPLY_PROJECT, "runner.bot.jobs.apply_project", sha="sha")
+@dataclass(frozen=True, slots=True)
+class ApplyProjectArgs(PullArgs):
+    """One project of a merge (``number`` > 0) or a push (0), diffed from ``base``."""
+
+    sha: str
+    project: str
+    base: str
+
+    def parent_id(self) -> str:
+        """The id of the merge or push job that fanned this one out."""
+        if self.number:
+            return job_id(JobKind.MERGE, self.repo, self.number, self.sha)
+        return job_id(JobKind.PUSH, self.repo, self.sha)
+
+
+# A comment has no SHA of its own: the row keeps the comment's id.
+@job(JobKind.COMMENT, "runner.bot.jobs.comment_command", sha="comment_id")
+@dataclass(frozen=True, slots=True)
+class CommentArgs(PullArgs):
+    """A ``kilolock …`` comment command."""
+
+    comment_id: int
+    login: str
+    body: str
+
+
+@job(JobKind.PUSH, "runner.bot.jobs.push_to_default_branch", sha="after")
+@dataclass(frozen=True, slots=True)
+class PushArgs(RepoArgs):
+    """A push to the default branch that is not a merge: analyze it, and maybe fan out."""
+
+    after: str
+    before: str
+
+
+@job(JobKind.RERUN, "runner.bot.jobs.rerun_check", sha="head_sha")
+@dataclass(frozen=True, slots=True)
+class RerunArgs(RepoArgs):
+    """A re-requested check run."""
+
+    external_id: str
+    head_sha: str
+
+
+@job(JobKind.RECONCILE_HOLDS, "runner.bot.jobs.reconcile_holds")
+@dataclass(frozen=True, slots=True)
+class ReconcileArgs(RepoArgs):
+    """Run the merge or close job of every pull request that holds but is no longer open."""
+
+
+@dataclass(frozen=True, slots=True)
+class TickArgs(JobArgs):
+    """Arguments of a periodic job about no repository: ``at`` is the epoch second of its slot."""
+
+    at: int
+
+
+@job(JobKind.DRIFT_TICK, "runner.bot.jobs.drift_tick")
+@dataclass(frozen=True, slots=True)
+class DriftTickArgs(TickArgs):
+    """Enqueue the drift checks that are due and schedule the next tick."""
+
+
+@job(JobKind.EVENTS_TICK, "runner.bot.jobs.events_tick")
+@dataclass(frozen=True, slots=True)
+class EventsTickArgs(TickArgs):
+    """Deliver pending outgoing events to every endpoint."""
+
+
+@job(JobKind.DRIFT_CHECK, "runner.bot.jobs.drift_check", sha="sha")
+@dataclass(frozen=True, slots=True)
+class DriftCheckArgs(RepoArgs):
+    """The scheduled drift check of one project for the window starting at ``window`` (epoch seconds)."""
+
+    project: str
+    window: int
+    sha: str
+    branch: str
+
+
+TICK_REPO = "-"  # drift ticks belong to no repository
+
+if set(REGISTRY) != set(JobKind):  # a kind declared by no argument type
+    raise RuntimeError(f"job kinds without an argument type: {set(JobKind) - set(REGISTRY)}")
 
 ARGS: dict[JobKind, type[JobArgs]] = {kind: spec.args for kind, spec in REGISTRY.items()}
 

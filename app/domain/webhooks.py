@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.jsonfields import is_number, is_object, is_text, member
 from app.domain import commands
 from app.domain.jobs import (
     ClosedArgs,
@@ -194,21 +195,12 @@ def _optional_repo(payload: Mapping[str, Any]) -> str:
 
 
 def _object(doc: Mapping[str, Any], key: str, where: str = "payload") -> Mapping[str, Any]:
-    value = doc.get(key)
-    if not isinstance(value, Mapping):
-        raise PayloadError(f"{where}.{key} is missing or not an object")
-    return value
+    return member(doc, key, is_object, lambda: PayloadError(f"{where}.{key} is missing or not an object"))
 
 
 def _str(doc: Mapping[str, Any], key: str, where: str) -> str:
-    value = doc.get(key)
-    if not isinstance(value, str) or not value:
-        raise PayloadError(f"{where}.{key} is missing or not a string")
-    return value
+    return member(doc, key, is_text, lambda: PayloadError(f"{where}.{key} is missing or not a string"))
 
 
 def _int(doc: Mapping[str, Any], key: str, where: str) -> int:
-    value = doc.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise PayloadError(f"{where}.{key} is missing or not a number")
-    return value
+    return member(doc, key, is_number, lambda: PayloadError(f"{where}.{key} is missing or not a number"))

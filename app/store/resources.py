@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from analyzer.gcpause import gc_paused
-from analyzer.state import InstanceRow, OutputRow
+from analyzer.state import InstanceObjectAddress, InstanceRow, OutputRow
 from analyzer.state_assembly import AssemblyRow
 from app.domain.lifecycle import LifecycleDelta, OpenRow, lifecycle_delta
 from app.store.opencache import OPEN_SETS, HeadKey, OpenSet
@@ -141,17 +141,9 @@ STREAM_BATCH = 2000
 
 
 @dataclass(frozen=True, slots=True)
-class ResourceRow:
+class ResourceRow(InstanceObjectAddress):
     """One lifecycle of one instance object, as the read API reports it."""
 
-    address: str
-    resource_address: str
-    module: str
-    mode: str
-    type: str
-    name: str
-    index_key: int | str | None
-    deposed: str
     status: str
     provider: str
     attributes_hash: str

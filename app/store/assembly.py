@@ -127,6 +127,22 @@ JOIN state_versions v ON v.id = b.version_id
 WHERE b.state_id = %(state)s AND v.serial < %(serial)s AND b.assembly_format = %(format)s AND v.pruned_at IS NULL
 ORDER BY serial DESC LIMIT 1
 """
+# A splice base being built (``app.store.splicebase``) holds this advisory lock (the two-key form, the
+# second key the version id) until its transaction ends.
+BUILD_LOCK_CLASS = 0x6B6C6273  # "klbs"
+BUILD_LOCK_KEY = "(%s %% 2147483647)::int"
+# The newest version Terraform wrote below this serial, when it has no splice base (yet).
+_UNBUILT = """
+SELECT v.id FROM state_versions v
+WHERE v.state_id = %(state)s AND v.serial < %(serial)s AND v.source <> 'apply' AND NOT v.encrypted
+  AND NOT EXISTS (SELECT 1 FROM state_version_bases b WHERE b.version_id = v.id)
+  AND NOT EXISTS (SELECT 1 FROM state_versions w WHERE w.state_id = v.state_id AND w.serial > v.serial
+                  AND w.serial < %(serial)s AND (w.source <> 'apply' OR w.raw_state IS NOT NULL))
+ORDER BY v.serial DESC LIMIT 1
+"""
+_TRY_SHARED = f"SELECT pg_try_advisory_lock_shared(%s, {BUILD_LOCK_KEY})"
+_WAIT_SHARED = f"SELECT pg_advisory_lock_shared(%s, {BUILD_LOCK_KEY})"
+_UNLOCK_SHARED = f"SELECT pg_advisory_unlock_shared(%s, {BUILD_LOCK_KEY})"
 # Where a base's bytes are: an apply version's cache, or a stored base.
 _BASE_RAW = {False: "SELECT raw_state || ''::bytea FROM state_versions WHERE id = %(base)s",
              True: "SELECT raw || ''::bytea FROM state_version_bases WHERE version_id = %(base)s"}
@@ -340,6 +356,7 @@ def _spliced(conn: psycopg.Connection, state_id: int, serial: int, lineage: str,
     """The state at ``serial`` spliced from an earlier assembly's bytes and the changed rows, or None when
     there is no usable base or the splice refuses it (the caller then assembles from all rows). Everything
     that can refuse runs before the first piece."""
+    _wait_for_build(conn, state_id, serial)
     base = conn.execute(_BASE, {"state": state_id, "serial": serial, "format": ASSEMBLY_FORMAT}).fetchone()
     if base is None:
         return None
@@ -368,6 +385,22 @@ def _spliced(conn: psycopg.Connection, state_id: int, serial: int, lineage: str,
     except (SpliceError, ValueError, TypeError):
         return None  # the assembly from all rows decides, and raises what is wrong with the rows
     return _Splice(int(base_id), buffer, parts, stored_base=bool(stored_base))
+
+
+def _wait_for_build(conn: psycopg.Connection, state_id: int, serial: int) -> None:
+    """Wait for the splice base of the version Terraform wrote below ``serial`` when another transaction is
+    building it: the rest of a build already under way costs less than a second assembly from all rows
+    beside it. Nothing when no build runs (the lock is taken and let go at once)."""
+    unbuilt = conn.execute(_UNBUILT, {"state": state_id, "serial": serial}).fetchone()
+    if unbuilt is None:
+        return
+    key = (BUILD_LOCK_CLASS, unbuilt[0])
+    got = conn.execute(_TRY_SHARED, key).fetchone()
+    try:
+        if got is None or not got[0]:
+            conn.execute(_WAIT_SHARED, key)
+    finally:
+        conn.execute(_UNLOCK_SHARED, key)
 
 
 def _base_bytes(conn: psycopg.Connection, base_id: int, size: int, *, stored_base: bool) -> bytearray | None:

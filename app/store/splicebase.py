@@ -23,9 +23,10 @@ from analyzer.state_assembly import ASSEMBLY_FORMAT
 from app.store import assembly, resources
 from app.store.db import Database
 
-# The advisory lock's class (the two-key form): the second key is the version id.
-_LOCK_CLASS = 0x6B6C6273  # "klbs"
-_TRY_LOCK = "SELECT pg_try_advisory_xact_lock(%s, (%s %% 2147483647)::int)"
+# The advisory lock a build holds (``assembly.BUILD_LOCK_CLASS``): a first read that needs the base waits
+# for it rather than assembling from all rows beside the build.
+_LOCK_CLASS = assembly.BUILD_LOCK_CLASS
+_TRY_LOCK = f"SELECT pg_try_advisory_xact_lock(%s, {assembly.BUILD_LOCK_KEY})"
 _VERSION = """
 SELECT v.state_id, v.serial, v.lineage, v.terraform_version FROM state_versions v
 WHERE v.id = %(id)s AND v.source <> 'apply' AND NOT v.encrypted AND v.raw_state IS NOT NULL

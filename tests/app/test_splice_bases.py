@@ -130,3 +130,44 @@ def test_pruning_removes_the_base_with_its_version_bytes(client: Any, db: Databa
     serial, _ = _changed(client, walk, addresses, serial)
     got = _read(db, clean_db, serial)
     assert got.spliced and got.raw == _from_rows(db, clean_db, serial)  # from the head's cached bytes
+
+
+def test_a_first_read_waits_for_a_base_being_built_and_splices_from_it(
+    client: Any, db: Database, clean_db: str
+) -> None:
+    import hashlib as _h
+    import threading
+
+    from app.store import assembly
+
+    walk = RandomStates(9, provider_changes=False)
+    assert client.post(STATE, data=json.dumps(walk.doc())).status_code == 200
+    posted_id = _version(clean_db, 1)[0]
+    base_bytes = _from_rows(db, clean_db, 1)
+    serial, _ = _changed(client, walk, walk.addresses(), 1)
+    got: list[assembly.Materialised] = []
+    with psycopg.connect(clean_db) as builder:  # holds the build's lock, as a build under way does
+        builder.execute("SELECT pg_advisory_xact_lock(%s, %s)", (splicebase._LOCK_CLASS, posted_id))
+        reader = threading.Thread(target=lambda: got.append(_read(db, clean_db, serial)))
+        reader.start()
+        with psycopg.connect(clean_db, autocommit=True) as watch:
+            while watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%%pg_advisory_lock_shared%%'"
+            ).fetchone() != (1,):
+                assert reader.is_alive()
+        state_id = _version(clean_db, 1)[1]
+        builder.execute(
+            "INSERT INTO state_version_bases (version_id, state_id, raw, size_bytes, sha256, "
+            "assembly_format) VALUES (%s, %s, %s, %s, %s, %s)",
+            (
+                posted_id,
+                state_id,
+                base_bytes,
+                len(base_bytes),
+                _h.sha256(base_bytes).hexdigest(),
+                assembly.ASSEMBLY_FORMAT,
+            ),
+        )
+    reader.join()
+    assert got and got[0].spliced and got[0].raw == _from_rows(db, clean_db, serial)

@@ -64,7 +64,6 @@ from analyzer.hcl import (
     Span,
     analyze_block,
     analyze_file,
-    content_digest,
 )
 from analyzer.prescan import scan
 
@@ -301,7 +300,7 @@ class _Footprinter(Checks):
     def _prescan(self, path: str, text: str) -> FileIndex:
         """The file's index: its headers, whether the scan was complete, which headers carry labels Terraform
         rejects and what the others declare (cached with the scan, so a warm run scans and checks nothing)."""
-        digest = self.digests[path] = content_digest(text)
+        digest = self.digests[path] = self.cache.digest(text)
         hit = self.cache.prescans.get(digest)
         if not isinstance(hit, FileIndex):
             result = scan(text)

@@ -107,8 +107,11 @@ class DefinitionIndex(Generic[D]):
 
     def __init__(self, make: Callable[[str, BlockHeader], D]) -> None:
         self._make = make
-        self._first: dict[str, str] = {}           # address -> the first file declaring it
-        self._more: dict[str, list[str]] = {}      # address -> the other files declaring it, in order
+        # address -> the files declaring it, in the order added: merged from the per-file tables only once the
+        # lookups have cost as much as the merge would (a few lookups over many files probe each file's table)
+        self._merged: dict[str, list[str]] | None = None
+        self._probes = 0       # file tables probed by lookups so far
+        self._declared = 0     # declarations in the file tables (what a merge costs)
         self._names: dict[str, tuple[Mapping[str, int], tuple[tuple[str, int], ...]]] = {}
         self._defs: dict[str, list[D | None]] = {}
         self._lazy: dict[str, FileIndex] = {}
@@ -143,14 +146,23 @@ class DefinitionIndex(Generic[D]):
 
     def _merge(self, path: str, names: Mapping[str, int], repeats: tuple[tuple[str, int], ...]) -> None:
         self._names[path] = (names, repeats)
-        first = self._first
-        overlap = names.keys() & first.keys()
-        for address in sorted(overlap):
-            self._more.setdefault(address, []).append(path)
-        if overlap:
-            first.update((a, path) for a in names if a not in overlap)
-        else:
-            first.update(dict.fromkeys(names, path))
+        self._declared += len(names)
+        if self._merged is not None:
+            for address in names:
+                self._merged.setdefault(address, []).append(path)
+
+    def _files_of(self, address: str) -> list[str]:
+        """The files declaring ``address``, in the order they were added."""
+        if self._merged is None and self._probes + len(self._names) > 2 * self._declared:
+            merged: dict[str, list[str]] = {}
+            for path, (names, _) in self._names.items():
+                for name in names:
+                    merged.setdefault(name, []).append(path)
+            self._merged = merged
+        if self._merged is not None:
+            return self._merged.get(address, [])
+        self._probes += len(self._names)
+        return [path for path, (names, _) in self._names.items() if address in names]
 
     def _at(self, path: str, position: int) -> D:
         defs = self._defs.get(path)
@@ -171,11 +183,8 @@ class DefinitionIndex(Generic[D]):
 
     def get(self, address: str) -> list[D]:
         """The definitions of ``address`` (more than one: it is declared more than once)."""
-        first = self._first.get(address)
-        if first is None:
-            return []
         out: list[D] = []
-        for path in (first, *self._more.get(address, ())):
+        for path in self._files_of(address):
             names, repeats = self._names[path]
             out.append(self._at(path, names[address]))
             out.extend(self._at(path, p) for a, p in repeats if a == address)

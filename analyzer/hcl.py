@@ -64,6 +64,16 @@ class ParseCache:
     # content sha256 -> the footprint's index of the prescanned text (``analyzer.footprint_index.FileIndex``)
     prescans: dict[str, Any] = field(default_factory=dict)
     parse_count: int = 0  # full or partial parses made through this cache (observability for callers)
+    # text -> content_digest(text), this run's memo so each text is hashed once (not persisted: see digest)
+    digests: dict[str, str] = field(default_factory=dict)
+
+    def digest(self, text: str) -> str:
+        """``content_digest(text)``, hashed once per text for as long as this cache lives in memory (keyed by
+        the text itself, so an edited file is a different key and is hashed again)."""
+        found = self.digests.get(text)
+        if found is None:
+            found = self.digests[text] = content_digest(text)
+        return found
 
     def __len__(self) -> int:
         return len(self.analyses) + len(self.blocks)
@@ -88,7 +98,7 @@ def prescan(path: str, text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def analyze_file(path: str, text: str, *, cache: ParseCache | None = None) -> FileAnalysis:
     """Parse one .tf file and describe its top-level blocks; raises HclError (``file:line: …``)."""
-    digest = content_digest(text)
+    digest = cache.digest(text) if cache is not None else content_digest(text)
     if cache is not None:
         hit = cache.analyses.get(digest)
         if hit is not None:
@@ -110,7 +120,7 @@ def analyze_block(
     ``digest`` is ``content_digest(text)`` when the caller has it already. Raises HclError when that part of
     the text is not exactly one block of the header's type and labels.
     """
-    key = (digest or content_digest(text), header.start_pos)
+    key = (digest or (cache.digest(text) if cache is not None else content_digest(text)), header.start_pos)
     if cache is not None:
         hit = cache.blocks.get(key)
         if hit is not None:

@@ -53,6 +53,8 @@ from bench.filescoped_bench import PER_FILE, VARIABLES_TF, ServerTimes, file_tf,
 
 VENV_BIN = Path(sys.executable).parent
 perf = time.perf_counter
+# The bench server's request-body limit: the 500,000-instance state (334 MB) is over the default of 256 MiB.
+BODY_LIMIT = 1 << 30
 
 
 class RequestTimes(ServerTimes):
@@ -250,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, help="a checkout of other code whose CLI runs beside this one")
     args = p.parse_args(argv)
     sizes = [int(x) // PER_FILE for x in args.sizes.split(",")]
-    with tempfile.TemporaryDirectory(prefix="kl-apply-bench-") as tmp, Harness(common.DEFAULT_DATABASE_URL) as h:
+    with (tempfile.TemporaryDirectory(prefix="kl-apply-bench-") as tmp,
+          Harness(common.DEFAULT_DATABASE_URL, max_body_bytes=BODY_LIMIT) as h):
         times = install_request_times(h)
         benches = [ApplyBench(h, times, Path(tmp), files, args.baseline) for files in sizes]
         for b in benches:

@@ -13,6 +13,28 @@ from app.domain.reservations import LIVE_STATUSES
 from app.errors import ServiceUnavailableError, UnstorableValueError
 
 log = logging.getLogger("kilolock.store")
+# libpq's input buffer grows to the largest message a connection has received and is only freed when the
+# connection closes: a pooled connection that read one large value would keep that much memory for its life.
+LARGE_VALUE_BYTES = 8 * 1024 * 1024
+
+
+def retire(conn: psycopg.Connection) -> None:
+    """Close a pooled connection that has just read a value of LARGE_VALUE_BYTES or more, inside its
+    ``transaction()`` block (the block then neither commits nor rolls back: use it only after reads); the pool
+    replaces it with a new one instead of keeping its input buffer."""
+    conn._kl_retired = True  # type: ignore[attr-defined]
+    conn.close()
+
+
+class _RetiredFilter(logging.Filter):
+    """The pool warns of every closed connection handed back to it; a retired one is closed on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(getattr(arg, "_kl_retired", False) for arg in args)
+
+
+logging.getLogger("psycopg.pool").addFilter(_RetiredFilter())
 
 
 def sql_text_list(values: Iterable[str]) -> str:

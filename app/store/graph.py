@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from analyzer.addresses import AddressError, has_prefix, parse_instance_address
+from analyzer.addresses import AddressError, InstanceAddress, has_prefix, parse_instance_address
 from analyzer.globs import Glob, GlobError, canonical, intersects, matches, parse_glob
 from analyzer.state import InstanceRow
 from analyzer.state_assembly import AssemblyRow, assemble_state, row_order, stream_state
@@ -247,7 +247,16 @@ def edges_touching(db: Database, principal: Principal, name: str, globs: Sequenc
                                        {"state": row.id, "prefixes": module_prefixes}).fetchall()
         found.update((address, d) for address, deps in dependents for d in deps)
     # Resource-level ends (no instance key) match a glob when the glob covers any of their instances.
-    return sorted((a, d) for a, d in found if any(_touches(g, a) or _touches(g, d) for g in parsed)
+    # Each end is parsed once, however many edges and globs it meets.
+    ends: dict[str, _End] = {}
+
+    def end(address: str) -> _End:
+        known = ends.get(address)
+        if known is None:
+            known = ends[address] = _End.of(address)
+        return known
+
+    return sorted((a, d) for a, d in found if any(end(a).touched_by(g) or end(d).touched_by(g) for g in parsed)
                   and _readable_edge(principal, a, d))
 
 
@@ -267,11 +276,34 @@ def _keyless(address: str) -> str:
     return address.split("[", 1)[0] if not address.startswith("module.") else address
 
 
-def _touches(glob: Glob, address: str) -> bool:
-    try:
-        return matches(glob, address) or intersects(glob, parse_glob(address + ".*"))
-    except (GlobError, AddressError):
-        return False
+@dataclass(frozen=True, slots=True)
+class _End:
+    """One end of a recorded edge, parsed: as an instance address, and as the prefix of what lies under it
+    (None where the text is not one)."""
+
+    address: InstanceAddress | None
+    under: Glob | None
+
+    @classmethod
+    def of(cls, text: str) -> _End:
+        try:
+            address: InstanceAddress | None = parse_instance_address(text)
+        except AddressError:
+            address = None
+        try:
+            under: Glob | None = parse_glob(text + ".*")
+        except (GlobError, AddressError):
+            under = None
+        return cls(address, under)
+
+    def touched_by(self, glob: Glob) -> bool:
+        """Whether ``glob`` covers this end, or some instance under it."""
+        if self.address is None:
+            return False
+        try:
+            return matches(glob, self.address) or (self.under is not None and intersects(glob, self.under))
+        except (GlobError, AddressError):
+            return False
 
 
 BLAME_PAGE_MAX = 1000  # addresses per page

@@ -195,7 +195,8 @@ def _project(
     if delta.inserts:
         ids = [row_id for (row_id,) in conn.execute(_RESERVE_IDS, (len(delta.inserts),))]
         copy_new_rows(conn, tenant_id=tenant_id, state_id=state_id, serial=serial, rows=delta.inserts, ids=ids)
-    if new_version_id is not None and new_version_id != head_id:
+    # A state larger than the cache holds is not kept: building its next open set would only cost memory.
+    if new_version_id is not None and new_version_id != head_id and len(instances) <= OPEN_SETS.max_rows:
         following = _following_open_set(open_rows, instances, delta, ids, copy=cached)
         OPEN_SETS.put(HeadKey(database, state_id, new_version_id, now), following)
     return delta

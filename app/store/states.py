@@ -24,7 +24,7 @@ from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
 from app.store import assembly, events, history, rawwrite, reservation_rows, resources
-from app.store.db import Database
+from app.store.db import LARGE_VALUE_BYTES, Database, retire
 
 _ENSURE = """
 INSERT INTO states (tenant_id, scope, name) VALUES (%s, %s, %s)
@@ -156,6 +156,8 @@ def head_pieces(db: Database, principal: Principal, name: str,
     with db.transaction() as conn:
         # Binary results: a 25 MB state as hex text costs twice the bytes and a decode pass.
         row = conn.execute(_HEAD_RAW, (principal.tenant_id, principal.scope, name), binary=True).fetchone()
+        if row is not None and row[1] is not None and len(row[1]) >= LARGE_VALUE_BYTES:
+            retire(conn)
     if row is None:
         return None
     version_id, raw = row
@@ -229,6 +231,8 @@ def write_state(
             terraform_version=terraform_version, raw=body, sha256=digest, encrypted=encrypted, source=source,
             actor=principal.actor,
         )
+        size = len(body)
+        del body  # stored: the caller holds no other reference, so a large body is freed before the rows' write
         if isinstance(parsed, EncryptedState):
             opened, closed = 0, resources.close_all(conn, state_id=row.id, serial=parsed.serial)
         else:
@@ -245,7 +249,7 @@ def write_state(
             opened, closed = len(delta.inserts), len(delta.close_ids)
         history.record_token(conn, version_id=version_id, token_name=principal.token_name)
         conn.execute(_SET_HEAD, (parsed.lineage, parsed.serial, version_id, row.id))
-        detail: dict[str, object] = {"bytes": len(body), "opened": opened, "closed": closed, "source": source}
+        detail: dict[str, object] = {"bytes": size, "opened": opened, "closed": closed, "source": source}
         if encrypted:
             detail["encrypted"] = True
         if row.lineage is not None and row.lineage != parsed.lineage:
@@ -266,14 +270,21 @@ def write_state(
 
 # A write that opens this many rows (the first POST of a large state) makes the planner's row counts
 # stale until autovacuum catches up, and slices and edge lookups then fall back to scanning the
-# whole state: refresh them at once.
+# whole state: refresh them at once. It also fills the pending list of the GIN index on dependencies
+# (new entries wait there, unsorted, until vacuum folds them in), which every dependents lookup of
+# ``edges`` then reads through whatever it finds: fold it in at once as well.
 BULK_ROWS = 5000
 _ANALYZE = "ANALYZE resources"
+_FOLD_PENDING = "SELECT gin_clean_pending_list('resources_alive_deps_gin'::regclass)"
 
 
 def refresh_statistics(db: Database) -> None:
+    """Bring the planner's statistics and the dependencies index up to a bulk write (after its commit,
+    outside any state's row lock)."""
     with db.transaction() as conn:
         conn.execute(_ANALYZE)
+    with db.transaction() as conn:
+        conn.execute(_FOLD_PENDING)
 
 
 def lock(db: Database, principal: Principal, name: str, body: bytes) -> None:

@@ -74,6 +74,7 @@ def state(name: str) -> Response:
         response.call_on_close(found.finish)
         if found.size is not None:
             response.content_length = found.size
+        inputs.return_memory_after(response, found.size)
         return response
     if request.method == "POST":
         body = inputs.read_body()

@@ -145,6 +145,14 @@ def large_body_slot(size: int) -> None:
         bodies.enter()
 
 
+def return_memory_after(response: Any, size: int | None) -> None:
+    """Return freed memory to the system once ``response`` closes when it carried a large body that took no
+    large-body slot (a GET of stored bytes: they were held twice, by libpq and as the body)."""
+    bodies: LargeBodies = current_app.extensions[LARGE_BODIES]
+    if size is not None and size >= bodies.threshold and not g.get("_large_body"):
+        response.call_on_close(_return_memory)
+
+
 def json_loads(raw: str | bytes | bytearray) -> Any:
     """The app JSON provider's parser: ``load_json`` with its refusals as ValueError (werkzeug's
     get_json turns them into a 400 with the message)."""

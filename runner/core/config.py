@@ -88,11 +88,11 @@ def read_configuration(config_dir: Path) -> dict[str, str]:
 
 def read_tf(directory: Path) -> dict[str, str]:
     """The .tf and .tf.json files of one directory (not the workspace's backend override), by name."""
-    found: dict[str, str] = {}
-    for path in sorted(directory.iterdir()):
-        if path.is_file() and path.name.endswith((".tf", ".tf.json")) and path.name != OVERRIDE_NAME:
-            found[path.name] = path.read_text(encoding="utf-8", errors="surrogateescape")
-    return found
+    # One directory listing (``os.scandir`` knows each entry's type without a stat per file).
+    with os.scandir(directory) as entries:
+        names = sorted(e.name for e in entries if e.name.endswith((".tf", ".tf.json")) and e.name != OVERRIDE_NAME
+                       and e.is_file())
+    return {name: (directory / name).read_text(encoding="utf-8", errors="surrogateescape") for name in names}
 
 
 def read_tf_files(config_dir: Path) -> dict[str, str]:
@@ -105,7 +105,8 @@ def backend_texts(config_dir: Path, texts: Mapping[str, str] | None) -> dict[str
     file-scoped command reads every file once) with undecodable bytes replaced as a fresh read would."""
     if texts is None:
         return read_tf_files(config_dir) if config_dir.is_dir() else {}
-    found = {name: _replaced(text) for name, text in texts.items() if name.endswith(".tf")}
+    # Only texts that contain "backend" can hold the block (``find_http_backend`` skips the others unparsed).
+    found = {name: _replaced(text) for name, text in texts.items() if name.endswith(".tf") and "backend" in text}
     override = config_dir / OVERRIDE_NAME  # the one .tf file read_configuration leaves out
     if OVERRIDE_NAME not in texts and override.is_file():
         found[OVERRIDE_NAME] = override.read_text(errors="replace")

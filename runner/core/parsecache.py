@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analyzer.hcl import ParseCache, content_digest
+from analyzer.hcl import ParseCache
 from app import atomic
 
 __all__ = ["Signature", "cache_path", "load_cache", "overlay_path", "prune_cache", "save_cache", "signature"]
 
 CACHE_NAME = "hcl-cache.pickle"
 OVERLAY_NAME = "hcl-cache.overlay.pickle"
-_MAGIC = b"kilolock-parse-cache 2\n"  # 2: prescans hold footprint_index.FileIndex
-_OVERLAY_MAGIC = b"kilolock-parse-overlay 2\n"
+_MAGIC = b"kilolock-parse-cache 3\n"  # 2: prescans hold footprint_index.FileIndex; 3: no digest memo
+_OVERLAY_MAGIC = b"kilolock-parse-overlay 3\n"
 _DIGEST_SIZE = hashlib.sha256().digest_size
 # An overlay is written instead of the whole cache only for a cache of at least this many entries, and only
 # while it holds at most this share of the cache's entries.
@@ -126,7 +126,7 @@ def signature(cache: ParseCache) -> Signature:
 
 def prune_cache(cache: ParseCache, files: Mapping[str, str]) -> None:
     """Keep only entries for the current contents of the files (the cache never grows without bound)."""
-    digests = {content_digest(text) for text in files.values()}
+    digests = {cache.digest(text) for text in files.values()}
     for key in [k for k in cache.analyses if k not in digests]:
         del cache.analyses[key]
     for key in [k for k in cache.prescans if k not in digests]:

@@ -9,6 +9,7 @@ apply's writes whatever ``-state`` says, so the backend is overridden instead.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,8 +75,10 @@ def auto_var_files(config_dir: Path) -> list[Path]:
     ``terraform.tfvars.json``, then ``*.auto.tfvars`` and ``*.auto.tfvars.json`` in lexical order of their names."""
     if not config_dir.is_dir():
         return []
-    present = {p.name: p for p in config_dir.iterdir()
-               if (p.name in AUTO_VAR_NAMES or p.name.endswith((".auto.tfvars", ".auto.tfvars.json"))) and p.is_file()}
+    with os.scandir(config_dir) as entries:  # names only: no path object per file of a large directory
+        present = {e.name: config_dir / e.name for e in entries
+                   if (e.name in AUTO_VAR_NAMES or e.name.endswith((".auto.tfvars", ".auto.tfvars.json")))
+                   and e.is_file()}
     fixed = [present[n] for n in AUTO_VAR_NAMES if n in present]
     auto = [present[n] for n in sorted(present) if n.endswith((".auto.tfvars", ".auto.tfvars.json"))]
     return fixed + auto

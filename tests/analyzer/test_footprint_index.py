@@ -96,3 +96,32 @@ def test_a_reloaded_cache_gives_the_same_footprint_of_the_split_fixture() -> Non
     parses = warm.parse_count
     assert compute_footprint(files, ["app.tf"], cache=warm) == cold
     assert warm.parse_count == parses
+
+
+def test_lookups_give_the_same_declarations_before_and_after_the_file_tables_are_merged() -> None:
+    # Files declaring overlapping addresses (some twice in one file): each lookup probes every file's table
+    # until the lookups have cost a merge, then one merged table answers; both must give the same answers.
+    def make(path: str, header: BlockHeader) -> tuple[str, int]:
+        return (path, header.line)
+
+    index: DefinitionIndex[tuple[str, int]] = DefinitionIndex(make)
+    texts = {f"f{i:02}.tf": "".join(f'resource "t" "r{(i + k) % 12}" {{}}\n' for k in range(3)) +
+             ('resource "t" "r0" {}\n' if i % 5 == 0 else "") for i in range(20)}
+    for path, text in texts.items():
+        index.add_index(path, file_index(scan(text).headers, True))
+
+    def expected(address: str) -> list[tuple[str, int]]:
+        return [(path, line) for path, text in texts.items()
+                for line, row in enumerate(text.splitlines(), 1) if f'"{address.split(".")[1]}"' in row]
+
+    addresses = [f"t.r{n}" for n in range(12)] + ["t.none"]
+    probed = [index.get(a) for a in addresses[:5]]  # 5 x 20 probes, under twice the 60 declarations
+    assert index._merged is None  # noqa: SLF001 - the lookups so far probed the file tables
+    assert probed == [expected(a) for a in addresses[:5]] and probed[0][1] == ("f00.tf", 4)
+    for _ in range(3):
+        assert [index.get(a) for a in addresses] == [expected(a) for a in addresses]
+    assert index._merged is not None  # noqa: SLF001 - the later ones went through the merged table
+    # A file added after the merge is in the answers too.
+    texts["g.tf"] = 'resource "t" "r1" {}\n'
+    index.add_index("g.tf", file_index(scan(texts["g.tf"]).headers, True))
+    assert index.get("t.r1") == expected("t.r1") and index.get("t.r1")[-1] == ("g.tf", 1)

@@ -52,6 +52,8 @@ def test_a_first_get_and_a_slice_read_grow_the_server_by_less_than_the_bound(ser
     body = counted_state(1, COUNT)
     http = requests.Session()
     assert http.post(f"{server.url}/v1/states/big", data=body).status_code == 200
+    # A GET of the stored bytes first: its database connection is retired (tests/app/test_retired_connection.py).
+    assert http.get(f"{server.url}/v1/states/big").content == body
     serial = 1
     for i in range(3):
         serial = commit_one(http, server.url, i, f"new-{i}", serial)

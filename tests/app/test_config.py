@@ -121,6 +121,24 @@ def test_the_backend_block_is_found_the_same_in_texts_already_read(tmp_path: Pat
     (tmp_path / "kilolock_override.tf").write_text('terraform {\n  backend "local" {}\n}\n')
     (tmp_path / "extra.tf.json").write_text("{}")
     texts = read_configuration(tmp_path)
-    assert backend_texts(tmp_path, texts) == read_tf_files(tmp_path)
+    # Only the texts that name "backend" are handed on: the others cannot hold the block.
+    assert backend_texts(tmp_path, texts) == {n: t for n, t in read_tf_files(tmp_path).items() if "backend" in t}
+    assert set(backend_texts(tmp_path, texts)) == {"backend.tf", "kilolock_override.tf"}
     assert resolve(config_dir=tmp_path, env={}, texts=texts) == resolve(config_dir=tmp_path, env={})
     assert resolve(config_dir=tmp_path, env={}, texts=texts).state == "s"
+
+
+def test_the_backend_block_is_found_among_many_files_that_do_not_name_it(tmp_path: Path):
+    from runner.core.config import backend_texts, resolve
+    from runner.core.filescoped import read_configuration
+
+    for i in range(30):
+        (tmp_path / f"f{i}.tf").write_text(f'resource "terraform_data" "r{i}" {{\n  input = "x"\n}}\n')
+    # "backend" in a value of a file before the block's file: looked at, holds no block, the search goes on.
+    (tmp_path / "a_mentions.tf").write_text('locals {\n  note = "the backend is http"\n}\n')
+    (tmp_path / "zz_backend.tf").write_text('terraform {\n  backend "http" {\n'
+                                            '    address = "http://h:1/v1/states/late"\n    username = "u"\n  }\n}\n')
+    texts = read_configuration(tmp_path)
+    assert set(backend_texts(tmp_path, texts)) == {"a_mentions.tf", "zz_backend.tf"}
+    assert resolve(config_dir=tmp_path, env={}, texts=texts).state == "late"
+    assert resolve(config_dir=tmp_path, env={}).state == "late"

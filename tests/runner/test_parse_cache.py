@@ -9,7 +9,7 @@ import pickle
 import threading
 from pathlib import Path
 
-from analyzer.hcl import ParseCache, analyze_file
+from analyzer.hcl import ParseCache, analyze_file, content_digest
 from app import atomic
 from runner.core.parsecache import cache_path, load_cache, prune_cache, save_cache, signature
 
@@ -108,3 +108,34 @@ def test_an_unchanged_cache_is_not_written_again(tmp_path):
     cache_path(tmp_path).unlink()
     save_cache(tmp_path, again, loaded=signature(again))
     assert not cache_path(tmp_path).exists() and before > 0
+
+
+def test_each_text_is_hashed_once_and_an_edited_text_again(tmp_path):
+    cache = ParseCache()
+    text = 'resource "terraform_data" "a" {}\n'
+    first = analyze_file("a.tf", text, cache=cache)
+    assert cache.digests == {text: content_digest(text)} and first.sha256 == content_digest(text)
+    assert analyze_file("a.tf", text, cache=cache) is first and cache.parse_count == 1
+    edited = text.replace('"a"', '"b"')
+    second = analyze_file("a.tf", edited, cache=cache)
+    assert second.sha256 == content_digest(edited) != first.sha256
+    assert [b.address for b in second.blocks] == ["terraform_data.b"] and cache.parse_count == 2
+    # Pruning to the edited file keeps its entry only; the memo is this run's and is not written.
+    prune_cache(cache, {"a.tf": edited})
+    assert set(cache.analyses) == {content_digest(edited)}
+    save_cache(tmp_path, cache)
+    loaded = load_cache(tmp_path)
+    assert loaded.digests == {} and set(loaded.analyses) == {content_digest(edited)}
+
+
+def test_a_cache_of_the_previous_format_is_a_miss_and_is_written_again(tmp_path):
+    cache = ParseCache()
+    analyze_file("a.tf", 'resource "terraform_data" "a" {}\n', cache=cache)
+    save_cache(tmp_path, cache)
+    current = cache_path(tmp_path).read_bytes()
+    assert current.startswith(b"kilolock-parse-cache 3\n")
+    # The same pickle framed as the earlier version wrote it (a valid checksum under the old magic line).
+    atomic.write_bytes(cache_path(tmp_path), b"kilolock-parse-cache 2\n" + current[23:])
+    assert len(load_cache(tmp_path)) == 0
+    save_cache(tmp_path, cache)
+    assert _entries(load_cache(tmp_path)) == {"terraform_data.a"}

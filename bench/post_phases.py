@@ -1,0 +1,130 @@
+"""Where a whole-state POST spends its time, phase by phase, at the store (no HTTP).
+
+Run from the repository root:
+
+    .venv/bin/python -m bench.post_phases --size 200000               # with every constraint of the schema
+    .venv/bin/python -m bench.post_phases --size 200000 --drop-fk     # the same with resources' foreign key dropped
+    .venv/bin/python -m bench.post_phases --drop-index resources_alive_deps_gin   # without one index
+
+It creates a scratch database, calls ``states.write_state`` twice on one state (the first POST into an empty
+state, then serial 2 with every instance's value changed; ``bench.states.counted_state``), and prints the
+wall time of each write, the process's CPU time in it, and the wall time of the store functions it passes
+through (wrapped with ``bench.common.shim_target``). ``--drop-fk`` drops the foreign key of ``resources`` on
+the scratch database first, to price its per-row check, and ``--drop-index`` an index, to price its upkeep; the
+product never runs without either. The floor is
+``json.loads`` + sha256 of the first body, best of 3. It prints only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench import common
+from bench.states import counted_state
+
+perf = time.perf_counter
+
+
+def _wrap(owner: object, attr: str, totals: dict[str, float]) -> None:
+    original: Callable[..., Any] = common.shim_target(owner, attr)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = perf()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            totals[attr] = totals.get(attr, 0.0) + perf() - start
+
+    setattr(owner, attr, timed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.post_phases", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--size", type=int, default=200000, help="instances (default: %(default)s)")
+    p.add_argument("--drop-fk", action="store_true", help="drop resources' foreign key on the scratch database")
+    p.add_argument(
+        "--database-url",
+        default=common.DEFAULT_DATABASE_URL,
+        help="Postgres server to create the scratch database on (default: %(default)s)",
+    )
+    p.add_argument(
+        "--drop-index",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drop this index of resources on the scratch database first (repeatable)",
+    )
+    args = p.parse_args(argv)
+    from app.domain.principal import Principal
+    from app.store import history, rawwrite, resources, states
+    from app.store.db import Database
+    from app.store.migrate import migrate
+
+    totals: dict[str, float] = {}
+    for owner, attr in (
+        (states, "parse_body"),
+        (rawwrite, "insert_version"),
+        (resources, "load_open_set"),
+        (resources, "copy_new_rows"),
+        (resources, "project"),
+        (history, "record_changed_names_after_commit"),
+        (states, "refresh_statistics"),
+    ):
+        _wrap(owner, attr, totals)
+    name = f"kl_bench_phases_{time.time_ns()}"
+    with psycopg.connect(args.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = common.with_dbname(args.database_url, name)
+    try:
+        migrate(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            for index in args.drop_index:
+                conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(index)))
+            if args.drop_fk:
+                for (con,) in conn.execute(
+                    "SELECT conname FROM pg_constraint WHERE conrelid = 'resources'::regclass AND contype = 'f'"
+                ).fetchall():
+                    conn.execute(sql.SQL("ALTER TABLE resources DROP CONSTRAINT {}").format(sql.Identifier(con)))
+        bodies = [counted_state(1, args.size), counted_state(2, args.size, value="w")]
+        floor = min(_floor(bodies[0]) for _ in range(3))
+        print(
+            f"{args.size} instances, {len(bodies[0]) / 1e6:.0f} MB; floor {floor:.2f} s; load {common.load_average()}"
+        )
+        db = Database(url)
+        try:
+            for label, body in zip(("first POST", "every row new"), bodies, strict=True):
+                totals.clear()
+                start, cpu = perf(), time.process_time()
+                states.write_state(db, Principal(tenant_id=1, actor="bench"), "phases", body, lock_id=None)
+                wall = perf() - start
+                phases = ", ".join(f"{k} {v:.2f} s" for k, v in totals.items())
+                print(f"{label}: {wall:.2f} s ({wall / floor:.2f}x), CPU {time.process_time() - cpu:.2f} s; {phases}")
+        finally:
+            db.close()
+        print(f"load at end {common.load_average()}")
+    finally:
+        with psycopg.connect(args.database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    return 0
+
+
+def _floor(body: bytes) -> float:
+    start = perf()
+    json.loads(body)
+    hashlib.sha256(body).digest()
+    return perf() - start
+
+
+if __name__ == "__main__":
+    sys.exit(main())

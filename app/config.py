@@ -120,6 +120,8 @@ class Settings:
     trusted_proxies: tuple[str, ...] = ()
     large_body_bytes: int = 16 * 1024 * 1024
     max_large_bodies: int = 2
+    # A whole-state POST this large gets a splice base built in the background (app.store.splicebase); 0: never.
+    splice_base_bytes: int = 8 * 1024 * 1024
     # Retention of old versions' raw bytes (docs/data-model.md); 0 switches a rule off.
     retain_versions: int = 0
     retain_days: int = 0
@@ -326,6 +328,8 @@ TABLE: tuple[Setting, ...] = bind(Settings, (
     Setting("trusted_proxies", "KL_TRUSTED_PROXIES", _proxies, "reverse proxies whose X-Forwarded-For counts"),
     Setting("large_body_bytes", "KL_LARGE_BODY_BYTES", whole(), "the size of a large body"),
     Setting("max_large_bodies", "KL_MAX_LARGE_BODIES", whole(), "large bodies read at once per process"),
+    Setting("splice_base_bytes", "KL_SPLICE_BASE_BYTES", whole(0),
+            "POSTed states this large get a splice base built in the background"),
     Setting("retain_versions", "KL_RETAIN_VERSIONS", whole(0), "keep the raw bytes of the newest N versions"),
     Setting("retain_days", "KL_RETAIN_DAYS", whole(0), "keep the raw bytes of versions younger than N days"),
     Setting("prune_interval_seconds", "KL_PRUNE_INTERVAL_SECONDS", whole(0), "how often retention runs"),

@@ -56,6 +56,7 @@ class Run:
     spliced: FirstGet | None = None  # spliced from the bytes the first cached
     cached_get: float = 0.0
     load: str = ""
+    base_after: float | None = None  # with --settle: seconds from the POST's answer until its splice base is stored
 
 
 @dataclass
@@ -97,6 +98,18 @@ def _stored_after(database_url: str, serial: int, started: float) -> float:
             time.sleep(0.01)
 
 
+def _base_after(database_url: str, started: float, limit: float) -> float | None:
+    """Seconds from ``started`` until the POSTed version's splice base is stored; None when none is stored
+    within ``limit`` seconds (a tree that builds none)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while perf() - started < limit:
+            if conn.execute("SELECT to_regclass('state_version_bases') IS NOT NULL").fetchone() == (True,) and \
+                    conn.execute("SELECT 1 FROM state_version_bases").fetchone() is not None:
+                return perf() - started
+            time.sleep(0.05)
+    return None
+
+
 def _commits(session: requests.Session, base: str, n: int, values: dict[int, str], serial: int, label: str,
              step: int, offset: int) -> int:
     """COMMITS one-instance commits, recorded in ``values``; the new head serial."""
@@ -126,7 +139,7 @@ def _check(body: bytes, serial: int, n: int, values: dict[int, str]) -> None:
             raise BenchError(f"a first GET lost the commit of item[{index}]")
 
 
-def measure(database_url: str, n: int, tree: Path | None) -> Run:
+def measure(database_url: str, n: int, tree: Path | None, settle: float = 0.0) -> Run:
     res = Run(tree="this checkout" if tree is None else str(tree), instances=n, load=common.load_average())
     body = counted_state(1, n)
     res.body_bytes = len(body)
@@ -138,6 +151,8 @@ def measure(database_url: str, n: int, tree: Path | None) -> Run:
             posted = session.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=3600)
             if posted.status_code != 200:
                 raise BenchError(f"POST answered {posted.status_code}")
+            if settle:
+                res.base_after = _base_after(h.url, perf(), settle if tree is None else 0.0)
             res.raw_get, got = _get(session, url)
             if got != body:
                 raise BenchError("GET of the POSTed head did not return its bytes")
@@ -153,7 +168,7 @@ def measure(database_url: str, n: int, tree: Path | None) -> Run:
             res.cached_get, again = _get(session, url)
             if again != second:
                 raise BenchError("the cached GET differs from the spliced first GET")
-            log(f"  {res.tree} {n}: raw {res.raw_get:.2f}s, from rows {rows.seconds:.2f}s, "
+            log(f"  {res.tree} {n}: raw {res.raw_get:.2f}s, after POST+commits {rows.seconds:.2f}s, "
                 f"spliced {spliced.seconds:.2f}s (stored after {spliced.stored:.2f}s)")
         finally:
             stop_server(server)
@@ -166,7 +181,8 @@ def _rows(r: Run) -> list[str]:
         assert got is not None
         cells += [f"{got.seconds:.2f} ({got.seconds / r.raw_get:.1f}x)", f"{got.stored:.2f}", f"{got.cpu:.2f}",
                   f"{(got.rss_peak - got.rss_before) / r.body_bytes:.2f}x"]
-    return [*cells, f"{r.cached_get:.2f}", r.load]
+    base = "-" if r.base_after is None else f"{r.base_after:.2f}"
+    return [*cells, f"{r.cached_get:.2f}", base, r.load]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, help="a checkout to measure the same way in the same run")
     parser.add_argument("--reps", type=int, default=1, help="runs per size and tree")
     parser.add_argument("--database-url", default=common.DEFAULT_DATABASE_URL)
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="after the POST, wait up to this many seconds for its splice base (this checkout "
+                             "only) before the commits: the user's next read after a background build")
     args = parser.parse_args(argv)
     trees: list[Path | None] = [None] if args.baseline is None else [None, args.baseline]
     runs = []
@@ -183,13 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in (int(s) for s in args.sizes.split(",")):
             for _ in range(args.reps):
                 for tree in trees:
-                    runs.append(measure(args.database_url, n, tree))
+                    runs.append(measure(args.database_url, n, tree, args.settle))
     except BenchError as exc:
         log(f"FAILED: {exc}")
         return 1
-    print(table(["instances", "tree", "state", "raw GET s", "first GET from all rows s (x raw)", "stored after s",
-                 "server CPU s", "RSS growth", "first GET spliced s (x raw)", "stored after s", "server CPU s",
-                 "RSS growth", "next GET s", "load"], [_rows(r) for r in runs]))
+    print(table(["instances", "tree", "state", "raw GET s", "first GET after POST + 12 commits s (x raw)",
+                 "stored after s", "server CPU s", "RSS growth", "first GET spliced s (x raw)", "stored after s",
+                 "server CPU s", "RSS growth", "next GET s", "base stored after s", "load"], [_rows(r) for r in runs]))
     return 0
 
 

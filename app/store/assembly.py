@@ -16,7 +16,7 @@ commits run alongside.
 The assembly streams: rows come from a server-side cursor in the state's order, with only the columns
 the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows``),
 ``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each piece goes to the
-reader and into a temporary table on the same connection as it comes (``_CacheWriter``, stored
+reader and into a temporary table on the same connection as it comes (``CacheWriter``, stored
 uncompressed); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing
 them once. The process holds a batch of rows and a few pieces, never the state, and the sha256 is taken
 piece by piece.
@@ -36,7 +36,10 @@ Whenever something is not as expected (no such base, more changed objects than `
 a resource whose provider changed, a base whose text is not where the layout puts it) it assembles from
 all rows instead, before sending a byte. Bytes Terraform wrote are never a base: their layout is
 Terraform's (it orders the ``value`` and ``type`` of a dynamic value as its encoder does and keeps empty
-``sensitive_attributes``), which the assembly, writing from the rows, does not reproduce.
+``sensitive_attributes``), which the assembly, writing from the rows, does not reproduce. Instead, a large
+POSTed version gets the assembly of its own rows built off the request path (``app.store.splicebase``)
+and stored beside it in ``state_version_bases``; the newest of those and of the apply versions' cached
+bytes is the base, read and copied from whichever table holds it.
 
 The spliced file's size is known before its first piece (``Found.size``, as is that of stored bytes), so
 the backend lane sends it with a Content-Length: the reader has the whole body when the last piece is
@@ -107,24 +110,47 @@ SET raw_state = n.raw, sha256 = %(sha256)s, size_bytes = %(size)s, assembled_at 
     assembly_format = %(format)s
 FROM (SELECT string_agg(
         CASE WHEN p.data IS NOT NULL THEN p.data
-             ELSE substring((SELECT raw_state || ''::bytea FROM state_versions WHERE id = %(base)s)
-                            FROM p.base_start + 1 FOR p.base_length) END,
+             ELSE substring(({base_raw}) FROM p.base_start + 1 FOR p.base_length) END,
         ''::bytea ORDER BY p.seq) AS raw
       FROM kl_spliced_pieces p) n
 WHERE v.id = %(id)s AND v.raw_state IS NULL AND octet_length(n.raw) = %(size)s
 """
-# The newest earlier version whose bytes this process's assembly wrote.
+# The newest earlier version whose bytes this process's assembly wrote: an apply version's cached bytes,
+# or the bytes assembled off the request path for a version Terraform wrote (``state_version_bases``).
 _BASE = """
-SELECT id, serial, size_bytes FROM state_versions
-WHERE state_id = %s AND serial < %s AND source = 'apply' AND NOT encrypted AND raw_state IS NOT NULL
-  AND pruned_at IS NULL AND assembly_format = %s AND size_bytes IS NOT NULL
+SELECT id, serial, size_bytes, false AS stored_base FROM state_versions
+WHERE state_id = %(state)s AND serial < %(serial)s AND source = 'apply' AND NOT encrypted AND raw_state IS NOT NULL
+  AND pruned_at IS NULL AND assembly_format = %(format)s AND size_bytes IS NOT NULL
+UNION ALL
+SELECT b.version_id, v.serial, b.size_bytes, true FROM state_version_bases b
+JOIN state_versions v ON v.id = b.version_id
+WHERE b.state_id = %(state)s AND v.serial < %(serial)s AND b.assembly_format = %(format)s AND v.pruned_at IS NULL
 ORDER BY serial DESC LIMIT 1
 """
+# A splice base being built (``app.store.splicebase``) holds this advisory lock (the two-key form, the
+# second key the version id) until its transaction ends.
+BUILD_LOCK_CLASS = 0x6B6C6273  # "klbs"
+BUILD_LOCK_KEY = "(%s %% 2147483647)::int"
+# The newest version Terraform wrote below this serial, when it has no splice base (yet).
+_UNBUILT = """
+SELECT v.id FROM state_versions v
+WHERE v.state_id = %(state)s AND v.serial < %(serial)s AND v.source <> 'apply' AND NOT v.encrypted
+  AND NOT EXISTS (SELECT 1 FROM state_version_bases b WHERE b.version_id = v.id)
+  AND NOT EXISTS (SELECT 1 FROM state_versions w WHERE w.state_id = v.state_id AND w.serial > v.serial
+                  AND w.serial < %(serial)s AND (w.source <> 'apply' OR w.raw_state IS NOT NULL))
+ORDER BY v.serial DESC LIMIT 1
+"""
+_TRY_SHARED = f"SELECT pg_try_advisory_lock_shared(%s, {BUILD_LOCK_KEY})"
+_WAIT_SHARED = f"SELECT pg_advisory_lock_shared(%s, {BUILD_LOCK_KEY})"
+_UNLOCK_SHARED = f"SELECT pg_advisory_unlock_shared(%s, {BUILD_LOCK_KEY})"
+# Where a base's bytes are: an apply version's cache, or a stored base.
+_BASE_RAW = {False: "SELECT raw_state || ''::bytea FROM state_versions WHERE id = %(base)s",
+             True: "SELECT raw || ''::bytea FROM state_version_bases WHERE version_id = %(base)s"}
 # The base's bytes in slices, decompressed once (the subquery is evaluated once; each slice is cut from
 # its result rather than from the stored value).
 _BASE_SLICES = """
 SELECT g, substring(b.raw FROM g FOR %(slice)s)
-FROM (SELECT raw_state || ''::bytea AS raw FROM state_versions WHERE id = %(id)s OFFSET 0) b,
+FROM ({base_raw} OFFSET 0) b (raw),
      LATERAL generate_series(1, length(b.raw), %(slice)s) g
 """
 _BASE_SLICE_BYTES = 1 << 18
@@ -251,7 +277,7 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     if source != "apply" or pruned:
         yield from text
         return
-    writer = _CacheWriter(conn)
+    writer = CacheWriter(conn)
     try:
         for piece in text:
             writer.add(piece)
@@ -268,12 +294,13 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     found.cached = _stored(conn, writer, version_id)
 
 
-def _stored(conn: psycopg.Connection, writer: _CacheWriter, version_id: int, base_id: int | None = None) -> bool:
+def _stored(conn: psycopg.Connection, writer: CacheWriter, version_id: int,
+            base: tuple[int, bool] | None = None) -> bool:
     """The cache write after the last piece: whether it stored the bytes. A failure rolls the transaction
     back (the version stays uncached; the reader has had every byte) and is logged by its class alone,
     as the database's message may quote the bytes."""
     try:
-        return writer.finish(version_id, base_id=base_id)
+        return writer.finish(version_id, base=base)
     except psycopg.Error as exc:
         log.warning("caching the assembled bytes of version %s failed (%s); it stays uncached", version_id,
                     exc.__class__.__name__)
@@ -289,6 +316,7 @@ class _Splice:
     base_id: int
     base: bytearray
     parts: list[Part]
+    stored_base: bool = False  # the base is a stored base of a version Terraform wrote
 
 
 def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, found: Found, *,
@@ -298,7 +326,7 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
     if not cache:
         yield from pieces(spliced.base, spliced.parts)
         return
-    writer = _CacheWriter(conn)
+    writer = CacheWriter(conn)
     view = memoryview(spliced.base)
     for part in spliced.parts:
         if isinstance(part, bytes):
@@ -311,7 +339,7 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
             piece = bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
             writer.digest(piece)
             yield piece
-    found.cached = _stored(conn, writer, version_id, base_id=spliced.base_id)
+    found.cached = _stored(conn, writer, version_id, base=(spliced.base_id, spliced.stored_base))
 
 
 def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
@@ -328,10 +356,11 @@ def _spliced(conn: psycopg.Connection, state_id: int, serial: int, lineage: str,
     """The state at ``serial`` spliced from an earlier assembly's bytes and the changed rows, or None when
     there is no usable base or the splice refuses it (the caller then assembles from all rows). Everything
     that can refuse runs before the first piece."""
-    base = conn.execute(_BASE, (state_id, serial, ASSEMBLY_FORMAT)).fetchone()
+    _wait_for_build(conn, state_id, serial)
+    base = conn.execute(_BASE, {"state": state_id, "serial": serial, "format": ASSEMBLY_FORMAT}).fetchone()
     if base is None:
         return None
-    base_id, base_serial, base_size = base
+    base_id, base_serial, base_size, stored_base = base
     objects = resources.changed_between(conn, state_id=state_id, after=base_serial, upto=serial,
                                         limit=SPLICE_MAX_CHANGED + 1)
     if len(objects) > SPLICE_MAX_CHANGED:
@@ -348,24 +377,41 @@ def _spliced(conn: psycopg.Connection, state_id: int, serial: int, lineage: str,
                    for key, orders in changed.items()}
         if by_resource.keys() - changes.keys():
             return None
-        buffer = _base_bytes(conn, base_id, int(base_size))
+        buffer = _base_bytes(conn, base_id, int(base_size), stored_base=bool(stored_base))
         if buffer is None:
             return None
         header = header_prefix(serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs)
         parts = splice(buffer, header, changes, plain_numbers=True)
     except (SpliceError, ValueError, TypeError):
         return None  # the assembly from all rows decides, and raises what is wrong with the rows
-    return _Splice(int(base_id), buffer, parts)
+    return _Splice(int(base_id), buffer, parts, stored_base=bool(stored_base))
 
 
-def _base_bytes(conn: psycopg.Connection, base_id: int, size: int) -> bytearray | None:
+def _wait_for_build(conn: psycopg.Connection, state_id: int, serial: int) -> None:
+    """Wait for the splice base of the version Terraform wrote below ``serial`` when another transaction is
+    building it: the rest of a build already under way costs less than a second assembly from all rows
+    beside it. Nothing when no build runs (the lock is taken and let go at once)."""
+    unbuilt = conn.execute(_UNBUILT, {"state": state_id, "serial": serial}).fetchone()
+    if unbuilt is None:
+        return
+    key = (BUILD_LOCK_CLASS, unbuilt[0])
+    got = conn.execute(_TRY_SHARED, key).fetchone()
+    try:
+        if got is None or not got[0]:
+            conn.execute(_WAIT_SHARED, key)
+    finally:
+        conn.execute(_UNLOCK_SHARED, key)
+
+
+def _base_bytes(conn: psycopg.Connection, base_id: int, size: int, *, stored_base: bool) -> bytearray | None:
     """The base's bytes, read in slices into one buffer of its size; None when they are not its
     recorded size (or went away meanwhile)."""
     buffer = bytearray(size)
     filled = 0
     with conn.cursor("kl_splice_base", binary=True) as cur:
         cur.itersize = 2
-        cur.execute(_BASE_SLICES.encode(), {"id": base_id, "slice": _BASE_SLICE_BYTES})
+        query = _BASE_SLICES.format(base_raw=_BASE_RAW[stored_base])
+        cur.execute(query.encode(), {"base": base_id, "slice": _BASE_SLICE_BYTES})
         for start, data in cur:
             if start != filled + 1 or filled + len(data) > size:
                 return None
@@ -374,7 +420,7 @@ def _base_bytes(conn: psycopg.Connection, base_id: int, size: int) -> bytearray 
     return buffer if filled == size else None
 
 
-class _CacheWriter:
+class CacheWriter:
     """Pieces of an assembly into the session's temporary table as they come, then into ``raw_state``."""
 
     def __init__(self, conn: psycopg.Connection) -> None:
@@ -421,12 +467,18 @@ class _CacheWriter:
         self._pending.clear()
         self._pending_bytes = 0
 
-    def finish(self, version_id: int, base_id: int | None = None) -> bool:
-        """Store the pieces as the version's bytes; whether they were stored."""
+    def finish(self, version_id: int, base: tuple[int, bool] | None = None) -> bool:
+        """Store the pieces as the version's bytes (with ``base``: its id and whether it is a stored base,
+        for the ranges kept from it); whether they were stored."""
+        query = _CACHE if base is None else _CACHE_SPLICED.format(base_raw=_BASE_RAW[base[1]])
+        return self.finish_with(query, {"id": version_id, "base": None if base is None else base[0]})
+
+    def finish_with(self, query: str, params: dict[str, object]) -> bool:
+        """Run ``query`` over the pieces (``kl_spliced_pieces``) with ``params`` and the pieces' sha256, size
+        and layout; whether it wrote one row."""
         self._flush()
-        params = {"sha256": self._digest.hexdigest(), "size": self._size, "format": ASSEMBLY_FORMAT,
-                  "id": version_id, "base": base_id}
-        stored = self._conn.execute(_CACHE if base_id is None else _CACHE_SPLICED, params).rowcount == 1
+        params = {**params, "sha256": self._digest.hexdigest(), "size": self._size, "format": ASSEMBLY_FORMAT}
+        stored = self._conn.execute(query.encode(), params).rowcount == 1
         self._conn.execute(_CLEAR_PIECES)
         return stored
 def apply_version_bytes(conn: psycopg.Connection, version_id: int) -> bytes | None:

@@ -9,6 +9,9 @@ only one is set), and marks them ``pruned_at``. It never touches:
 - the version every live apply run's base serial resolves to (what its commit and plan read);
 - a version that holds no bytes (an apply version never read, or one already pruned).
 
+A pruned version's splice base (``state_version_bases``, the assembly of a version Terraform wrote) is
+removed with its bytes.
+
 Rows, outputs, ``sha256`` and ``size_bytes`` stay, so ``kl state ls --serial N``, history and the
 ``assembled`` view work for every serial afterwards (``app.store.assembly`` rebuilds pruned apply versions
 from the rows without caching them again).
@@ -55,6 +58,8 @@ _PRUNE = """
 UPDATE state_versions SET raw_state = NULL, pruned_at = now()
 WHERE id = ANY(%s) AND raw_state IS NOT NULL
 """
+# A pruned version's splice base goes with its bytes (``app.store.splicebase``).
+_PRUNE_BASES = "DELETE FROM state_version_bases WHERE version_id = ANY(%s)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,5 +126,6 @@ def _prune_state(db: Database, state_id: int, keep: int | None, before: datetime
                                                   "before": before, "batch": None}).fetchall()
                 return len(rest), sum(s for _, s in rest)
             conn.execute(_PRUNE, ([i for i, _ in found],))
+            conn.execute(_PRUNE_BASES, ([i for i, _ in found],))
         count += len(found)
         size += sum(s for _, s in found)

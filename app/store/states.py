@@ -88,6 +88,8 @@ class WriteResult:
     replay: bool
     opened: int = 0
     closed: int = 0
+    version_id: int = 0  # the new version (0 for a replay)
+    encrypted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +256,8 @@ def write_state(
             detail["lineage_changed_from"] = row.lineage
         events.record(conn, principal, "state_write", state_id=row.id, state_name=name,
                       serial=parsed.serial, lock_id=lock_id, **detail)
-        result = WriteResult(serial=parsed.serial, replay=False, opened=opened, closed=closed)
+        result = WriteResult(serial=parsed.serial, replay=False, opened=opened, closed=closed,
+                             version_id=version_id, encrypted=encrypted)
     if changed:
         # The changed attribute names are derived from rows that no longer change: after the row lock, so a
         # write that replaces every row does not hold the state for the comparison.

@@ -37,6 +37,7 @@ from app.web import (
     openapi,
     pruning,
     runs,
+    splicebases,
     ui,
     webhook,
 )
@@ -113,7 +114,9 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
     app.url_map.merge_slashes = False
     app.url_map.converters["path"] = _PathConverter
     inputs.init_app(app, settings)
-    app.extensions["kilolock"] = Services(settings=settings, db=Database(url, pool_size=settings.db_pool_size))
+    db = Database(url, pool_size=settings.db_pool_size)
+    app.extensions["kilolock"] = Services(settings=settings, db=db,
+                                          splice_bases=splicebases.Builder(db) if settings.splice_base_bytes else None)
     errors.register(app)
     exposure.init_app(app, settings)  # open mode answers loopback clients only, unless opted in
     # Metrics for every lane; /metrics and the dashboard (/ui/) with the public lanes.

@@ -10,12 +10,14 @@ from app.config import AuthMode, Settings
 from app.domain.principal import Principal
 from app.store import Database
 from app.web.auth import authenticate, resolve_state_path
+from app.web.splicebases import Builder
 
 
 @dataclass(frozen=True, slots=True)
 class Services:
     settings: Settings
     db: Database
+    splice_bases: Builder | None = None  # None: KL_SPLICE_BASE_BYTES is 0
 
 
 def services() -> Services:

@@ -18,7 +18,10 @@ HTTP: the first whole-state POST (every row new), a POST that changes one instan
 raw bytes are stored: the raw-GET floor), 12 one-instance row-level commits through the engine lane
 (``bench.commit_bench.commit_cycle``; the commit request is what is timed), the first GET after them (the
 version is assembled from all rows: the POSTed version is never a splice base), the GET after that
-(cached), and, after 12 more commits, the first GET spliced from those cached bytes. The POST floor is ``json.loads`` +
+(cached), and, after 12 more commits, the first GET spliced from those cached bytes. That server builds no
+splice bases (``KL_SPLICE_BASE_BYTES=0``); a second one, which builds one after every POST, then takes a
+one-change POST, waits until its version's splice base is stored (timing the wait from the POST's answer),
+and times the first GET after 12 commits over it, spliced from that base. The POST floor is ``json.loads`` +
 ``hashlib.sha256`` of the same body in the benchmark process, best of 3.
 
 Then, on the shape of ``bench.filescoped_bench`` (N ``terraform_data`` resources of one instance, 100 per
@@ -46,12 +49,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
 import requests
 
 from bench import common
 from bench.apply_flat_bench import install_request_times, measure_apply
 from bench.backend_bench import Harness
-from bench.body_memory_bench import Sampler, _status, start_server, stop_server
+from bench.body_memory_bench import Sampler, Server, _status, start_server, stop_server
 from bench.commit_bench import STATE, commit_cycle
 from bench.common import BenchError, log, table
 from bench.filescoped_bench import PER_FILE, VENV_BIN, SizeBench, TimedOut, run, state_body
@@ -81,6 +85,8 @@ class SizeResult:
     first_get: float = 0.0
     cached_get: float = 0.0
     spliced_get: float = 0.0
+    base_stored: float = 0.0  # seconds from a POST's answer to its version's splice base in the database
+    based_get: float = 0.0    # the first GET after 12 commits over that POSTed version, spliced from its base
     rss_idle: int = 0
     rss_post: int = 0
     rss_before_get: int = 0  # the worker just before the first GET: what the POSTs and commits left behind
@@ -129,7 +135,8 @@ def measure(database_url: str, n: int) -> SizeResult:
     res.floor = best_of(3, lambda: (json.loads(body), hashlib.sha256(body).digest()))
     log(f"  {n}: {len(body) / 1e6:.0f} MB, floor {res.floor:.2f}s")
     with Harness(database_url) as h:
-        server = start_server(h.url, max_large_bodies=2, large_body_bytes=8 * 1024 * 1024)
+        # The first sequence with no splice bases, so its first GET is the assembly from all rows.
+        server = _server(h.url, splice_bases=False)
         try:
             session = requests.Session()
             url = f"{server.url}/v1/states/{STATE}"
@@ -164,7 +171,56 @@ def measure(database_url: str, n: int) -> SizeResult:
                 f"first GET {res.first_get:.2f}s (raw {res.raw_get:.2f}s)")
         finally:
             stop_server(server)
+        server = _server(h.url, splice_bases=True)
+        try:
+            based_get(h.url, requests.Session(), f"{server.url}/v1/states/{STATE}", server.url, res, serial)
+            log(f"  {n}: splice base stored {res.base_stored:.2f}s after the POST, "
+                f"first GET over it {res.based_get:.2f}s")
+        finally:
+            stop_server(server)
     return res
+
+
+def _server(database_url: str, *, splice_bases: bool) -> Server:
+    """The bench's server; ``splice_bases`` False switches off the splice base built after a large POST."""
+    saved = os.environ.get("KL_SPLICE_BASE_BYTES")
+    os.environ["KL_SPLICE_BASE_BYTES"] = "1" if splice_bases else "0"  # 1: every POST, whatever the size
+    try:
+        return start_server(database_url, max_large_bodies=2, large_body_bytes=8 * 1024 * 1024)
+    finally:
+        if saved is None:
+            del os.environ["KL_SPLICE_BASE_BYTES"]
+        else:
+            os.environ["KL_SPLICE_BASE_BYTES"] = saved
+
+
+_BASE_OF_SERIAL = """
+SELECT 1 FROM state_version_bases b JOIN state_versions v ON v.id = b.version_id
+JOIN states s ON s.id = v.state_id WHERE s.name = %s AND v.serial = %s
+"""
+
+
+def based_get(database_url: str, session: requests.Session, url: str, base_url: str, res: SizeResult,
+              serial: int) -> None:
+    """A one-change POST at the next serial, the wait until its splice base is stored, 12 commits, and the
+    first GET after them (spliced from that base): what a reader gets when the commits come after the build."""
+    n = res.instances
+    serial += 1
+    posted = perf()
+    timed_request(session, "POST", url, body=counted_state(serial, n, changed=n // 3))
+    deadline = time.monotonic() + 1800
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while conn.execute(_BASE_OF_SERIAL, (STATE, serial)).fetchone() is None:
+            if time.monotonic() > deadline:
+                raise BenchError(f"no splice base for serial {serial} within 30 minutes")
+            time.sleep(0.1)
+    res.base_stored = perf() - posted
+    for k in range(COMMITS):
+        serial, _ = commit_cycle(session, base_url, (k * 6007 + 3) % n, f"based-{k}", serial)
+    res.based_get, got = timed_request(session, "GET", url)
+    doc = json.loads(got)
+    if doc["serial"] != serial or len(doc["resources"][0]["instances"]) != n:
+        raise BenchError("the GET spliced from the POSTed version's base does not agree with the commits")
 
 
 def measure_slices(database_url: str, res: SizeResult, reps: int, vanilla_timeout: float | None) -> None:
@@ -268,6 +324,10 @@ def size_rows(r: SizeResult) -> list[list[str]]:
         rows.append([f"first GET after {COMMITS} more commits (spliced from the cached bytes)", s(r.spliced_get),
                      f"raw GET: {s(r.raw_get)}", ratio(r.spliced_get / r.raw_get),
                      verdict(r.spliced_get / r.raw_get, FIRST_GET_TARGET)])
+    if r.based_get:
+        rows.append([f"first GET after a one-change POST, its splice base ({s(r.base_stored)} after the POST) and "
+                     f"{COMMITS} commits", s(r.based_get), f"raw GET: {s(r.raw_get)}",
+                     ratio(r.based_get / r.raw_get), verdict(r.based_get / r.raw_get, FIRST_GET_TARGET)])
     own = (r.rss_first_get - r.rss_before_get) / r.body_bytes
     rows.append(["server peak RSS during the first GET, growth over the worker just before it",
                  f"{mb(r.rss_first_get)} (+{mb(r.rss_first_get - r.rss_before_get)})",

@@ -1,5 +1,5 @@
-"""A first GET after commits (assembled from rows, then spliced from cached bytes) and a whole-state slice
-read stay within their memory bound on the server.
+"""A first GET after commits (assembled from rows, spliced from cached bytes, spliced from the stored base of a
+POSTed version) and a whole-state slice read stay within their memory bound on the server.
 
 The server runs as its own gunicorn process (one worker, as deployed), so the RSS read from ``/proc`` is
 the server's alone: its peak during the request (``VmHWM`` after a reset, else sampled every 5 ms) minus
@@ -19,6 +19,7 @@ import requests
 
 from bench.body_memory_bench import Sampler, Server, start_server, stop_server
 from tests.app.test_lazy_state import commit_one
+from tests.conftest import wait_for
 from tests.helpers import counted_state
 
 COUNT = 30_000
@@ -26,7 +27,18 @@ BOUND = 1.5
 
 
 @pytest.fixture
-def server(clean_db: str) -> Iterator[Server]:
+def server(clean_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """The server with no splice bases after a POST, so the first GET after commits assembles from all rows."""
+    monkeypatch.setenv("KL_SPLICE_BASE_BYTES", "0")
+    started = start_server(clean_db, max_large_bodies=2, large_body_bytes=1024 * 1024)
+    yield started
+    stop_server(started)
+
+
+@pytest.fixture
+def based_server(clean_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """The server building a splice base after every large POST (the default, at this test's size)."""
+    monkeypatch.setenv("KL_SPLICE_BASE_BYTES", str(1024 * 1024))
     started = start_server(clean_db, max_large_bodies=2, large_body_bytes=1024 * 1024)
     yield started
     stop_server(started)
@@ -85,3 +97,29 @@ def test_a_first_get_and_a_slice_read_grow_the_server_by_less_than_the_bound(ser
     assert sliced.status_code == 200 and sliced.content == spliced.content
     growth = sampler.peak - before
     assert growth <= BOUND * len(sliced.content), (growth, len(sliced.content))
+
+
+def test_a_first_get_spliced_from_a_posted_versions_base_grows_the_server_by_less_than_the_bound(
+        based_server: Server, clean_db: str) -> None:
+    body = counted_state(1, COUNT)
+    http = requests.Session()
+    assert http.post(f"{based_server.url}/v1/states/big", data=body).status_code == 200
+    wait_for(lambda: _has_base(clean_db, 1), "the POSTed version's splice base")
+    serial = 1
+    for i in range(3):
+        serial = commit_one(http, based_server.url, i, f"new-{i}", serial)
+
+    before = _rss(based_server.worker)
+    with Sampler(based_server.worker) as sampler:
+        got = http.get(f"{based_server.url}/v1/states/big")
+        cached = _cached(clean_db, serial)
+    assert got.status_code == 200 and b'"new-2"' in got.content
+    growth = sampler.peak - before
+    assert growth <= BOUND * len(got.content), (growth, len(got.content))
+    assert cached[1] == hashlib.sha256(got.content).hexdigest()
+
+
+def _has_base(url: str, serial: int) -> bool:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT 1 FROM state_version_bases b JOIN state_versions v ON v.id = b.version_id "
+                            "WHERE v.serial = %s", (serial,)).fetchone() is not None

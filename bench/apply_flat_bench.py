@@ -40,12 +40,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.store import graph
+from app.store.db import Database
 from bench import common
 from bench.backend_bench import Harness
 from bench.common import BenchError, log, shim_target
@@ -189,11 +190,22 @@ class ApplyBench:
 
 @contextmanager
 def baseline_server(baseline: Path | None) -> Iterator[None]:
-    """While a baseline CLI runs, the server looks up dependents as that code did, when it did differently
-    (a plain query the planner may answer by scanning the table)."""
-    if baseline is None or "def _dependents" in (baseline / "app/store/graph.py").read_text():
+    """While a baseline CLI runs, the server behaves as that code's did where it differs: the dependents lookup
+    (a plain query the planner may answer by scanning the table) and JIT compilation (on, Postgres's default,
+    in every transaction when that code's pool left it on)."""
+    if baseline is None:
         yield
         return
+    with ExitStack() as stack:
+        if "def _dependents" not in (baseline / "app/store/graph.py").read_text():
+            stack.enter_context(_plain_dependents())
+        if "jit" not in (baseline / "app/store/db.py").read_text():
+            stack.enter_context(_jit_on())
+        yield
+
+
+@contextmanager
+def _plain_dependents() -> Iterator[None]:
     original = shim_target(graph, "_dependents")
 
     def plain(conn: Any, state_id: int, names: list[str]) -> list[Any]:
@@ -204,6 +216,23 @@ def baseline_server(baseline: Path | None) -> Iterator[None]:
         yield
     finally:
         graph._dependents = original  # type: ignore[assignment]
+
+
+@contextmanager
+def _jit_on() -> Iterator[None]:
+    original = shim_target(Database, "transaction")
+
+    @contextmanager
+    def transaction(self: Database) -> Iterator[Any]:
+        with original(self) as conn:
+            conn.execute("SET LOCAL jit = on")
+            yield conn
+
+    Database.transaction = transaction  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Database.transaction = original  # type: ignore[method-assign]
 
 
 def measure_apply(h: Harness, work: Path, files: int, reps: int, *, times: RequestTimes | None = None) -> ApplySize:

@@ -47,6 +47,20 @@ def sql_text_list(values: Iterable[str]) -> str:
 LIVE_STATUSES_SQL = sql_text_list(LIVE_STATUSES)
 
 
+def _configure(conn: psycopg.Connection) -> None:
+    """Session settings of every pooled connection, set once when the pool opens it.
+
+    JIT compilation off: Postgres compiles a statement's expressions with LLVM once the planner's cost
+    estimate passes ``jit_above_cost`` (and inlines and optimizes them past ``jit_inline_above_cost`` and
+    ``jit_optimize_above_cost``). Our lookups by index are estimated in proportion to the state's rows
+    (a range over address prefixes is guessed as a fixed share of them), so on a large state a slice or an
+    edges lookup that reads 100 rows in a millisecond crossed all three thresholds and spent most of a
+    second compiling; the bulk reads stream rows whose cost is their bytes, which compiled expressions do
+    not shorten. The user's own session settings (``options`` in the URL, ``PGOPTIONS``) are kept."""
+    conn.execute("SET jit = off")
+    conn.commit()
+
+
 class Database:
     """A psycopg 3 pool. ``transaction()`` yields a connection inside one transaction that
     commits when the block ends and rolls back if it raises."""
@@ -60,6 +74,7 @@ class Database:
             timeout=timeout,
             open=False,
             kwargs={"autocommit": False},
+            configure=_configure,
             name="kilolock",
         )
         self._pool.open(wait=False)

@@ -90,6 +90,7 @@ class WriteResult:
     closed: int = 0
     version_id: int = 0  # the new version (0 for a replay)
     encrypted: bool = False
+    size: int = 0  # the body's bytes (0 for a replay)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +258,7 @@ def write_state(
         events.record(conn, principal, "state_write", state_id=row.id, state_name=name,
                       serial=parsed.serial, lock_id=lock_id, **detail)
         result = WriteResult(serial=parsed.serial, replay=False, opened=opened, closed=closed,
-                             version_id=version_id, encrypted=encrypted)
+                             version_id=version_id, encrypted=encrypted, size=size)
     if changed:
         # The changed attribute names are derived from rows that no longer change: after the row lock, so a
         # write that replaces every row does not hold the state for the comparison.

@@ -77,10 +77,10 @@ def state(name: str) -> Response:
         inputs.return_memory_after(response, found.size)
         return response
     if request.method == "POST":
-        body = inputs.read_body()
-        written = states.write_state(db, who, name, body, lock_id=lock_id)
+        # The body is passed on, not kept here: the store frees it once its bytes are stored.
+        written = states.write_state(db, who, name, inputs.read_body(), lock_id=lock_id)
         builder, threshold = services().splice_bases, services().settings.splice_base_bytes
-        if builder is not None and written.version_id and not written.encrypted and len(body) >= threshold:
+        if builder is not None and written.version_id and not written.encrypted and written.size >= threshold:
             builder.submit(written.version_id)  # its splice base, built off this request (app.web.splicebases)
         return _ok()
     if request.method == "DELETE":

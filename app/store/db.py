@@ -53,10 +53,10 @@ def _configure(conn: psycopg.Connection) -> None:
     JIT compilation off: Postgres compiles a statement's expressions with LLVM once the planner's cost
     estimate passes ``jit_above_cost`` (and inlines and optimizes them past ``jit_inline_above_cost`` and
     ``jit_optimize_above_cost``). Our lookups by index are estimated in proportion to the state's rows
-    (a range over address prefixes is guessed as a fixed share of them), so on a large state a slice or an
-    edges lookup that reads 100 rows in a millisecond crossed all three thresholds and spent most of a
-    second compiling; the bulk reads stream rows whose cost is their bytes, which compiled expressions do
-    not shorten. The user's own session settings (``options`` in the URL, ``PGOPTIONS``) are kept."""
+    (a range over address prefixes is guessed as a fixed share of them), so on a large state the slice and
+    edges lookup, 100 rows read in a millisecond, crossed all three thresholds and spent about 0.3 s
+    compiling; the bulk reads stream rows whose cost is their bytes, which compiled expressions do not
+    shorten. Other session settings (``options`` in the URL, ``PGOPTIONS``) are kept."""
     conn.execute("SET jit = off")
     conn.commit()
 

@@ -33,8 +33,10 @@ def test_the_slice_lookup_is_not_compiled_whatever_its_estimate(db: Database) ->
     lookup = graph.glob_lookup(graph._parse_globs(["terraform_data.a", "module.m.*"]))
     with db.transaction() as conn:
         conn.execute("SET LOCAL jit_above_cost = 0")
-        row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + graph._UNDER_GLOBS,
-                           {"state": 1, "exact": list(lookup.exact), "prefixes": list(lookup.prefixes)}).fetchone()
+        row = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + graph._UNDER_GLOBS,
+            {"state": 1, "exact": list(lookup.exact), "prefixes": list(lookup.prefixes)},
+        ).fetchone()
     assert row is not None
     plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
     assert "Plan" in plan[0] and "JIT" not in plan[0], plan[0].keys()

@@ -247,6 +247,13 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 120.0, ev
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def held_until(gate: Path, seconds: int = 300) -> str:
+    """A shell command for a ``local-exec`` provisioner: it holds until the file ``gate`` exists, then succeeds
+    (and fails after ``seconds``). A test opens the gate (``gate.touch()``) once it has seen what must happen
+    while the apply holds its reservations, instead of betting on a fixed ``sleep``."""
+    return f"for i in $(seq 1 {seconds * 4}); do [ -f {gate} ] && exit 0; sleep 0.25; done; exit 1"
+
+
 def write_file(root: Path, name: str, text: str) -> None:
     """Write ``root/name``, making its directories."""
     path = root / name

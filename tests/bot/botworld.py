@@ -10,6 +10,7 @@ and SHAs of this world filled in.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import subprocess
@@ -331,13 +332,18 @@ def world_factory(tmp_path: Path, live_server_factory: Any, redis_url: str, clea
 def _credentials(mode: str, request: pytest.FixtureRequest) -> dict[str, Any]:
     if mode == "token":
         return {"github_token": "ghp_" + "P" * 36, "github_app_id": None, "github_private_key": None}
+    return {"github_app_id": APP_ID, "github_private_key": _app_private_key(), "github_token": None}
+
+
+@functools.cache
+def _app_private_key() -> str:
+    """The GitHub App's private key (PEM): made once per session, as no test changes or inspects it."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
-    return {"github_app_id": APP_ID, "github_private_key": pem, "github_token": None}
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
 
 
 def comment_globs(body: str) -> dict[str, list[str]]:

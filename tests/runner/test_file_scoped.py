@@ -9,7 +9,7 @@ import json
 import pytest
 import requests
 
-from tests.conftest import TRUNK_FILES, Workdir
+from tests.conftest import TRUNK_FILES, Workdir, held_until, wait_for
 
 pytestmark = pytest.mark.terraform
 
@@ -191,23 +191,26 @@ def test_an_igplan_refuses_files_edited_after_planning(repo):
 
 
 def test_disjoint_file_scoped_applies_run_together_and_overlapping_ones_conflict(repo, tmp_path):
-    repo.write("slow_a.tf", 'resource "terraform_data" "a" {\n  input = "a1"\n'
-               '  provisioner "local-exec" {\n    command = "sleep 4"\n  }\n}\n')
-    repo.write("slow_b.tf", 'resource "terraform_data" "b" {\n  input = "b1"\n'
-               '  provisioner "local-exec" {\n    command = "sleep 4"\n  }\n}\n')
+    gate = tmp_path / "release-applies"
+    for name in ("a", "b"):
+        repo.write(f"slow_{name}.tf", f'resource "terraform_data" "{name}" {{\n  input = "{name}1"\n'
+                   f'  provisioner "local-exec" {{\n    command = "{held_until(gate)}"\n  }}\n}}\n')
     assert repo.kl("plan", "-f", "slow_a.tf", "--out", "a.igplan").returncode == 0
     assert repo.kl("plan", "-f", "slow_b.tf", "--out", "b.igplan").returncode == 0
     assert repo.kl("plan", "-f", "slow_a.tf", "--out", "a2.igplan").returncode == 0
+    runs_url = repo.url.replace("/v1/states/files", "/v1/engine/runs?state=files")
     procs = [repo.kl_popen("apply", plan, "--actor", actor)
              for plan, actor in (("a.igplan", "alice"), ("b.igplan", "bob"))]
-    import time
-
-    time.sleep(1.5)
-    conflict = repo.kl("apply", "a2.igplan", "--actor", "carol")
+    try:
+        wait_for(lambda: {r["actor"] for r in requests.get(runs_url, timeout=10).json()["runs"]
+                          if r["status"] == "running"} == {"alice", "bob"}, "both applies to run")
+        conflict = repo.kl("apply", "a2.igplan", "--actor", "carol")
+    finally:
+        gate.touch()
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert conflict.returncode == 2 and "held by alice" in conflict.stderr, conflict.stdout + conflict.stderr
-    runs = requests.get(repo.url.replace("/v1/states/files", "/v1/engine/runs?state=files"), timeout=10).json()["runs"]
+    runs = requests.get(runs_url, timeout=10).json()["runs"]
     done = {r["actor"]: r for r in runs if r["status"] == "committed"}
     assert done["alice"]["started_at"] < done["bob"]["finished_at"]
     assert done["bob"]["started_at"] < done["alice"]["finished_at"]

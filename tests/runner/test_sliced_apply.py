@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import Workdir, http_backend
+from tests.conftest import Workdir, held_until, http_backend, wait_for
 
 pytestmark = pytest.mark.terraform
 
@@ -108,14 +108,20 @@ def test_plan_then_apply_commits_the_change_and_vanilla_terraform_converges(worl
 
 def test_two_disjoint_applies_run_at_the_same_time_and_both_commit(world):
     alice, bob = checkout(world, "alice"), checkout(world, "bob")
-    alice.configure(web="v2", web_cmd="sleep 4")
-    bob.configure(db="v2", db_cmd="sleep 4")
+    gate = world["root"] / "release-applies"
+    alice.configure(web="v2", web_cmd=held_until(gate))
+    bob.configure(db="v2", db_cmd=held_until(gate))
     assert alice.kl("plan").returncode == 0 and bob.kl("plan").returncode == 0
     # web feeds the root output "web": alice's run reserves it for writing, bob's (db only) does not.
     assert "output.web" in json.loads((alice.dir / "kl-plan.json").read_text())["write_globs"]
     assert "output.web" not in json.loads((bob.dir / "kl-plan.json").read_text())["write_globs"]
     first = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
     second = bob.kl_popen("apply", "kl-plan.json", "--actor", "bob")
+    try:
+        wait_for(lambda: {r["actor"] for r in runs(world) if r["status"] == "running"} == {"alice", "bob"},
+                 "both applies to run")
+    finally:
+        gate.touch()
     out_a, _ = first.communicate(timeout=120)
     out_b, _ = second.communicate(timeout=120)
     assert first.returncode == 0, out_a
@@ -126,20 +132,24 @@ def test_two_disjoint_applies_run_at_the_same_time_and_both_commit(world):
     assert sorted([a["committed_serial"], b["committed_serial"]]) == [head(world)["serial"] - 1, head(world)["serial"]]
     assert inputs(world)["db"] == "db-v2" and inputs(world)["web"].startswith("web-v2")
     merged = checkout(world, "merged")
-    merged.configure(web="v2", db="v2", web_cmd="sleep 4", db_cmd="sleep 4")
+    merged.configure(web="v2", db="v2", web_cmd=held_until(gate), db_cmd=held_until(gate))
     merged.converged()
 
 
 def test_overlapping_write_sets_conflict_with_exit_2(world):
     alice, carol = checkout(world, "alice"), checkout(world, "carol")
-    alice.configure(web="v2", web_cmd="sleep 6")
+    gate = world["root"] / "release-alice"
+    alice.configure(web="v2", web_cmd=held_until(gate))
     carol.configure(web="v3")
     assert alice.kl("plan").returncode == 0 and carol.kl("plan").returncode == 0
     first = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(r["status"] in ("reserved", "running") for r in runs(world)):
-        time.sleep(0.2)
-    refused = carol.kl("apply", "kl-plan.json", "--actor", "carol")
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(r["status"] in ("reserved", "running") for r in runs(world)):
+            time.sleep(0.2)
+        refused = carol.kl("apply", "kl-plan.json", "--actor", "carol")
+    finally:
+        gate.touch()
     first.communicate(timeout=120)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "reservation conflict on terraform_data.web: held by alice (run ar_" in refused.stderr
@@ -201,25 +211,34 @@ def test_kill_9_leaves_the_run_until_its_lease_expires_then_the_addresses_are_fr
     assert any(r["status"] == "running" for r in runs(world))
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
-    time.sleep(4)
-    taken = requests.post(world["server"].url + "/v1/engine/states/shared/runs", timeout=10, json={
-        "actor": "bob", "reservations": [{"glob": "terraform_data.db", "mode": "write"}]})
-    assert taken.status_code == 201, taken.text
+
+    def take() -> requests.Response | None:
+        answer = requests.post(world["server"].url + "/v1/engine/states/shared/runs", timeout=10, json={
+            "actor": "bob", "reservations": [{"glob": "terraform_data.db", "mode": "write"}]})
+        assert answer.status_code in (201, 409), answer.text
+        return answer if answer.status_code == 201 else None
+
+    # Refused (409, nothing written) while alice's lease still runs; granted once it has expired.
+    wait_for(take, "alice's lease to expire and free terraform_data.db", timeout=60)
     assert {r["actor"]: r["status"] for r in runs(world)}["alice"] == "expired"
     assert head(world) == before
 
 
 def test_vanilla_terraform_and_kl_apply_block_each_other(world):
     alice, vanilla = checkout(world, "alice"), checkout(world, "vanilla")
-    alice.configure(db="v2", db_cmd="sleep 6")
+    gate = world["root"] / "release-alice"
+    alice.configure(db="v2", db_cmd=held_until(gate))
     assert alice.kl("plan").returncode == 0
     running = alice.kl_popen("apply", "kl-plan.json", "--actor", "alice")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(r["status"] in ("reserved", "running") for r in runs(world)):
-        time.sleep(0.2)
-    vanilla.configure(db="v2")
-    vanilla.tf("init", "-input=false")
-    blocked = vanilla.tf("apply", "-auto-approve", "-input=false", check=False)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(r["status"] in ("reserved", "running") for r in runs(world)):
+            time.sleep(0.2)
+        vanilla.configure(db="v2")
+        vanilla.tf("init", "-input=false")
+        blocked = vanilla.tf("apply", "-auto-approve", "-input=false", check=False)
+    finally:
+        gate.touch()
     assert blocked.returncode != 0 and "alice" in blocked.stdout + blocked.stderr
     running.communicate(timeout=120)
     assert running.returncode == 0

@@ -34,7 +34,7 @@ from bench import webhooks
 from bench.github_sim import APP_ID, GitHubSim
 from runner.bot import jobs
 from runner.bot.github import GitHub
-from tests.conftest import TRUNK_FILES, Workdir, edit_file, git, terraform_env, write_file
+from tests.conftest import TRUNK_FILES, Workdir, edit_file, git, held_until, terraform_env, write_file
 
 REPO = "octo-org/infra"
 SERIALIZER = "rq.serializers.JSONSerializer"
@@ -48,9 +48,10 @@ FILES = {
 }
 
 
-def slow(name: str, version: str, seconds: float | str, *, fail: bool = False) -> str:
-    """A resource whose replacement runs a provisioner: slow (``sleep``) or failing (``exit 1``)."""
-    command = "exit 1" if fail else f"sleep {seconds}"
+def slow(name: str, version: str, seconds: float | str, *, fail: bool = False, until: Path | None = None) -> str:
+    """A resource whose replacement runs a provisioner: slow (``sleep``), held until the file ``until`` exists
+    (``held_until``), or failing (``exit 1``)."""
+    command = "exit 1" if fail else held_until(until) if until is not None else f"sleep {seconds}"
     return (f'resource "terraform_data" "{name}" {{\n  triggers_replace = "{version}"\n'
             f'  provisioner "local-exec" {{\n    command = "{command}"\n  }}\n}}\n')
 

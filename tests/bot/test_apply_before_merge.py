@@ -20,6 +20,7 @@ from app.store import bot as store
 from runner.bot.render import MARKER
 from tests.bot.botworld import FILES, REPO, World, dump, git, slow, world_factory  # noqa: F401
 from tests.bot.golden import assert_golden, normalize
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.terraform
 DB_V2 = FILES["db.tf"].replace("db-v1", "db-v2")
@@ -172,13 +173,20 @@ def test_each_requirement_fails_with_its_name_and_the_apply_runs_once_all_hold(w
 def test_disjoint_pull_requests_apply_in_parallel_and_an_overlapping_one_is_refused(world_factory):  # noqa: F811
     files = {**FILES, "slow_a.tf": slow("a", "a1", 0), "slow_b.tf": slow("b", "b1", 0)}
     w = world_factory(mode="token", files=files, served=True, kilolock_yml=OPEN)
-    w.open_pr(1, "a2", {"slow_a.tf": slow("a", "a2", 4)})
-    w.open_pr(2, "b2", {"slow_b.tf": slow("b", "b2", 4)})
+    gate = w.tmp / "release-applies"
+    w.open_pr(1, "a2", {"slow_a.tf": slow("a", "a2", 0, until=gate)})
+    w.open_pr(2, "b2", {"slow_b.tf": slow("b", "b2", 0, until=gate)})
     w.run_jobs()
     comment(w, 1, "kilolock apply")
     comment(w, 2, "kilolock apply -p infra")
 
-    outputs = [p.communicate(timeout=300)[0] for p in w.start_workers(2)]
+    workers = w.start_workers(2)
+    try:
+        wait_for(lambda: len([r for r in w.runs() if r["status"] == "running" and not r["actor"].startswith(REPO)])
+                 == 2, "both applies to run", timeout=240)
+    finally:
+        gate.touch()
+    outputs = [p.communicate(timeout=300)[0] for p in workers]
 
     runs = {r["actor"].split("#")[1][0]: r for r in w.runs() if not r["actor"].startswith(REPO)}
     assert {k: r["status"] for k, r in runs.items()} == {"1": "committed", "2": "committed"}, dump(runs) + \

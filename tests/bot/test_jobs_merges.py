@@ -17,7 +17,7 @@ from app.store import Database
 from app.store import bot as store
 from tests.bot.botworld import FILES, REPO, World, dump, git, slow, world_factory  # noqa: F401
 from tests.bot.golden import assert_golden, normalize
-from tests.conftest import kl_terraform_bin
+from tests.conftest import kl_terraform_bin, wait_for
 
 pytestmark = pytest.mark.terraform
 DB_V2 = FILES["db.tf"].replace("db-v1", "db-v2")
@@ -173,13 +173,20 @@ def test_a_push_to_the_default_branch_is_analyzed_and_applied_when_configured(wo
 def test_two_disjoint_merges_apply_at_the_same_time_on_two_forking_workers(world_factory):  # noqa: F811
     files = {**FILES, "slow_a.tf": slow("a", "a1", 0), "slow_b.tf": slow("b", "b1", 0)}
     w = world_factory(mode="token", files=files, served=True)
-    w.open_pr(1, "a2", {"slow_a.tf": slow("a", "a2", 4)}, deliver=False)
-    w.open_pr(2, "b2", {"slow_b.tf": slow("b", "b2", 4)}, deliver=False)
+    gate = w.tmp / "release-applies"
+    w.open_pr(1, "a2", {"slow_a.tf": slow("a", "a2", 0, until=gate)}, deliver=False)
+    w.open_pr(2, "b2", {"slow_b.tf": slow("b", "b2", 0, until=gate)}, deliver=False)
     w.merge(1)
     w.merge(2)
     w.run_jobs(max_jobs=2)  # the two merge jobs: each finds its project and queues its apply
 
-    outputs = finish(w.start_workers(2))
+    workers = w.start_workers(2)
+    try:
+        wait_for(lambda: len([r for r in w.runs() if r["status"] == "running"]) == 2, "both applies to run",
+                 timeout=240)
+    finally:
+        gate.touch()
+    outputs = finish(workers)
 
     runs = {r["actor"].split("#")[1][0]: r for r in w.runs()}
     assert {k: r["status"] for k, r in runs.items()} == {"1": "committed", "2": "committed"}, dump(runs)

@@ -10,11 +10,14 @@ import time
 import pytest
 import requests
 
+from tests.conftest import held_until
+
 pytestmark = pytest.mark.terraform
 
 
-def config(address: str, sleep: int = 0, value: str = "v1") -> str:
-    provisioner = f'  provisioner "local-exec" {{\n    command = "sleep {sleep}"\n  }}\n' if sleep else ""
+def config(address: str, command: str = "", value: str = "v1") -> str:
+    """The configuration of one resource; with ``command``, its creation runs that command first."""
+    provisioner = f'  provisioner "local-exec" {{\n    command = "{command}"\n  }}\n' if command else ""
     return (
         'terraform {\n  backend "http" {\n'
         f'    address = "{address}"\n    lock_address = "{address}"\n    unlock_address = "{address}"\n'
@@ -51,10 +54,11 @@ def test_terraform_apply_meets_a_live_reservation_and_waits_for_its_release(live
     assert json.loads(requests.get(address, timeout=10).content)["resources"][0]["name"] == "web"
 
 
-def test_an_engine_acquire_conflicts_while_terraform_holds_the_lock(live_server, terraform_factory):
+def test_an_engine_acquire_conflicts_while_terraform_holds_the_lock(live_server, terraform_factory, tmp_path):
     address = live_server.state_url("coexist")
     tf = terraform_factory()
-    tf.write("main.tf", config(address, sleep=8))
+    gate = tmp_path / "release-apply"
+    tf.write("main.tf", config(address, command=held_until(gate)))
     tf("init", "-input=false")
     apply = tf.popen("apply", "-auto-approve", "-input=false")
     try:
@@ -74,6 +78,7 @@ def test_an_engine_acquire_conflicts_while_terraform_holds_the_lock(live_server,
         assert conflict["conflicts"][0]["glob"] == "*"
         assert "Terraform state lock" in conflict["error"]
     finally:
+        gate.touch()
         output, _ = apply.communicate(timeout=120)
     assert apply.returncode == 0, output
     assert open_run(live_server.url, "bob", "module.unrelated.*").status_code == 201

@@ -11,6 +11,8 @@ import time
 import pytest
 import requests
 
+from tests.conftest import held_until
+
 pytestmark = pytest.mark.terraform
 # A drifted value long enough never to appear by chance in a run id, a serial or a time beside it.
 DRIFTED_SIZE = 48213907
@@ -115,7 +117,7 @@ def test_refresh_runs_beside_a_disjoint_apply_and_an_overlapping_one_names_the_h
     # An apply that holds its reservations until the test opens the gate.
     cloud_repo.write("misc.tf", (cloud_repo.dir / "misc.tf").read_text().replace('"v1"', '"v2"')
                      + 'resource "terraform_data" "slow" {\n  provisioner "local-exec" {\n'
-                     f'    command = "for i in $(seq 1 1200); do [ -f {gate} ] && exit 0; sleep 0.25; done; exit 1"\n'
+                     f'    command = "{held_until(gate)}"\n'
                      '  }\n}\n')
     slow = cloud_repo.kl_popen("apply", "-f", "misc.tf", "--confirm-scope", "--actor", "erin")
     try:

@@ -111,6 +111,8 @@ class DefinitionIndex(Generic[D]):
         # lookups have cost as much as the merge would (a few lookups over many files probe each file's table)
         self._merged: dict[str, list[str]] | None = None
         self._probes = 0       # file tables probed by lookups so far
+        # address -> the files declaring it, for the addresses ``expect`` looked up in one pass over the tables
+        self._found: dict[str, list[str]] = {}
         self._declared = 0     # declarations in the file tables (what a merge costs)
         self._names: dict[str, tuple[Mapping[str, int], tuple[tuple[str, int], ...]]] = {}
         self._defs: dict[str, list[D | None]] = {}
@@ -147,12 +149,32 @@ class DefinitionIndex(Generic[D]):
     def _merge(self, path: str, names: Mapping[str, int], repeats: tuple[tuple[str, int], ...]) -> None:
         self._names[path] = (names, repeats)
         self._declared += len(names)
+        if self._found:
+            for address in self._found.keys() & names.keys():
+                self._found[address].append(path)
         if self._merged is not None:
             for address in names:
                 self._merged.setdefault(address, []).append(path)
 
+    def expect(self, addresses: Iterable[str]) -> None:
+        """Look up ``addresses`` (the ones a footprint is about to ask for) in one pass over the file tables:
+        each table is intersected with all of them at once, so a lookup of one of them probes no table."""
+        if self._merged is not None:
+            return
+        wanted = {a for a in addresses if a not in self._found}
+        if not wanted:
+            return
+        found: dict[str, list[str]] = {a: [] for a in wanted}
+        for path, (names, _) in self._names.items():
+            if not wanted.isdisjoint(names):
+                for address in wanted.intersection(names):
+                    found[address].append(path)
+        self._found.update(found)
+
     def _files_of(self, address: str) -> list[str]:
         """The files declaring ``address``, in the order they were added."""
+        if self._merged is None and address in self._found:
+            return self._found[address]
         if self._merged is None and self._probes + len(self._names) > 2 * self._declared:
             merged: dict[str, list[str]] = {}
             for path, (names, _) in self._names.items():

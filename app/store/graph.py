@@ -139,9 +139,11 @@ CROSS JOIN LATERAL (
       AND x.address ~>=~ p.prefix AND x.address ~<~ (p.prefix || chr(1114111)) OFFSET 0
 ) r
 """
+# ``state_id + 0``: the state is a filter on the rows the GIN index finds, never an index condition of its own
+# (through the state's btree the lookup would read every row of the state; see ``_dependents``).
 _DEPENDENTS = """
 SELECT r.address, r.dependencies FROM resources r
-WHERE r.state_id = %(state)s AND r.delete_serial IS NULL AND r.dependencies && %(names)s::text[]
+WHERE r.state_id + 0 = %(state)s AND r.delete_serial IS NULL AND r.dependencies && %(names)s::text[]
 """
 _DEPENDENTS_BY_PREFIX = """
 SELECT r.address, r.dependencies FROM resources r
@@ -264,8 +266,10 @@ def _dependents(conn: psycopg.Connection, state_id: int, names: list[str]) -> li
     """The live rows whose dependencies name any of ``names``, through the GIN index on dependencies. The
     planner estimates ``&&`` against a long array as matching a large share of the table and would scan every
     row of every state instead (its cost then follows the table, not the answer); the index lookup costs one
-    probe per name. The setting is local to the transaction and restored right after (a failed query aborts
-    the transaction, which discards it)."""
+    probe per name. With sequential scans off it would still read every row of a state that holds a small
+    share of the table through the btree on ``state_id`` (a bitmap of the whole state, each row rechecked),
+    which the query's ``state_id + 0`` rules out. The setting is local to the transaction and restored right
+    after (a failed query aborts the transaction, which discards it)."""
     conn.execute("SET LOCAL enable_seqscan = off")
     rows = list(conn.execute(_DEPENDENTS, {"state": state_id, "names": names}).fetchall())
     conn.execute("SET LOCAL enable_seqscan = on")

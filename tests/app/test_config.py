@@ -144,7 +144,7 @@ def test_the_backend_block_is_found_among_many_files_that_do_not_name_it(tmp_pat
     assert resolve(config_dir=tmp_path, env={}).state == "late"
 
 
-def test_configuration_files_read_as_bytes_give_the_texts_a_text_read_gives(tmp_path: Path):
+def test_configuration_files_read_as_bytes_give_the_texts_a_text_read_gives(tmp_path: Path) -> None:
     from runner.core.config import read_tf
 
     contents = {"crlf.tf": b'resource "a" "b" {\r\n  x = "1"\r\n}\r\n', "cr.tf": b'locals {\r  y = 2\r}\r\n\r',

@@ -1,0 +1,94 @@
+"""Statistics and index upkeep after bulk writes, off the request: one thread per server process.
+
+A whole-state POST that opens ``states.BULK_ROWS`` rows or more leaves the planner's row counts of
+``resources`` stale and the dependencies index's pending list full (``states.refresh_statistics``). The
+backend lane hands that upkeep to ``request`` and answers; this process's ``kl-upkeep`` thread then runs it
+on a pooled connection of its own, outside every state's row lock, so no client waits for it and the
+embedded default needs no Redis or worker process. Both steps cover the whole table, not one state, so
+requests coalesce: however many bulk writes ask while one refresh runs, one more refresh follows it (a
+queue of at most one). Until it has run, reads are answered as before, with the plans the older
+statistics give. A failure is logged by its class alone (the database's message may quote state content);
+the next bulk write asks again. The thread starts with the first request (so a process forked after
+``create_app`` starts its own), and a process that stops loses a pending refresh, which vacuum's own
+analyze and pending-list cleanup then make up for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from app.store import states
+from app.store.db import Database
+
+log = logging.getLogger("kilolock.upkeep")
+
+
+class Upkeep:
+    """The process's pending refresh after bulk writes, and the thread that runs it."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._changed = threading.Condition()
+        self._wanted = False  # a refresh was asked for and has not started yet
+        self._running = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None  # started by the first request
+        self.done = 0  # refreshes finished (successfully or not), for tests and benches
+
+    def request(self) -> None:
+        """Ask for a refresh after a bulk write; one already waiting absorbs this one."""
+        with self._changed:
+            if self._thread is None:
+                self._stopping = False
+                self._thread = threading.Thread(target=self._loop, name="kl-upkeep", daemon=True)
+                self._thread.start()
+            self._wanted = True
+            self._changed.notify_all()
+
+    def join(self, timeout: float) -> bool:
+        """Wait until no refresh is pending or running (for tests and benches); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._wanted or self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def stop(self) -> None:
+        """Run what is pending, then end the thread."""
+        with self._changed:
+            thread, self._thread = self._thread, None
+            self._stopping = True
+            self._changed.notify_all()
+        if thread is not None:
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                while not self._wanted and not self._stopping:
+                    self._changed.wait()
+                if not self._wanted:
+                    return
+                self._wanted, self._running = False, True
+            try:
+                refresh(self._db)
+            finally:
+                with self._changed:
+                    self._running = False
+                    self.done += 1
+                    self._changed.notify_all()
+
+
+def refresh(db: Database) -> bool:
+    """Run the upkeep once, logging a failure instead of raising it; whether it ran to the end."""
+    try:
+        states.refresh_statistics(db)
+    except Exception as exc:  # the thread must outlive one failure; vacuum catches up meanwhile
+        log.warning("the upkeep after a bulk write failed (%s)", exc.__class__.__name__)
+        return False
+    return True

@@ -47,6 +47,12 @@ class Upkeep:
             self._wanted = True
             self._changed.notify_all()
 
+    @property
+    def running(self) -> bool:
+        """Whether a refresh is running now."""
+        with self._changed:
+            return self._running
+
     def join(self, timeout: float) -> bool:
         """Wait until no refresh is pending or running (for tests and benches); False on timeout."""
         deadline = time.monotonic() + timeout

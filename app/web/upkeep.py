@@ -6,11 +6,13 @@ backend lane hands that upkeep to ``request`` and answers; this process's ``kl-u
 on a pooled connection of its own, outside every state's row lock, so no client waits for it and the
 embedded default needs no Redis or worker process. Both steps cover the whole table, not one state, so
 requests coalesce: however many bulk writes ask while one refresh runs, one more refresh follows it (a
-queue of at most one). Until it has run, reads are answered as before, with the plans the older
-statistics give. A failure is logged by its class alone (the database's message may quote state content);
-the next bulk write asks again. The thread starts with the first request (so a process forked after
-``create_app`` starts its own), and a process that stops loses a pending refresh, which vacuum's own
-analyze and pending-list cleanup then make up for.
+queue of at most one). Work that should see the refreshed statistics (the splice base of the written
+version, whose scan of the rows is then planned for the state's real size) is handed to ``then``, which
+runs it on this thread once the refresh that covers the write has run. Until then, reads are answered as
+before, with the plans the older statistics give. A failure is logged by its class alone (the database's
+message may quote state content); the next bulk write asks again. The thread starts with the first
+request (so a process forked after ``create_app`` starts its own), and a process that stops loses a
+pending refresh, which vacuum's own analyze and pending-list cleanup then make up for.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from app.store import states
 from app.store.db import Database
@@ -32,6 +35,8 @@ class Upkeep:
         self._db = db
         self._changed = threading.Condition()
         self._wanted = False  # a refresh was asked for and has not started yet
+        self._after_next: list[Callable[[], object]] = []  # to run after the wanted refresh
+        self._after_running: list[Callable[[], object]] = []  # to run after the running one
         self._running = False
         self._stopping = False
         self._thread: threading.Thread | None = None  # started by the first request
@@ -46,6 +51,18 @@ class Upkeep:
                 self._thread.start()
             self._wanted = True
             self._changed.notify_all()
+
+    def then(self, work: Callable[[], object]) -> None:
+        """Run ``work`` once the refresh asked for before it has run (on the upkeep thread), or at once when
+        none is pending or running. ``work`` must be quick, such as a submission to another queue."""
+        with self._changed:
+            if self._wanted:
+                self._after_next.append(work)
+                return
+            if self._running:
+                self._after_running.append(work)
+                return
+        work()
 
     @property
     def running(self) -> bool:
@@ -81,13 +98,17 @@ class Upkeep:
                 if not self._wanted:
                     return
                 self._wanted, self._running = False, True
+                self._after_running, self._after_next = self._after_next, []
             try:
                 refresh(self._db)
             finally:
                 with self._changed:
                     self._running = False
                     self.done += 1
+                    after, self._after_running = self._after_running, []
                     self._changed.notify_all()
+            for work in after:
+                _run(work)
 
 
 def refresh(db: Database) -> bool:
@@ -98,3 +119,10 @@ def refresh(db: Database) -> bool:
         log.warning("the upkeep after a bulk write failed (%s)", exc.__class__.__name__)
         return False
     return True
+
+
+def _run(work: Callable[[], object]) -> None:
+    try:
+        work()
+    except Exception as exc:  # the thread must outlive one failure
+        log.warning("work after the upkeep failed (%s)", exc.__class__.__name__)

@@ -114,3 +114,24 @@ def _analyzed_rows(url: str) -> float:
         row = conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'resources'::regclass").fetchone()
     assert row is not None
     return float(row[0])
+
+
+def test_work_handed_on_runs_after_the_refresh_that_covers_it(db: Database) -> None:
+    upkeep = Upkeep(db)
+    seen: list[tuple[str, int]] = []
+    try:
+        upkeep.then(lambda: seen.append(("idle", upkeep.done)))
+        assert seen == [("idle", 0)]  # nothing pending: at once
+        with db.transaction() as conn:
+            conn.execute("LOCK TABLE resources IN SHARE UPDATE EXCLUSIVE MODE")  # ANALYZE waits for this
+            upkeep.request()
+            wait_for(lambda: upkeep.running, "the first refresh to start")
+            upkeep.then(lambda: seen.append(("running", upkeep.done)))  # after the running refresh
+            upkeep.request()
+            upkeep.then(lambda: seen.append(("next", upkeep.done)))  # after the one asked for now
+            assert seen == [("idle", 0)]
+        assert upkeep.join(timeout=300)
+        wait_for(lambda: len(seen) == 3, "the handed-on work to run")
+        assert seen == [("idle", 0), ("running", 1), ("next", 2)]
+    finally:
+        upkeep.stop()

@@ -9,6 +9,7 @@ breaks.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
@@ -48,7 +49,7 @@ def _missing_state(url: str) -> int:
     return _count(url, "SELECT coalesce(max(id), 0) + 1000 FROM states")
 
 
-def _in_thread(work: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
+def _in_thread(work: Callable[[], object]) -> tuple[threading.Thread, list[BaseException]]:
     failures: list[BaseException] = []
 
     def run() -> None:
@@ -150,7 +151,7 @@ def test_a_write_after_an_uncommitted_deletion_waits_and_is_refused(db: Database
 def test_whole_state_writes_racing_deletions_leave_no_orphans(db: Database, clean_db: str) -> None:
     for serial in range(1, 6):
         body = counted_state(serial, 2000)
-        writer, write_failures = _in_thread(lambda b=body: states.write_state(db, WHO, "churn", b, lock_id=None))
+        writer, write_failures = _in_thread(functools.partial(states.write_state, db, WHO, "churn", body, lock_id=None))
 
         def delete() -> None:
             try:

@@ -27,7 +27,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from analyzer.addresses import (
     AddressError,
@@ -225,9 +225,19 @@ def _load(raw: bytes, floats: _FloatCheck) -> dict[str, Any]:
     return doc
 
 
+def _usable_serial(value: object) -> TypeGuard[int]:
+    """A serial a state may carry: a non-negative integer (not a boolean, not a float)."""
+    return type(value) is int and value >= 0
+
+
+def _usable_lineage(value: object) -> TypeGuard[str]:
+    """A lineage a state may carry: a non-empty string."""
+    return isinstance(value, str) and bool(value)
+
+
 def _serial(doc: dict[str, Any]) -> int:
     serial = doc.get("serial")
-    if type(serial) is not int or serial < 0:
+    if not _usable_serial(serial):
         found = "missing" if serial is None else f"{serial!r}"
         raise _invalid(f'the state\'s "serial" must be a non-negative integer, but it is {found}')
     return serial
@@ -235,7 +245,7 @@ def _serial(doc: dict[str, Any]) -> int:
 
 def _lineage(doc: dict[str, Any]) -> str:
     lineage = doc.get("lineage")
-    if not isinstance(lineage, str) or not lineage:
+    if not _usable_lineage(lineage):
         found = "missing" if lineage is None else f"{lineage!r}"
         raise _invalid(f'the state\'s "lineage" must be a non-empty string, but it is {found}')
     return lineage
@@ -244,7 +254,7 @@ def _lineage(doc: dict[str, Any]) -> str:
 def _parse_envelope(doc: dict[str, Any]) -> EncryptedState:
     serial = doc.get("serial")
     lineage = doc.get("lineage")
-    if type(serial) is not int or serial < 0 or not isinstance(lineage, str) or not lineage:
+    if not (_usable_serial(serial) and _usable_lineage(lineage)):
         raise StateFormatError(
             "the encrypted state envelope has no usable serial and lineage, so it cannot be stored safely; "
             "use an OpenTofu release that writes them beside encrypted_data, or send an unencrypted "

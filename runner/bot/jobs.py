@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from rq import Queue, Worker, get_current_job
+from rq import Worker, get_current_job
 
 from app import queue
 from app.config import Settings
@@ -173,10 +173,8 @@ def work(settings: Settings, *, burst: bool = False, name: str | None = None, wi
     # Logs never carry the worker's secrets, nor token shapes or Terraform's values from a job's output.
     redact_logs(flow.Workbench.for_settings(settings).redactor)
     redis = queue.connect(settings.redis_url or "redis://")
-    serializer = "rq.serializers.JSONSerializer"
-    rq_queue = Queue(queue.QUEUE_NAME, connection=redis, serializer=serializer)
     # An idle worker wakes from its blocking dequeue every worker_ttl - 15 seconds, and only then runs the check.
-    worker = Worker([rq_queue], connection=redis, serializer=serializer, name=name,
+    worker = Worker([queue.open_queue(redis)], connection=redis, serializer=queue.SERIALIZER, name=name,
                     maintenance_interval=SCHEDULER_TAKEOVER_SECONDS, worker_ttl=SCHEDULER_TAKEOVER_SECONDS + 15)
     if with_scheduler:  # the drift schedule: one tick stays scheduled (runner.bot.drift_schedule)
         drift_schedule.schedule_tick(redis, settings.job_timeout, time.time())

@@ -19,19 +19,25 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from analyzer.addresses import declared_address
 from analyzer.footprint_checks import NAMED, labels_valid
 from analyzer.prescan import BlockHeader
 
-__all__ = ["COLLECTED", "MIGRATIONS", "DefinitionIndex", "FileIndex", "classify", "file_index"]
+__all__ = ["COLLECTED", "MIGRATIONS", "Declared", "DefinitionIndex", "FileIndex", "classify", "file_index"]
 
 MIGRATIONS = frozenset({"moved", "removed", "import"})
 COLLECTED = "collected"  # classify(): the footprint keeps every such block, whatever it names
 
 D = TypeVar("D")
+# How ``Declared`` packs a file's names: the addresses joined by a character no address holds (a header's
+# labels never span lines), their positions as unsigned 32-bit integers.
+_SEPARATOR = "\n"
+_POSITIONS_TYPE = "I"
+_POSITIONS_ITEMSIZE = array(_POSITIONS_TYPE).itemsize
 
 
 def classify(type_: str, labels: tuple[str, ...]) -> str | None:
@@ -55,7 +61,7 @@ class FileIndex:
 
     __slots__ = ("_headers", "_kept", "_packed", "bad", "collected", "complete", "names", "repeats")
 
-    def __init__(self, complete: bool, bad: frozenset[int], names: dict[str, int],
+    def __init__(self, complete: bool, bad: frozenset[int], names: Mapping[str, int],
                  repeats: tuple[tuple[str, int], ...], collected: tuple[int, ...], packed: bytes,
                  headers: tuple[BlockHeader, ...] | None = None) -> None:
         self.complete, self.bad, self.names, self.repeats, self.collected = complete, bad, names, repeats, collected
@@ -77,7 +83,56 @@ class FileIndex:
         return self._kept
 
     def __reduce__(self) -> tuple[Callable[..., FileIndex], tuple[Any, ...]]:
-        return (FileIndex, (self.complete, self.bad, self.names, self.repeats, self.collected, self._packed))
+        return (FileIndex, (self.complete, self.bad, Declared.of(self.names), self.repeats, self.collected,
+                            self._packed))
+
+
+class Declared(Mapping[str, int]):
+    """A file's ``names`` as it pickles: the addresses joined into one string and their positions as one array,
+    so unpickling a cache of many files makes two objects per file, not two per declaration. Iterating it (what
+    ``DefinitionIndex.expect`` and a merge do) splits the string; a lookup by address makes the dictionary."""
+
+    __slots__ = ("_addresses", "_count", "_map", "_positions", "_split")
+
+    def __init__(self, addresses: str, positions: bytes) -> None:
+        self._addresses, self._positions = addresses, positions
+        self._count = len(positions) // _POSITIONS_ITEMSIZE
+        self._split: list[str] | None = None
+        self._map: dict[str, int] | None = None
+
+    @staticmethod
+    def of(names: Mapping[str, int]) -> Mapping[str, int]:
+        """``names`` packed, or as it is when already packed or when an address holds the separator."""
+        if isinstance(names, Declared) or any(_SEPARATOR in name for name in names):
+            return names
+        return Declared(_SEPARATOR.join(names), array(_POSITIONS_TYPE, names.values()).tobytes())
+
+    def _addresses_list(self) -> list[str]:
+        if self._split is None:
+            self._split = self._addresses.split(_SEPARATOR) if self._count else []
+        return self._split
+
+    def _mapping(self) -> dict[str, int]:
+        if self._map is None:
+            positions = array(_POSITIONS_TYPE)
+            positions.frombytes(self._positions)
+            self._map = dict(zip(self._addresses_list(), positions, strict=True))
+        return self._map
+
+    def __getitem__(self, address: str) -> int:
+        return self._mapping()[address]
+
+    def __contains__(self, address: object) -> bool:
+        return address in self._mapping()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map if self._map is not None else self._addresses_list())
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __reduce__(self) -> tuple[Callable[..., Declared], tuple[Any, ...]]:
+        return (Declared, (self._addresses, self._positions))
 
 
 def file_index(headers: Sequence[BlockHeader], complete: bool) -> FileIndex:

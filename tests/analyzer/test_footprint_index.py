@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from analyzer.footprint import compute_footprint
-from analyzer.footprint_index import COLLECTED, DefinitionIndex, FileIndex, classify, file_index
+from analyzer.footprint_index import COLLECTED, Declared, DefinitionIndex, FileIndex, classify, file_index
 from analyzer.hcl import ParseCache
 from analyzer.prescan import BlockHeader, scan
 from tests.analyzer.test_footprint import RISKY, SPLIT, _files
@@ -151,3 +151,16 @@ def test_expected_addresses_give_the_same_declarations_as_probing_each_file() ->
     assert batched_answers == [plain.get(a) for a in addresses]
     assert batched.get("t.r1")[-1] == ("g.tf", 1) and batched.get("t.r13") == [("g.tf", 2)]
     assert batched.get("t.r0")[1] == ("f00.tf", 4) and batched.get("t.none") == []
+
+
+def test_a_files_names_pickle_packed_and_answer_as_the_dictionary_did() -> None:
+    names = {"a.b": 0, "output.o": 5, "var.x": 2}
+    packed = pickle.loads(pickle.dumps(FileIndex(True, frozenset(), names, (), (), b"")))
+    assert isinstance(packed.names, Declared) and list(packed.names) == list(names) and len(packed.names) == 3
+    assert packed.names == names and "var.x" in packed.names and "var.y" not in packed.names
+    assert packed.names["output.o"] == 5 and list(packed.names) == list(names)  # the same order once looked up
+    assert pickle.loads(pickle.dumps(packed)).names == names  # packed again as it is
+    empty = pickle.loads(pickle.dumps(FileIndex(True, frozenset(), {}, (), (), b"")))
+    assert list(empty.names) == [] and len(empty.names) == 0 and "a.b" not in empty.names
+    odd = {"a.b\nc": 1}  # an address holding the separator stays a dictionary
+    assert pickle.loads(pickle.dumps(FileIndex(True, frozenset(), odd, (), (), b""))).names == odd

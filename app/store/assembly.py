@@ -16,9 +16,10 @@ commits run alongside.
 The assembly streams: rows come from a server-side cursor in the state's order, with only the columns
 the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows``),
 ``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each piece goes to the
-reader and into a temporary table on the same connection as it comes (``CacheWriter``, stored
-uncompressed); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing
-them once. The process holds a batch of rows and a few pieces, never the state, and the sha256 is taken
+reader as it comes and into a temporary table on the same connection between row fetches (``CacheWriter``,
+stored uncompressed; the next batch's FETCH is pipelined, so Postgres writes it while the caller encodes
+this one); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing them
+once. The process holds a batch of rows and a few pieces, never the state, and the sha256 is taken
 piece by piece.
 A reader that goes away mid-stream rolls the transaction back: nothing is cached and the next reader
 assembles again.

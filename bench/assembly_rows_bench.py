@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-SECTION = "## First GET from all rows: the order from an index, and fetches that overlap the encoding"
+SECTION = "## First GET from all rows in-process: one checkout against another"
 STATE = "big"
 
 
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{med['wall']:.2f} s", f"{min(r['wall'] for r in got):.2f} s", f"{med['python_cpu']:.2f} s",
                          f"{med['postgres_cpu']:.2f} s", got[0]["sha256"][:12]])
     section = "\n".join([
+        SECTION, "",
         f"Command: `{command}`. Rounds: {rounds}. Load average before: {load_before}; after: "
         f"{common.load_average()}.", "",
         common.table(["code", "instances", "assembled", "wall (median)", "wall (fastest)", "Python CPU (median)",

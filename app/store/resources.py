@@ -8,7 +8,7 @@ from ``opencache`` when it holds the state's exact head, else from the table.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -335,10 +335,11 @@ def instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> lis
 
 
 def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int,
-                         between: Callable[[], None] | None = None) -> Iterator[AssemblyRow]:
+                         between: Callable[[], None] | None = None) -> Generator[AssemblyRow, None, None]:
     """The rows alive at ``serial`` in assembly order, with only the columns the assembly writes (binary
     results, the instance's text as bytes), from a cursor ``STREAM_BATCH`` rows at a time, so the caller
-    holds one batch rather than the state. The caller's transaction must stay open while it iterates.
+    holds one batch rather than the state. The caller's transaction must stay open while it iterates, and
+    the caller closes an iteration it leaves early before that transaction ends.
 
     The next batch's FETCH is sent, in pipeline mode, before this batch's rows are handed on, so Postgres
     writes the next batch while the caller encodes this one. Statements the caller runs on the connection

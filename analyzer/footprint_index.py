@@ -83,20 +83,26 @@ class FileIndex:
 def file_index(headers: Sequence[BlockHeader], complete: bool) -> FileIndex:
     """The index of one prescanned text (its headers and whether the scan was complete)."""
     bad = frozenset(i for i, h in enumerate(headers) if not labels_valid(h.type, h.labels))
+    names, repeats, collected = _placed(classify(h.type, h.labels) for i, h in enumerate(headers) if i not in bad)
+    packed = zlib.compress(json.dumps([[h.type, h.labels, h.line, h.start_pos, h.end_pos] for h in headers],
+                                      separators=(",", ":")).encode(), 1)
+    return FileIndex(complete, bad, names, repeats, collected, packed, tuple(headers))
+
+
+def _placed(kinds: Iterable[str | None]) -> tuple[dict[str, int], tuple[tuple[str, int], ...], tuple[int, ...]]:
+    """Where each position's ``classify`` result goes: the name's first declaration (``names``), a repeat of
+    it (``repeats``), or a block the footprint keeps whatever it names (``collected``)."""
     names: dict[str, int] = {}
     repeats: list[tuple[str, int]] = []
     collected: list[int] = []
-    for position, header in enumerate(h for i, h in enumerate(headers) if i not in bad):
-        kind = classify(header.type, header.labels)
+    for position, kind in enumerate(kinds):
         if kind == COLLECTED:
             collected.append(position)
         elif kind is not None and kind in names:
             repeats.append((kind, position))
         elif kind is not None:
             names[kind] = position
-    packed = zlib.compress(json.dumps([[h.type, h.labels, h.line, h.start_pos, h.end_pos] for h in headers],
-                                      separators=(",", ":")).encode(), 1)
-    return FileIndex(complete, bad, names, tuple(repeats), tuple(collected), packed, tuple(headers))
+    return names, tuple(repeats), tuple(collected)
 
 
 class DefinitionIndex(Generic[D]):
@@ -119,21 +125,11 @@ class DefinitionIndex(Generic[D]):
     def add_defs(self, path: str, definitions: Iterable[tuple[D, str | None]]) -> list[tuple[int, D]]:
         """Add a file whose definitions are made already, each with its ``classify`` result; the collected
         ones (position, definition)."""
-        defs: list[D | None] = []
-        names: dict[str, int] = {}
-        repeats: list[tuple[str, int]] = []
-        collected: list[tuple[int, D]] = []
-        for position, (definition, kind) in enumerate(definitions):
-            defs.append(definition)
-            if kind == COLLECTED:
-                collected.append((position, definition))
-            elif kind is not None and kind in names:
-                repeats.append((kind, position))
-            elif kind is not None:
-                names[kind] = position
-        self._defs[path] = defs
-        self._merge(path, names, tuple(repeats))
-        return collected
+        made = list(definitions)
+        names, repeats, collected = _placed(kind for _, kind in made)
+        self._defs[path] = [definition for definition, _ in made]
+        self._merge(path, names, repeats)
+        return [(position, made[position][0]) for position in collected]
 
     def add_index(self, path: str, index: FileIndex) -> list[tuple[BlockHeader, D]]:
         """Add a prescanned file by its index; its collected definitions (made now) with their headers."""

@@ -215,15 +215,19 @@ def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[s
         outputs = resources.outputs_of(conn, version_id=version.id)
         if principal.scopes is not None:  # a scoped token's slice holds only what its read scopes cover
             outputs = [o for o in outputs if scopes.can_read_output(principal.scopes, o.name)]
-        if lookup.everything:  # the whole state: streamed from the cursor, never all rows at once
-            rows: Iterable[InstanceRow | AssemblyRow] = resources.stream_assembly_rows(conn, state_id=row.id,
-                                                                                       serial=head)
-        else:
-            rows = sorted(_rows_under(conn, row.id, lookup), key=row_order)
+        # The whole state: streamed from the cursor, never all rows at once.
+        stream = resources.stream_assembly_rows(conn, state_id=row.id, serial=head) if lookup.everything else None
+        rows: Iterable[InstanceRow | AssemblyRow] = (
+            stream if stream is not None else sorted(_rows_under(conn, row.id, lookup), key=row_order))
         wanted = (i for i in rows if any(matches(g, i.address) for g in parsed)
                   and (principal.scopes is None or scopes.can_read(principal.scopes, i.address)))
-        return list(stream_state(serial=version.serial, lineage=version.lineage, plain_numbers=True,
-                                 terraform_version=version.terraform_version, instances=wanted, outputs=outputs))
+        try:
+            return list(stream_state(serial=version.serial, lineage=version.lineage, plain_numbers=True,
+                                     terraform_version=version.terraform_version, instances=wanted,
+                                     outputs=outputs))
+        finally:
+            if stream is not None:
+                stream.close()  # in this transaction, should the assembly fail: it ends its pipeline and cursor
 
 
 def edges_touching(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[tuple[str, str]]:

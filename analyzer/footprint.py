@@ -198,6 +198,9 @@ class _Footprinter(Checks):
 
     def run(self, trunk_edges: tuple[tuple[str, str], ...]) -> Footprint:
         selected_blocks = self._build_index()
+        # The addresses the duplicate checks and the closure ask for first, looked up in one pass over the index.
+        self.index.expect({a for b in selected_blocks
+                           for a in (b.address, *(r.address for r in b.references))})
         write_roots = [_Member(b) for b in selected_blocks if _is_write_root(b)]
         writes = {g for b in selected_blocks for g in self._owned_globs(b)} | set(self.deleted)
         self.outputs.update(b.labels[0] for b in selected_blocks if b.type == "output" and b.labels)

@@ -19,19 +19,25 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from analyzer.addresses import declared_address
 from analyzer.footprint_checks import NAMED, labels_valid
 from analyzer.prescan import BlockHeader
 
-__all__ = ["COLLECTED", "MIGRATIONS", "DefinitionIndex", "FileIndex", "classify", "file_index"]
+__all__ = ["COLLECTED", "MIGRATIONS", "Declared", "DefinitionIndex", "FileIndex", "classify", "file_index"]
 
 MIGRATIONS = frozenset({"moved", "removed", "import"})
 COLLECTED = "collected"  # classify(): the footprint keeps every such block, whatever it names
 
 D = TypeVar("D")
+# How ``Declared`` packs a file's names: the addresses joined by a character no address holds (a header's
+# labels never span lines), their positions as unsigned 32-bit integers.
+_SEPARATOR = "\n"
+_POSITIONS_TYPE = "I"
+_POSITIONS_ITEMSIZE = array(_POSITIONS_TYPE).itemsize
 
 
 def classify(type_: str, labels: tuple[str, ...]) -> str | None:
@@ -55,7 +61,7 @@ class FileIndex:
 
     __slots__ = ("_headers", "_kept", "_packed", "bad", "collected", "complete", "names", "repeats")
 
-    def __init__(self, complete: bool, bad: frozenset[int], names: dict[str, int],
+    def __init__(self, complete: bool, bad: frozenset[int], names: Mapping[str, int],
                  repeats: tuple[tuple[str, int], ...], collected: tuple[int, ...], packed: bytes,
                  headers: tuple[BlockHeader, ...] | None = None) -> None:
         self.complete, self.bad, self.names, self.repeats, self.collected = complete, bad, names, repeats, collected
@@ -77,26 +83,81 @@ class FileIndex:
         return self._kept
 
     def __reduce__(self) -> tuple[Callable[..., FileIndex], tuple[Any, ...]]:
-        return (FileIndex, (self.complete, self.bad, self.names, self.repeats, self.collected, self._packed))
+        return (FileIndex, (self.complete, self.bad, Declared.of(self.names), self.repeats, self.collected,
+                            self._packed))
+
+
+class Declared(Mapping[str, int]):
+    """A file's ``names`` as it pickles: the addresses joined into one string and their positions as one array,
+    so unpickling a cache of many files makes two objects per file, not two per declaration. Iterating it (what
+    ``DefinitionIndex.expect`` and a merge do) splits the string; a lookup by address makes the dictionary."""
+
+    __slots__ = ("_addresses", "_count", "_map", "_positions", "_split")
+
+    def __init__(self, addresses: str, positions: bytes) -> None:
+        self._addresses, self._positions = addresses, positions
+        self._count = len(positions) // _POSITIONS_ITEMSIZE
+        self._split: list[str] | None = None
+        self._map: dict[str, int] | None = None
+
+    @staticmethod
+    def of(names: Mapping[str, int]) -> Mapping[str, int]:
+        """``names`` packed, or as it is when already packed or when an address holds the separator."""
+        if isinstance(names, Declared) or any(_SEPARATOR in name for name in names):
+            return names
+        return Declared(_SEPARATOR.join(names), array(_POSITIONS_TYPE, names.values()).tobytes())
+
+    def _addresses_list(self) -> list[str]:
+        if self._split is None:
+            self._split = self._addresses.split(_SEPARATOR) if self._count else []
+        return self._split
+
+    def _mapping(self) -> dict[str, int]:
+        if self._map is None:
+            positions = array(_POSITIONS_TYPE)
+            positions.frombytes(self._positions)
+            self._map = dict(zip(self._addresses_list(), positions, strict=True))
+        return self._map
+
+    def __getitem__(self, address: str) -> int:
+        return self._mapping()[address]
+
+    def __contains__(self, address: object) -> bool:
+        return address in self._mapping()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map if self._map is not None else self._addresses_list())
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __reduce__(self) -> tuple[Callable[..., Declared], tuple[Any, ...]]:
+        return (Declared, (self._addresses, self._positions))
 
 
 def file_index(headers: Sequence[BlockHeader], complete: bool) -> FileIndex:
     """The index of one prescanned text (its headers and whether the scan was complete)."""
     bad = frozenset(i for i, h in enumerate(headers) if not labels_valid(h.type, h.labels))
+    names, repeats, collected = _placed(classify(h.type, h.labels) for i, h in enumerate(headers) if i not in bad)
+    packed = zlib.compress(json.dumps([[h.type, h.labels, h.line, h.start_pos, h.end_pos] for h in headers],
+                                      separators=(",", ":")).encode(), 1)
+    return FileIndex(complete, bad, names, repeats, collected, packed, tuple(headers))
+
+
+def _placed(kinds: Iterable[str | None]) -> tuple[dict[str, int], tuple[tuple[str, int], ...], tuple[int, ...]]:
+    """Where each position's ``classify`` result goes: the name's first declaration (``names``), a repeat of
+    it (``repeats``), or a block the footprint keeps whatever it names (``collected``)."""
     names: dict[str, int] = {}
     repeats: list[tuple[str, int]] = []
     collected: list[int] = []
-    for position, header in enumerate(h for i, h in enumerate(headers) if i not in bad):
-        kind = classify(header.type, header.labels)
+    for position, kind in enumerate(kinds):
         if kind == COLLECTED:
             collected.append(position)
         elif kind is not None and kind in names:
             repeats.append((kind, position))
         elif kind is not None:
             names[kind] = position
-    packed = zlib.compress(json.dumps([[h.type, h.labels, h.line, h.start_pos, h.end_pos] for h in headers],
-                                      separators=(",", ":")).encode(), 1)
-    return FileIndex(complete, bad, names, tuple(repeats), tuple(collected), packed, tuple(headers))
+    return names, tuple(repeats), tuple(collected)
 
 
 class DefinitionIndex(Generic[D]):
@@ -111,6 +172,8 @@ class DefinitionIndex(Generic[D]):
         # lookups have cost as much as the merge would (a few lookups over many files probe each file's table)
         self._merged: dict[str, list[str]] | None = None
         self._probes = 0       # file tables probed by lookups so far
+        # address -> the files declaring it, for the addresses ``expect`` looked up in one pass over the tables
+        self._found: dict[str, list[str]] = {}
         self._declared = 0     # declarations in the file tables (what a merge costs)
         self._names: dict[str, tuple[Mapping[str, int], tuple[tuple[str, int], ...]]] = {}
         self._defs: dict[str, list[D | None]] = {}
@@ -119,21 +182,11 @@ class DefinitionIndex(Generic[D]):
     def add_defs(self, path: str, definitions: Iterable[tuple[D, str | None]]) -> list[tuple[int, D]]:
         """Add a file whose definitions are made already, each with its ``classify`` result; the collected
         ones (position, definition)."""
-        defs: list[D | None] = []
-        names: dict[str, int] = {}
-        repeats: list[tuple[str, int]] = []
-        collected: list[tuple[int, D]] = []
-        for position, (definition, kind) in enumerate(definitions):
-            defs.append(definition)
-            if kind == COLLECTED:
-                collected.append((position, definition))
-            elif kind is not None and kind in names:
-                repeats.append((kind, position))
-            elif kind is not None:
-                names[kind] = position
-        self._defs[path] = defs
-        self._merge(path, names, tuple(repeats))
-        return collected
+        made = list(definitions)
+        names, repeats, collected = _placed(kind for _, kind in made)
+        self._defs[path] = [definition for definition, _ in made]
+        self._merge(path, names, repeats)
+        return [(position, made[position][0]) for position in collected]
 
     def add_index(self, path: str, index: FileIndex) -> list[tuple[BlockHeader, D]]:
         """Add a prescanned file by its index; its collected definitions (made now) with their headers."""
@@ -147,12 +200,32 @@ class DefinitionIndex(Generic[D]):
     def _merge(self, path: str, names: Mapping[str, int], repeats: tuple[tuple[str, int], ...]) -> None:
         self._names[path] = (names, repeats)
         self._declared += len(names)
+        if self._found:
+            for address in self._found.keys() & names.keys():
+                self._found[address].append(path)
         if self._merged is not None:
             for address in names:
                 self._merged.setdefault(address, []).append(path)
 
+    def expect(self, addresses: Iterable[str]) -> None:
+        """Look up ``addresses`` (the ones a footprint is about to ask for) in one pass over the file tables:
+        each table is intersected with all of them at once, so a lookup of one of them probes no table."""
+        if self._merged is not None:
+            return
+        wanted = {a for a in addresses if a not in self._found}
+        if not wanted:
+            return
+        found: dict[str, list[str]] = {a: [] for a in wanted}
+        for path, (names, _) in self._names.items():
+            if not wanted.isdisjoint(names):
+                for address in wanted.intersection(names):
+                    found[address].append(path)
+        self._found.update(found)
+
     def _files_of(self, address: str) -> list[str]:
         """The files declaring ``address``, in the order they were added."""
+        if self._merged is None and address in self._found:
+            return self._found[address]
         if self._merged is None and self._probes + len(self._names) > 2 * self._declared:
             merged: dict[str, list[str]] = {}
             for path, (names, _) in self._names.items():

@@ -290,5 +290,7 @@ def json_declarations(type_: str, entry: object) -> list[tuple[str, ...]]:
 
 def is_override_file(path: str) -> bool:
     """Whether Terraform treats the file as an override file (merged into blocks declared elsewhere)."""
+    if not path.endswith(("override.tf", "override.tf.json")):  # every override file's name ends so
+        return False
     name = posixpath.basename(path)
     return name in ("override.tf", "override.tf.json") or name.endswith(("_override.tf", "_override.tf.json"))

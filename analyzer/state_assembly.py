@@ -25,8 +25,9 @@ the instance's text (conservatively: a match inside a string only costs the ``js
 from __future__ import annotations
 
 import json
+import operator
 import re
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from analyzer.addresses import resource_address
@@ -241,7 +242,8 @@ class _Encoder:
 
     def __init__(self, *, ensure_ascii: bool, plain_numbers: bool) -> None:
         self.ensure_ascii = ensure_ascii
-        self.orders: dict[tuple[str, ...], tuple[str, ...]] = {}  # an instance's keys -> Terraform's order
+        # An instance's keys -> Terraform's order of them, and what reads its values in that order.
+        self.orders: dict[tuple[str, ...], tuple[tuple[str, ...], Callable[[dict[str, Any]], tuple[Any, ...]]]] = {}
         self.may_differ = None if orjson is None or ensure_ascii else (
             _MAY_DIFFER_PLAIN if plain_numbers else _MAY_DIFFER)
 
@@ -312,13 +314,23 @@ class _Encoder:
         if instance.get("index_key") != row.index_key or (instance.get("deposed") or "") != row.deposed:
             raise ValueError(f"{row.address}: instance_json disagrees with the row's index_key or deposed")
         keys = tuple(instance)
-        order = self.orders.get(keys)
-        if order is None:
+        known = self.orders.get(keys)
+        if known is None:
             order = tuple(f for f in _INSTANCE_FIELD_ORDER if f in instance) + tuple(
                 k for k in keys if k not in _INSTANCE_FIELDS)
+            known = (order, _values_in(order))
             if len(self.orders) < _ORDERS_KEPT:
-                self.orders[keys] = order
-        return dict(zip(order, map(instance.__getitem__, order), strict=True))
+                self.orders[keys] = known
+        order, values = known
+        return dict(zip(order, values(instance), strict=True))
+
+
+def _values_in(order: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """A function giving an object's values for the keys of ``order``, in that order, as one tuple (one C
+    call, where a lookup per key costs a Python call each)."""
+    if len(order) > 1:
+        return operator.itemgetter(*order)
+    return lambda instance: tuple(instance[key] for key in order)  # itemgetter of one key gives no tuple
 
 
 def _resource_head(row: InstanceRow | AssemblyRow, encoder: _Encoder) -> bytes:

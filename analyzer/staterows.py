@@ -27,7 +27,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, TypeVar
 
 from analyzer.addresses import (
     AddressError,
@@ -44,6 +44,8 @@ try:
     import orjson as orjson  # re-exported: analyzer.state reads whether it is there
 except ImportError:  # the json path below is complete on its own; orjson only makes it faster
     orjson = None  # type: ignore[assignment]
+
+T = TypeVar("T")
 
 STATE_VERSION = 4
 _SEND_V4 = "send a Terraform state file of format version 4 (what Terraform 0.12 and later write)"
@@ -225,26 +227,36 @@ def _load(raw: bytes, floats: _FloatCheck) -> dict[str, Any]:
     return doc
 
 
+def _usable_serial(value: object) -> TypeGuard[int]:
+    """A serial a state may carry: a non-negative integer (not a boolean, not a float)."""
+    return type(value) is int and value >= 0
+
+
+def _usable_lineage(value: object) -> TypeGuard[str]:
+    """A lineage a state may carry: a non-empty string."""
+    return isinstance(value, str) and bool(value)
+
+
+def _required(doc: dict[str, Any], key: str, usable: Callable[[object], TypeGuard[T]], what: str) -> T:
+    value = doc.get(key)
+    if not usable(value):
+        found = "missing" if value is None else f"{value!r}"
+        raise _invalid(f'the state\'s "{key}" must be {what}, but it is {found}')
+    return value
+
+
 def _serial(doc: dict[str, Any]) -> int:
-    serial = doc.get("serial")
-    if type(serial) is not int or serial < 0:
-        found = "missing" if serial is None else f"{serial!r}"
-        raise _invalid(f'the state\'s "serial" must be a non-negative integer, but it is {found}')
-    return serial
+    return _required(doc, "serial", _usable_serial, "a non-negative integer")
 
 
 def _lineage(doc: dict[str, Any]) -> str:
-    lineage = doc.get("lineage")
-    if not isinstance(lineage, str) or not lineage:
-        found = "missing" if lineage is None else f"{lineage!r}"
-        raise _invalid(f'the state\'s "lineage" must be a non-empty string, but it is {found}')
-    return lineage
+    return _required(doc, "lineage", _usable_lineage, "a non-empty string")
 
 
 def _parse_envelope(doc: dict[str, Any]) -> EncryptedState:
     serial = doc.get("serial")
     lineage = doc.get("lineage")
-    if type(serial) is not int or serial < 0 or not isinstance(lineage, str) or not lineage:
+    if not (_usable_serial(serial) and _usable_lineage(lineage)):
         raise StateFormatError(
             "the encrypted state envelope has no usable serial and lineage, so it cannot be stored safely; "
             "use an OpenTofu release that writes them beside encrypted_data, or send an unencrypted "

@@ -6,6 +6,8 @@ a temporary file with a unique name in the target's own directory (same filesyst
 atomic), is flushed to disk, and then replaces the target with ``os.replace``: a reader sees the old
 content or the new, never a mixture or a truncated file, and concurrent writers simply leave the last
 one's content. Readers still treat a missing or unreadable file as absent (another process may remove it).
+Where a whole step must not interleave (one Redis started for two processes, one git mirror fetched at a
+time), :func:`locked` holds an advisory lock on a lock file beside what the step touches.
 
 Must not: decide what is written or where; callers own their formats.
 """
@@ -13,8 +15,10 @@ Must not: decide what is written or where; callers own their formats.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -37,6 +41,19 @@ def write_bytes(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = T
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def locked(path: Path, *, shared: bool = False) -> Iterator[None]:
+    """Hold an advisory lock on the file ``path`` (created, with its directory, when missing) for the block:
+    exclusive, or ``shared`` with the other shared holders. The lock goes with the process if it dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def write_text(path: Path, text: str, *, mode: int = 0o600, durable: bool = True) -> None:

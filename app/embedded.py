@@ -13,7 +13,6 @@ talk to Postgres through a driver (both belong to ``app.store``), or read the pr
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import shutil
@@ -277,7 +276,7 @@ def start_embedded_redis(data_dir: Path) -> str:
     redis_dir = (data_dir / _REDIS_DIR).absolute()
     redis_dir.mkdir(parents=True, exist_ok=True)
     # Two processes starting at once (kl serve and a worker) must end up with one server.
-    with _file_lock(redis_dir / _REDIS_LOCKFILE):
+    with atomic.locked(redis_dir / _REDIS_LOCKFILE):
         url = _running_redis_url(redis_dir)
         if url is not None:
             _log.info("reusing embedded Redis in %s at %s", redis_dir, url)
@@ -292,7 +291,7 @@ def stop_embedded_redis(data_dir: Path) -> bool:
     redis_dir = (data_dir / _REDIS_DIR).absolute()
     if not redis_dir.is_dir():
         return False
-    with _file_lock(redis_dir / _REDIS_LOCKFILE):
+    with atomic.locked(redis_dir / _REDIS_LOCKFILE):
         url = _running_redis_url(redis_dir)
         pid = _read_pid(redis_dir / _REDIS_PIDFILE)
         if url is None or pid is None:
@@ -403,17 +402,6 @@ def _free_loopback_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _read_pid(path: Path) -> int | None:

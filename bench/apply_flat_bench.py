@@ -191,14 +191,18 @@ class ApplyBench:
 @contextmanager
 def baseline_server(baseline: Path | None) -> Iterator[None]:
     """While a baseline CLI runs, the server behaves as that code's did where it differs: the dependents lookup
-    (a plain query the planner may answer by scanning the table) and JIT compilation (on, Postgres's default,
-    in every transaction when that code's pool left it on)."""
+    (a plain query the planner may answer by scanning the table, or one that may read a whole state through the
+    state's btree) and JIT compilation (on, Postgres's default, in every transaction when that code's pool left
+    it on)."""
     if baseline is None:
         yield
         return
     with ExitStack() as stack:
-        if "def _dependents" not in (baseline / "app/store/graph.py").read_text():
+        graph_text = (baseline / "app/store/graph.py").read_text()
+        if "def _dependents" not in graph_text:
             stack.enter_context(_plain_dependents())
+        elif "state_id + 0" not in graph_text:
+            stack.enter_context(_dependents_by_state())
         if "jit" not in (baseline / "app/store/db.py").read_text():
             stack.enter_context(_jit_on())
         yield
@@ -216,6 +220,20 @@ def _plain_dependents() -> Iterator[None]:
         yield
     finally:
         graph._dependents = original  # type: ignore[assignment]
+
+
+@contextmanager
+def _dependents_by_state() -> Iterator[None]:
+    """The dependents lookup with the state as a possible index condition (the planner may then read every row
+    of a state through its btree)."""
+    original = graph._DEPENDENTS
+    if "r.state_id + 0 =" not in original:
+        raise BenchError("the dependents lookup no longer filters by r.state_id + 0: point the baseline shim at it")
+    graph._DEPENDENTS = original.replace("r.state_id + 0 =", "r.state_id =")
+    try:
+        yield
+    finally:
+        graph._DEPENDENTS = original
 
 
 @contextmanager
@@ -297,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"[{b.res.instances}] round {rep + 1}: baseline kl apply -f {b.once(baseline=True):.2f}s")
         if args.profile:
             benches[-1].once(profile=args.profile)
+        if not args.reps:  # only the warm-up applies (and the profile): nothing timed to report
+            return 0
         print(f"\nmachine: {os.cpu_count()} cores; command: .venv/bin/python -m bench.apply_flat_bench "
               f"{' '.join(argv or sys.argv[1:])}\n")
         if args.baseline is not None:

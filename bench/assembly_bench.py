@@ -6,7 +6,8 @@ For each size (50,000 and 200,000 instances by default) on a fresh database and 
 - POST a state of that many instances (``bench.states.counted_state``) and GET it: the raw GET floor, the
   stored bytes of a Terraform write;
 - make 12 one-instance commits through the engine lane, then GET: the first GET after commits, which
-  assembles the head from rows (and caches it); the server's RSS growth during it (``VmHWM`` after a reset);
+  assembles the head (and caches it): spliced from the POST's splice base once the server has built it, from
+  all rows with ``--no-splice-base``; the server's RSS growth during it (``VmHWM`` after a reset);
 - GET again: the cached GET;
 - make one more one-instance commit, then GET: the first GET spliced from the cached bytes of the
   version before and the changed rows.
@@ -124,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1,
                    help="time each GET this many times and keep the fastest (the first and the spliced GET "
                         "assemble again each time: the bench removes the head's cached bytes in between)")
+    p.add_argument("--no-splice-base", action="store_true",
+                   help="servers build no splice base after a large POST (KL_SPLICE_BASE_BYTES=0), so the first "
+                        "GET after commits is assembled from all rows rather than spliced from the POST's base")
     args = p.parse_args(argv)
     out, command = common.start_run(args, "assembly_bench", argv)
+    if args.no_splice_base:
+        os.environ["KL_SPLICE_BASE_BYTES"] = "0"  # the servers inherit the environment
     sizes = [20_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     load_before = common.load_average()
     results = []

@@ -117,7 +117,10 @@ def app(settings: Settings):  # type: ignore[no-untyped-def]
 
     application = create_app(settings)
     yield application
-    application.extensions["kilolock"].db.close()
+    services = application.extensions["kilolock"]
+    if services.upkeep is not None:
+        services.upkeep.stop()  # a bulk write's refresh runs on its own thread: let it finish first
+    services.db.close()
 
 
 @pytest.fixture

@@ -16,9 +16,10 @@ commits run alongside.
 The assembly streams: rows come from a server-side cursor in the state's order, with only the columns
 the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows``),
 ``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each piece goes to the
-reader and into a temporary table on the same connection as it comes (``CacheWriter``, stored
-uncompressed); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing
-them once. The process holds a batch of rows and a few pieces, never the state, and the sha256 is taken
+reader as it comes and into a temporary table on the same connection between row fetches (``CacheWriter``,
+stored uncompressed; the next batch's FETCH is pipelined, so Postgres writes it while the caller encodes
+this one); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing them
+once. The process holds a batch of rows and a few pieces, never the state, and the sha256 is taken
 piece by piece.
 A reader that goes away mid-stream rolls the transaction back: nothing is cached and the next reader
 assembles again.
@@ -273,11 +274,11 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
         found.size = sum(part[1] - part[0] if isinstance(part, tuple) else len(part) for part in spliced.parts)
         yield from _write_spliced(conn, version_id, spliced, found, cache=not pruned)
         return
-    text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
     if source != "apply" or pruned:
-        yield from text
+        yield from from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
         return
-    writer = CacheWriter(conn)
+    writer = CacheWriter(conn, held=True)
+    text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs, between=writer.flush_due)
     try:
         for piece in text:
             writer.add(piece)
@@ -343,11 +344,12 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
 
 
 def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
-              outputs: list[OutputRow]) -> Generator[bytes, None, None]:
-    """The state at ``serial`` assembled from all its rows, as pieces."""
+              outputs: list[OutputRow], between: Callable[[], None] | None = None) -> Generator[bytes, None, None]:
+    """The state at ``serial`` assembled from all its rows, as pieces; ``between`` runs between the row
+    fetches (``resources.stream_assembly_rows``), where a ``CacheWriter(held=True)`` writes its pieces."""
     return stream_state(
         serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs, plain_numbers=True,
-        instances=resources.stream_assembly_rows(conn, state_id=state_id, serial=serial),
+        instances=resources.stream_assembly_rows(conn, state_id=state_id, serial=serial, between=between),
     )
 
 
@@ -421,10 +423,13 @@ def _base_bytes(conn: psycopg.Connection, base_id: int, size: int, *, stored_bas
 
 
 class CacheWriter:
-    """Pieces of an assembly into the session's temporary table as they come, then into ``raw_state``."""
+    """Pieces of an assembly into the session's temporary table as they come, then into ``raw_state``.
+    ``held``: the pieces wait for ``flush_due`` (the assembly's row fetches, pipelined, leave the
+    connection to a COPY only between them)."""
 
-    def __init__(self, conn: psycopg.Connection) -> None:
+    def __init__(self, conn: psycopg.Connection, *, held: bool = False) -> None:
         self._conn = conn
+        self._held = held
         self._digest = hashlib.sha256()
         self._size = 0
         self._seq = 0
@@ -453,6 +458,11 @@ class CacheWriter:
             self._size += len(row[0])
         self._pending.append(row)
         self._pending_bytes += weight
+        if not self._held:
+            self.flush_due()
+
+    def flush_due(self) -> None:
+        """Send the pieces once they add up to ``_FLUSH_BYTES``."""
         if self._pending_bytes >= _FLUSH_BYTES:
             self._flush()
 

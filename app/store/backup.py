@@ -77,6 +77,8 @@ SELECT c.conrelid::regclass::text, c.confrelid::regclass::text FROM pg_constrain
  WHERE c.contype = 'f' AND NOT c.condeferrable AND c.conrelid <> c.confrelid
    AND c.connamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
 """
+# References a trigger checks at once, as such a foreign key would (``resources.state_id``, migration 0028).
+_CHECKED_BY_TRIGGERS = (("resources", "states"),)
 _SCHEMA_VERSION = "SELECT COALESCE(max(version), 0) FROM schema_migrations"
 _SERIALS = """
 SELECT a.attname, pg_get_serial_sequence(%s, a.attname) FROM pg_attribute a
@@ -323,10 +325,11 @@ def _refuse_if_holding_data(conn: psycopg.Connection, present: set[str]) -> None
 
 
 def _load_order(conn: psycopg.Connection) -> list[str]:
-    """Every table, each after the tables its immediately-checked foreign keys point at."""
+    """Every table, each after the tables its immediately-checked foreign keys (and the references triggers
+    check at once) point at."""
     names = sorted(_tables(conn))
     needs: dict[str, set[str]] = {name: set() for name in names}
-    for child, parent in conn.execute(_REFERENCES).fetchall():
+    for child, parent in [*conn.execute(_REFERENCES).fetchall(), *_CHECKED_BY_TRIGGERS]:
         if child in needs and parent in needs:
             needs[child].add(parent)
     ordered: list[str] = []

@@ -139,9 +139,11 @@ CROSS JOIN LATERAL (
       AND x.address ~>=~ p.prefix AND x.address ~<~ (p.prefix || chr(1114111)) OFFSET 0
 ) r
 """
+# ``state_id + 0``: the state is a filter on the rows the GIN index finds, never an index condition of its own
+# (through the state's btree the lookup would read every row of the state; see ``_dependents``).
 _DEPENDENTS = """
 SELECT r.address, r.dependencies FROM resources r
-WHERE r.state_id = %(state)s AND r.delete_serial IS NULL AND r.dependencies && %(names)s::text[]
+WHERE r.state_id + 0 = %(state)s AND r.delete_serial IS NULL AND r.dependencies && %(names)s::text[]
 """
 _DEPENDENTS_BY_PREFIX = """
 SELECT r.address, r.dependencies FROM resources r
@@ -213,15 +215,19 @@ def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[s
         outputs = resources.outputs_of(conn, version_id=version.id)
         if principal.scopes is not None:  # a scoped token's slice holds only what its read scopes cover
             outputs = [o for o in outputs if scopes.can_read_output(principal.scopes, o.name)]
-        if lookup.everything:  # the whole state: streamed from the cursor, never all rows at once
-            rows: Iterable[InstanceRow | AssemblyRow] = resources.stream_assembly_rows(conn, state_id=row.id,
-                                                                                       serial=head)
-        else:
-            rows = sorted(_rows_under(conn, row.id, lookup), key=row_order)
+        # The whole state: streamed from the cursor, never all rows at once.
+        stream = resources.stream_assembly_rows(conn, state_id=row.id, serial=head) if lookup.everything else None
+        rows: Iterable[InstanceRow | AssemblyRow] = (
+            stream if stream is not None else sorted(_rows_under(conn, row.id, lookup), key=row_order))
         wanted = (i for i in rows if any(matches(g, i.address) for g in parsed)
                   and (principal.scopes is None or scopes.can_read(principal.scopes, i.address)))
-        return list(stream_state(serial=version.serial, lineage=version.lineage, plain_numbers=True,
-                                 terraform_version=version.terraform_version, instances=wanted, outputs=outputs))
+        try:
+            return list(stream_state(serial=version.serial, lineage=version.lineage, plain_numbers=True,
+                                     terraform_version=version.terraform_version, instances=wanted,
+                                     outputs=outputs))
+        finally:
+            if stream is not None:
+                stream.close()  # in this transaction, should the assembly fail: it ends its pipeline and cursor
 
 
 def edges_touching(db: Database, principal: Principal, name: str, globs: Sequence[str]) -> list[tuple[str, str]]:
@@ -264,8 +270,10 @@ def _dependents(conn: psycopg.Connection, state_id: int, names: list[str]) -> li
     """The live rows whose dependencies name any of ``names``, through the GIN index on dependencies. The
     planner estimates ``&&`` against a long array as matching a large share of the table and would scan every
     row of every state instead (its cost then follows the table, not the answer); the index lookup costs one
-    probe per name. The setting is local to the transaction and restored right after (a failed query aborts
-    the transaction, which discards it)."""
+    probe per name. With sequential scans off it would still read every row of a state that holds a small
+    share of the table through the btree on ``state_id`` (a bitmap of the whole state, each row rechecked),
+    which the query's ``state_id + 0`` rules out. The setting is local to the transaction and restored right
+    after (a failed query aborts the transaction, which discards it)."""
     conn.execute("SET LOCAL enable_seqscan = off")
     rows = list(conn.execute(_DEPENDENTS, {"state": state_id, "names": names}).fetchall())
     conn.execute("SET LOCAL enable_seqscan = on")

@@ -8,7 +8,7 @@ from ``opencache`` when it holds the state's exact head, else from the table.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +126,8 @@ FROM (SELECT module, mode, type, name, address, index_key, deposed, provider, in
                deposed COLLATE "C"
       OFFSET 0) AS sorted
 """
+_DECLARE_ASSEMBLY = f"DECLARE kl_assembly_rows NO SCROLL CURSOR FOR {_STREAM_FOR_ASSEMBLY}"
+_CLOSE_ASSEMBLY = "CLOSE kl_assembly_rows"
 # The instance objects whose rows opened or closed after one serial, up to another.
 _CHANGED_BETWEEN = """
 SELECT DISTINCT address, deposed, module, mode, type, name, index_key FROM resources
@@ -332,19 +334,36 @@ def instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> lis
     return [instance_row(r) for r in rows]
 
 
-def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int) -> Iterator[AssemblyRow]:
+def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int,
+                         between: Callable[[], None] | None = None) -> Generator[AssemblyRow, None, None]:
     """The rows alive at ``serial`` in assembly order, with only the columns the assembly writes (binary
-    results, the instance's text as bytes), from a server-side cursor ``STREAM_BATCH`` rows at a time, so
-    the caller holds one batch rather than the state. The caller's transaction must stay open while it
-    iterates; other statements may run on the connection between rows."""
-    with conn.cursor("kl_assembly_rows", binary=True) as cur:
-        cur.itersize = STREAM_BATCH
-        cur.execute(_STREAM_FOR_ASSEMBLY.encode(), {"state_id": state_id, "serial": serial})
-        new = tuple.__new__  # AssemblyRow._make without its length check: the query gives nine columns
-        while batch := cur.fetchmany(STREAM_BATCH):
-            for module, mode, type_, name, address, key_text, key_type, deposed, provider, instance in batch:
-                key = key_text if key_type == "string" else _index_key(key_text, key_type)
-                yield new(AssemblyRow, (module, mode, type_, name, address, key, deposed, provider, instance))
+    results, the instance's text as bytes), from a cursor ``STREAM_BATCH`` rows at a time, so the caller
+    holds one batch rather than the state. The caller's transaction must stay open while it iterates, and
+    the caller closes an iteration it leaves early before that transaction ends.
+
+    The next batch's FETCH is sent, in pipeline mode, before this batch's rows are handed on, so Postgres
+    writes the next batch while the caller encodes this one. Statements the caller runs on the connection
+    between rows queue behind that FETCH (a statement whose result it reads waits for it); COPY, which a
+    pipeline refuses, belongs in ``between``, called before each FETCH is sent, with none in flight."""
+    conn.execute(_DECLARE_ASSEMBLY.encode(), {"state_id": state_id, "serial": serial})
+    fetch = f"FETCH {STREAM_BATCH} FROM kl_assembly_rows".encode()
+    new = tuple.__new__  # AssemblyRow._make without its length check: the query gives nine columns
+    try:
+        batch = conn.cursor(binary=True).execute(fetch).fetchall()
+        while batch:
+            if between is not None:
+                between()
+            with conn.pipeline():
+                ahead = conn.cursor(binary=True).execute(fetch)
+                for module, mode, type_, name, address, key_text, key_type, deposed, provider, instance in batch:
+                    key = key_text if key_type == "string" else _index_key(key_text, key_type)
+                    yield new(AssemblyRow, (module, mode, type_, name, address, key, deposed, provider, instance))
+                batch = ahead.fetchall()
+    finally:
+        # Closed in the transaction that declared it, so a second stream in it can declare it again; a
+        # failed transaction has closed it already.
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            conn.execute(_CLOSE_ASSEMBLY)
 
 
 def _index_key(text: str | None, json_type: str | None) -> Any:

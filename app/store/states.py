@@ -113,9 +113,14 @@ class VersionRef:
 
 
 def locked_row(conn: psycopg.Connection, principal: Principal, name: str, *, create: bool) -> StateRow | None:
-    if create:
-        conn.execute(_ENSURE, (principal.tenant_id, principal.scope, name))
-    return lock_row_read(conn, principal, name).fetchone()
+    """The state's row, locked ``FOR UPDATE``; with ``create``, created first when missing (again when a
+    concurrent deletion commits between the two statements)."""
+    while True:
+        if create:
+            conn.execute(_ENSURE, (principal.tenant_id, principal.scope, name))
+        row = lock_row_read(conn, principal, name).fetchone()
+        if row is not None or not create:
+            return row
 
 
 def lock_row_read(conn: psycopg.Connection, principal: Principal, name: str) -> psycopg.Cursor[StateRow]:
@@ -206,9 +211,13 @@ def write_state(
     *,
     lock_id: str | None,
     source: str = "http",
+    after_bulk: Callable[[], None] | None = None,
 ) -> WriteResult:
     """Store a whole-state write as a new version and project it into resource rows.
 
+    A write that opens ``BULK_ROWS`` rows or more then refreshes the statistics (``refresh_statistics``)
+    after its commit, or, given ``after_bulk``, calls that instead to have them refreshed elsewhere (the
+    server's background upkeep, ``app.web.upkeep``).
     A byte-identical replay of the head is a no-op success (clients retry POSTs on 5xx).
     Raises StateLockedError (423), SerialConflictError (409) or InvalidStateError (400); a
     rejected write changes nothing.
@@ -265,7 +274,10 @@ def write_state(
         with db.transaction() as conn:
             history.record_changed_names_after_commit(conn, state_id=row.id, serial=parsed.serial, keys=changed)
     if opened >= BULK_ROWS:
-        refresh_statistics(db)
+        if after_bulk is None:
+            refresh_statistics(db)
+        else:
+            after_bulk()
     return result
 
 

@@ -193,10 +193,7 @@ def create_token(
         principal = Principal(tenant_id=tenant.id, actor=actor, scope=f"{workspace_row[1]}/{env_row[1]}")
         events.record(conn, principal, "token_create", state_id=None, state_name="", token_id=public_id,
                       token_name=name, environment=environment, workspace=workspace, scopes=scope_texts)
-        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
-            info = cur.execute(_TOKEN, (tenant.id, public_id)).fetchone()
-    assert info is not None
-    return secret, info
+        return secret, _token_of(conn, tenant.id, slug, public_id)
 
 
 def list_tokens(db: Database, slug: str) -> list[TokenInfo]:
@@ -228,10 +225,7 @@ def revoke_token(db: Database, slug: str, token_id: str, *, actor: str) -> Token
             events.record(conn, Principal(tenant_id=tenant.id, actor=actor, scope=f"{info.workspace_id}/"
                                           f"{info.environment_id}"),
                           "token_revoke", state_id=None, state_name="", token_id=token_id, token_name=info.name)
-        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
-            updated = cur.execute(_TOKEN, (tenant.id, token_id)).fetchone()
-    assert updated is not None
-    return updated
+        return _token_of(conn, tenant.id, slug, token_id)
 
 
 def set_token_scopes(db: Database, slug: str, token_id: str, scopes: object, *, actor: str) -> TokenInfo:
@@ -246,10 +240,7 @@ def set_token_scopes(db: Database, slug: str, token_id: str, scopes: object, *, 
                                       scope=f"{info.workspace_id}/{info.environment_id}"),
                       "token_scopes", state_id=None, state_name="", token_id=token_id, token_name=info.name,
                       before=list(info.scopes), after=scope_texts)
-        with conn.cursor(row_factory=class_row(TokenInfo)) as cur:
-            updated = cur.execute(_TOKEN, (tenant.id, token_id)).fetchone()
-    assert updated is not None
-    return updated
+        return _token_of(conn, tenant.id, slug, token_id)
 
 
 def authenticate(db: Database, secret: str) -> AuthenticatedToken | None:

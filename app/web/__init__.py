@@ -39,6 +39,7 @@ from app.web import (
     runs,
     splicebases,
     ui,
+    upkeep,
     webhook,
 )
 from app.web.context import Services, services
@@ -116,7 +117,8 @@ def create_app(settings: Settings | None = None, *, lanes: str = "all") -> Flask
     inputs.init_app(app, settings)
     db = Database(url, pool_size=settings.db_pool_size)
     app.extensions["kilolock"] = Services(settings=settings, db=db,
-                                          splice_bases=splicebases.Builder(db) if settings.splice_base_bytes else None)
+                                          splice_bases=splicebases.Builder(db) if settings.splice_base_bytes else None,
+                                          upkeep=upkeep.Upkeep(db))
     errors.register(app)
     exposure.init_app(app, settings)  # open mode answers loopback clients only, unless opted in
     # Metrics for every lane; /metrics and the dashboard (/ui/) with the public lanes.

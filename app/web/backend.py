@@ -7,6 +7,7 @@ never logged. Lock and unlock bodies are small documents and are checked like ev
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from flask import Blueprint, Response, request, stream_with_context
@@ -78,10 +79,18 @@ def state(name: str) -> Response:
         return response
     if request.method == "POST":
         # The body is passed on, not kept here: the store frees it once its bytes are stored.
-        written = states.write_state(db, who, name, inputs.read_body(), lock_id=lock_id)
+        # A bulk write's statistics refresh runs after the answer, on this process's upkeep thread.
+        upkeep = services().upkeep
+        written = states.write_state(db, who, name, inputs.read_body(), lock_id=lock_id,
+                                     after_bulk=None if upkeep is None else upkeep.request)
         builder, threshold = services().splice_bases, services().settings.splice_base_bytes
         if builder is not None and written.version_id and not written.encrypted and written.size >= threshold:
-            builder.submit(written.version_id)  # its splice base, built off this request (app.web.splicebases)
+            # Its splice base, built off this request (app.web.splicebases), after the statistics refresh.
+            submit = functools.partial(builder.submit, written.version_id)
+            if upkeep is None:
+                submit()
+            else:
+                upkeep.then(submit)
         return _ok()
     if request.method == "DELETE":
         states.delete_state(db, who, name, lock_id=lock_id)

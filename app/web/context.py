@@ -11,6 +11,7 @@ from app.domain.principal import Principal
 from app.store import Database
 from app.web.auth import authenticate, resolve_state_path
 from app.web.splicebases import Builder
+from app.web.upkeep import Upkeep
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,7 @@ class Services:
     settings: Settings
     db: Database
     splice_bases: Builder | None = None  # None: KL_SPLICE_BASE_BYTES is 0
+    upkeep: Upkeep | None = None  # None: bulk writes refresh the statistics before they answer
 
 
 def services() -> Services:

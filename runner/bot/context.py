@@ -71,16 +71,23 @@ class Context:
         queue.enqueue(self.redis, args, job_id=jid, timeout=self.settings.job_timeout)
 
 
+def services(settings: Settings, needs: str) -> tuple[Redis, Database]:
+    """The running job's Redis connection (outside RQ, KL_REDIS_URL's) and a small pool on KL_DATABASE_URL,
+    which a job must have because it ``needs`` it; the caller closes the pool."""
+    if not settings.database_url:
+        raise RuntimeError(f"KL_DATABASE_URL is not set: {needs}")
+    current = get_current_job()
+    redis = current.connection if current is not None else queue.connect(settings.redis_url or "redis://")
+    return redis, Database(settings.database_url, pool_size=2)
+
+
 @contextmanager
 def opened(args: JobArgs, *parts: str | int) -> Iterator[Context]:
     """The context of the job running now (its RQ id; outside RQ, the id ``parts`` derive)."""
     settings = current_settings()
-    if not settings.database_url:
-        raise RuntimeError("KL_DATABASE_URL is not set: bot jobs store their outcome in Postgres")
-    current = get_current_job()
-    redis = current.connection if current is not None else queue.connect(settings.redis_url or "redis://")
+    redis, db = services(settings, "bot jobs store their outcome in Postgres")
     _let_children_take_sigint()
-    db = Database(settings.database_url, pool_size=2)
+    current = get_current_job()
     jid = current.id if current is not None else job_id(args.kind, args.subject().repo, *parts)
     ctx = Context(settings, db, redis, jid, flow.Workbench.for_settings(settings),
                   last_attempt=current is None or not current.retries_left)

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from rq import Queue, Worker, get_current_job
+from rq import Worker
 
 from app import queue
 from app.config import Settings
@@ -46,7 +46,6 @@ from app.domain.jobs import (
     ReviewArgs,
 )
 from app.domain.redaction import redact_logs
-from app.store import Database
 from app.store import bot as store
 from app.store.bot import BotJob, JobStatus
 from runner.bot import drift_schedule, flow, merges, outgoing, pr_holds, pulls, render
@@ -59,6 +58,7 @@ from runner.bot.context import (
     configure,
     current_settings,
     opened,
+    services,
 )
 from runner.bot.github import GitHubError
 from runner.bot.results import JobResult, footprint_of, result_of
@@ -173,10 +173,8 @@ def work(settings: Settings, *, burst: bool = False, name: str | None = None, wi
     # Logs never carry the worker's secrets, nor token shapes or Terraform's values from a job's output.
     redact_logs(flow.Workbench.for_settings(settings).redactor)
     redis = queue.connect(settings.redis_url or "redis://")
-    serializer = "rq.serializers.JSONSerializer"
-    rq_queue = Queue(queue.QUEUE_NAME, connection=redis, serializer=serializer)
     # An idle worker wakes from its blocking dequeue every worker_ttl - 15 seconds, and only then runs the check.
-    worker = Worker([rq_queue], connection=redis, serializer=serializer, name=name,
+    worker = Worker([queue.open_queue(redis)], connection=redis, serializer=queue.SERIALIZER, name=name,
                     maintenance_interval=SCHEDULER_TAKEOVER_SECONDS, worker_ttl=SCHEDULER_TAKEOVER_SECONDS + 15)
     if with_scheduler:  # the drift schedule: one tick stays scheduled (runner.bot.drift_schedule)
         drift_schedule.schedule_tick(redis, settings.job_timeout, time.time())
@@ -256,11 +254,7 @@ def drift_check(repo: str, project: str, window: int, sha: str, branch: str) -> 
 def events_tick(at: int) -> str:
     """Deliver pending outgoing events to every endpoint and schedule the next tick (docs/events.md)."""
     settings = current_settings()
-    if not settings.database_url:
-        raise RuntimeError("KL_DATABASE_URL is not set: events are read from Postgres")
-    current = get_current_job()
-    redis = current.connection if current is not None else queue.connect(settings.redis_url or "redis://")
-    db = Database(settings.database_url, pool_size=2)
+    redis, db = services(settings, "events are read from Postgres")
     try:
         done = outgoing.tick(db, redis, schedule=settings.event_retry_seconds,
                              timeout=settings.event_timeout_seconds, every=settings.event_poll_seconds)
@@ -273,10 +267,7 @@ def rerun_check(repo: str, external_id: str, head_sha: str) -> str:
     """A ``kilolock/*`` check run was re-requested: forget the stored outcome of the job its
     ``external_id`` names and run that job again, with the arguments its row kept."""
     settings = current_settings()
-    assert settings.database_url
-    db = Database(settings.database_url, pool_size=2)
-    current = get_current_job()
-    redis = current.connection if current is not None else queue.connect(settings.redis_url or "redis://")
+    redis, db = services(settings, "bot jobs store their outcome in Postgres")
     try:
         row = store.get_job(db, external_id)
         if row is None or row.repo != repo:

@@ -92,7 +92,15 @@ def read_tf(directory: Path) -> dict[str, str]:
     with os.scandir(directory) as entries:
         names = sorted(e.name for e in entries if e.name.endswith((".tf", ".tf.json")) and e.name != OVERRIDE_NAME
                        and e.is_file())
-    return {name: (directory / name).read_text(encoding="utf-8", errors="surrogateescape") for name in names}
+    # Read as bytes and decoded once, without a text stream per file: the same text as ``read_text(encoding=
+    # "utf-8", errors="surrogateescape")``, universal newlines included (``\r\n`` and a lone ``\r`` become ``\n``).
+    base = os.fspath(directory)
+    texts: dict[str, str] = {}
+    for name in names:
+        with open(os.path.join(base, name), "rb") as handle:
+            text = handle.read().decode("utf-8", "surrogateescape")
+        texts[name] = text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+    return texts
 
 
 def read_tf_files(config_dir: Path) -> dict[str, str]:

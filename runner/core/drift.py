@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -125,18 +126,26 @@ def _drifted(plan: dict[str, Any], scope: Scope) -> tuple[DriftedInstance, ...]:
         raise Failed(f"cannot read Terraform's refresh-only plan: {exc}") from exc
 
 
+@contextmanager
+def _scratch(run: ApplyRun, kind: str, what: str) -> Iterator[Path]:
+    """A directory for the run's Terraform work, removed when the block ends; a failure in the block closes
+    the run as failed (``what`` failed: why) before it goes on."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"kl-{kind}-{run.id}-"))
+    try:
+        yield tmp
+    except BaseException as exc:
+        run.close_failed(f"{what} failed: {exc}")
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def check_drift(client: EngineClient, ctx: TerraformContext, request: DriftRequest) -> DriftResult:
     """kl drift: the refresh-only plan under read reservations, the report stored; the trunk is untouched."""
     scope = resolve_scope(client, request)
     run, chosen = _open(client, request, scope, write=False, kind="drift")
-    tmp = Path(tempfile.mkdtemp(prefix=f"kl-drift-{run.id}-"))
-    try:
+    with _scratch(run, "drift", "drift check") as tmp:
         plan = refresh_plan(ctx, _workspace(request, scope, chosen, tmp / "ws"), slice_targets(scope, chosen.addresses))
-    except BaseException as exc:
-        run.close_failed(f"drift check failed: {exc}")
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     run.close(RunStatus.ABORTED, "drift check (read only): reservations released")
     result = DriftResult(request.state, chosen.serial, _checked_count(chosen, scope), scope.checked,
                          _drifted(plan, scope), run.id)
@@ -176,15 +185,8 @@ def refresh(client: EngineClient, ctx: TerraformContext, request: DriftRequest, 
         ctx.echo(f"  write {glob}")
     for glob in scope.read:
         ctx.echo(f"  read  {glob}")
-    tmp = Path(tempfile.mkdtemp(prefix=f"kl-refresh-{run.id}-"))
-    try:
-        with run.heartbeat(request.lease_seconds, ctx.echo) as heartbeat:
-            return _refresh_run(client, ctx, request, scope, chosen, run, tmp, heartbeat, dry_run)
-    except BaseException as exc:
-        run.close_failed(f"refresh failed: {exc}")
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _scratch(run, "refresh", "refresh") as tmp, run.heartbeat(request.lease_seconds, ctx.echo) as heartbeat:
+        return _refresh_run(client, ctx, request, scope, chosen, run, tmp, heartbeat, dry_run)
 
 
 def _refresh_run(client: EngineClient, ctx: TerraformContext, request: DriftRequest, scope: Scope, chosen: Snapshot,

@@ -209,32 +209,42 @@ class EngineClient:
     def _state_path(self, state: str) -> str:
         return "/states/" + quote(state, safe="/")
 
-    def _get(self, path: str, params: dict[str, Any] | None = None) -> requests.Response:
+    def _read(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+              body: dict[str, Any] | None = None) -> requests.Response:
+        """A read (retried like Terraform's backend client); an error answer raises as EngineError."""
         try:
-            response = self._reads.get(self._url(path), params=params, timeout=self.timeout)
+            response = self._reads.request(method, self._url(path), params=params, json=body, timeout=self.timeout)
         except requests.ConnectionError as exc:
             raise self._unreachable() from exc
         if response.status_code >= 400:
             self._decode(response)
         return response
 
+    def _get(self, path: str, params: dict[str, Any] | None = None) -> requests.Response:
+        return self._read("GET", path, params=params)
+
+    def _get_json(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        answer: dict[str, Any] = self._get(path, params).json()
+        return answer
+
+    def _get_list(self, path: str, key: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The list a read answers under ``key`` (``{"states": [...]}``)."""
+        items: list[dict[str, Any]] = self._get_json(path, params)[key]
+        return items
+
     def _unreachable(self) -> EngineError:
         return EngineError(f"cannot reach Kilolock at {self.config.base_url}: is the server running (kl serve)?",
                            status=0, code=EngineCode.UNREACHABLE)
 
     def list_states(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._get("/states").json()["states"]
-        return result
+        return self._get_list("/states", "states")
 
     def list_resources(self, state: str, *, serial: int | None = None, prefix: str | None = None) -> dict[str, Any]:
         params = {k: v for k, v in {"serial": serial, "prefix": prefix}.items() if v is not None}
-        result: dict[str, Any] = self._get(self._state_path(state) + "/resources", params).json()
-        return result
+        return self._get_json(self._state_path(state) + "/resources", params)
 
     def history(self, state: str, address: str) -> list[dict[str, Any]]:
-        body = self._get(self._state_path(state) + "/history", {"address": address}).json()
-        result: list[dict[str, Any]] = body["lifecycles"]
-        return result
+        return self._get_list(self._state_path(state) + "/history", "lifecycles", {"address": address})
 
     def blame(self, state: str, glob: str, *, after: str = "", limit: int = 100,
               changes: int = 20) -> dict[str, Any]:
@@ -242,13 +252,11 @@ class EngineClient:
         params: dict[str, Any] = {"glob": glob, "limit": limit, "changes": changes}
         if after:
             params["after"] = after
-        result: dict[str, Any] = self._get(self._state_path(state) + "/history", params).json()
-        return result
+        return self._get_json(self._state_path(state) + "/history", params)
 
     def dependencies(self, state: str, *, serial: int | None = None) -> list[dict[str, Any]]:
         params = {"serial": serial} if serial is not None else None
-        result: list[dict[str, Any]] = self._get(self._state_path(state) + "/dependencies", params).json()["edges"]
-        return result
+        return self._get_list(self._state_path(state) + "/dependencies", "edges", params)
 
     def assembled(self, state: str, *, serial: int | None = None) -> bytes:
         params = {"serial": serial} if serial is not None else None
@@ -350,13 +358,11 @@ class EngineClient:
     def list_runs(self, state: str | None = None, *, status: str | None = None,
                   limit: int | None = None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {k: v for k, v in {"state": state, "status": status, "limit": limit}.items() if v}
-        result: list[dict[str, Any]] = self._get("/runs", params).json()["runs"]
-        return result
+        return self._get_list("/runs", "runs", params)
 
     def list_reservations(self, state: str | None = None) -> list[dict[str, Any]]:
         params = {"state": state} if state else None
-        result: list[dict[str, Any]] = self._get("/reservations", params).json()["reservations"]
-        return result
+        return self._get_list("/reservations", "reservations", params)
 
     def take_hold(self, state: str, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self._post(self._state_path(state) + "/holds", body)["hold"]
@@ -364,8 +370,7 @@ class EngineClient:
 
     def list_holds(self, state: str | None = None) -> list[dict[str, Any]]:
         params = {"state": state} if state else None
-        result: list[dict[str, Any]] = self._get("/holds", params).json()["holds"]
-        return result
+        return self._get_list("/holds", "holds", params)
 
     def release_hold(self, hold_id: str) -> dict[str, Any]:
         try:
@@ -377,8 +382,7 @@ class EngineClient:
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """The run's whole answer, as ``kl runs show`` prints it (``run`` is the typed view kl acts on)."""
-        result: dict[str, Any] = self._get(f"/runs/{quote(run_id)}").json()
-        return result
+        return self._get_json(f"/runs/{quote(run_id)}")
 
     def run(self, run_id: str) -> Run:
         return parse_answer(RunAnswer, self.get_run(run_id), "a run read").run
@@ -389,9 +393,7 @@ class EngineClient:
 
     def list_events(self, state: str, *, limit: int = 1000) -> list[dict[str, Any]]:
         """The state's newest audit events, newest first."""
-        result: list[dict[str, Any]] = self._get(self._state_path(state) + "/events",
-                                                 {"limit": limit}).json()["events"]
-        return result
+        return self._get_list(self._state_path(state) + "/events", "events", {"limit": limit})
 
     def open_run(
         self, state: str, *, actor: str, reservations: Sequence[Reservation], wait_seconds: float | None = None,
@@ -428,14 +430,7 @@ class EngineClient:
 
     def slice(self, state: str, globs: list[str]) -> bytes:
         """The head's instances under ``globs`` as a v4 state (404 when the state has no versions)."""
-        try:
-            response = self._reads.post(self._url(self._state_path(state) + "/slice"), json={"globs": globs},
-                                        timeout=self.timeout)
-        except requests.ConnectionError as exc:
-            raise self._unreachable() from exc
-        if response.status_code >= 400:
-            self._decode(response)
-        return response.content
+        return self._read("POST", self._state_path(state) + "/slice", body={"globs": globs}).content
 
     def edges(self, state: str, globs: list[str]) -> list[tuple[str, str]]:
         body = self._post(self._state_path(state) + "/edges", {"globs": globs}, read=True)
@@ -443,8 +438,7 @@ class EngineClient:
 
     def drift(self, state: str) -> dict[str, Any]:
         """The state's latest drift report (its outstanding drift and when it was checked)."""
-        result: dict[str, Any] = self._get(self._state_path(state) + "/drift").json()
-        return result
+        return self._get_json(self._state_path(state) + "/drift")
 
     def record_drift(self, state: str, report: dict[str, Any]) -> dict[str, Any]:
         """Store a drift check's findings (addresses and attribute names only)."""

@@ -18,7 +18,6 @@ empty blob object that ``git add --intent-to-add`` records.
 from __future__ import annotations
 
 import base64
-import fcntl
 import re
 import shutil
 import tempfile
@@ -35,6 +34,7 @@ from git.diff import Diffable
 from git.exc import CommandError, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from analyzer.gitdiff import Change, ChangeScope, DiffEntry, scope_changes
+from app import atomic
 from runner.core import childenv
 
 _popen = git.cmd.safer_popen
@@ -346,7 +346,7 @@ def mirror(cache_dir: Path, repo: str, url: str, *, token: str | None = None, wa
     owner, name = repo.split("/")
     where = cache_dir / owner / f"{name}.git"
     where.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(where.with_name(f"{name}.git.lock")), _auth_env(url, token) as env:
+    with atomic.locked(where.with_name(f"{name}.git.lock")), _auth_env(url, token) as env:
         if not (where / "HEAD").exists():
             shutil.rmtree(where, ignore_errors=True)
             with _git_errors(f"cloning {repo}"):
@@ -380,13 +380,13 @@ def worktree(mirror_dir: Path, sha: str) -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="kl-checkout-"))
     path = base / f"{mirror_dir.name.removesuffix('.git')}-{sha[:12]}"
     lock = mirror_dir.with_name(mirror_dir.name + ".lock")
-    with _file_lock(lock):
+    with atomic.locked(lock):
         with Repo(mirror_dir) as bare, _git_errors(f"checking out {sha}"):
             bare.git.worktree("add", "--detach", "--force", str(path), sha)
     try:
         yield path
     finally:
-        with _file_lock(lock):
+        with atomic.locked(lock):
             with Repo(mirror_dir) as bare:
                 try:
                     bare.git.worktree("remove", "--force", str(path))
@@ -475,13 +475,3 @@ def _auth_env(url: str, token: str | None) -> Iterator[dict[str, str]]:
 def _safe_url(url: str) -> str:
     parts = urlsplit(url)
     return url if not parts.password else url.replace(parts.password, "***")
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

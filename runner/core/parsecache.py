@@ -31,8 +31,9 @@ __all__ = ["Signature", "cache_path", "load_cache", "overlay_path", "prune_cache
 
 CACHE_NAME = "hcl-cache.pickle"
 OVERLAY_NAME = "hcl-cache.overlay.pickle"
-_MAGIC = b"kilolock-parse-cache 3\n"  # 2: prescans hold footprint_index.FileIndex; 3: no digest memo
-_OVERLAY_MAGIC = b"kilolock-parse-overlay 3\n"
+# 2: prescans hold footprint_index.FileIndex; 3: no digest memo; 4: a FileIndex's names packed (Declared)
+_MAGIC = b"kilolock-parse-cache 4\n"
+_OVERLAY_MAGIC = b"kilolock-parse-overlay 4\n"
 _DIGEST_SIZE = hashlib.sha256().digest_size
 # An overlay is written instead of the whole cache only for a cache of at least this many entries, and only
 # while it holds at most this share of the cache's entries.

@@ -6,7 +6,6 @@ and the shared provider plugin cache its inits fill. How the binary itself is fo
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app import atomic
 from runner.core import childenv, workspace
 from runner.core.errors import Failed
 from runner.core.spec import PinKind, PinnedVar
@@ -131,13 +131,8 @@ def plugin_cache_lock(cache_dir: Path, *, exclusive: bool = True) -> Iterator[No
     """Serialise ``terraform init`` runs that may write the shared plugin cache: concurrent inits
     writing the same cache entries are a known source of corrupt or half-written providers. Inits
     that only read it share the lock, so parallel applies do not queue behind each other."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".kilolock-init.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with atomic.locked(cache_dir / ".kilolock-init.lock", shared=not exclusive):
+        yield
 
 
 _RESOURCE_TYPE = re.compile(r'^\s*(?:resource|data|ephemeral)\s+"([A-Za-z0-9_-]+)"', re.M)

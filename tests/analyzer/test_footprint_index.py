@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from analyzer.footprint import compute_footprint
-from analyzer.footprint_index import COLLECTED, DefinitionIndex, FileIndex, classify, file_index
+from analyzer.footprint_index import COLLECTED, Declared, DefinitionIndex, FileIndex, classify, file_index
 from analyzer.hcl import ParseCache
 from analyzer.prescan import BlockHeader, scan
 from tests.analyzer.test_footprint import RISKY, SPLIT, _files
@@ -125,3 +125,42 @@ def test_lookups_give_the_same_declarations_before_and_after_the_file_tables_are
     texts["g.tf"] = 'resource "t" "r1" {}\n'
     index.add_index("g.tf", file_index(scan(texts["g.tf"]).headers, True))
     assert index.get("t.r1") == expected("t.r1") and index.get("t.r1")[-1] == ("g.tf", 1)
+
+
+def test_expected_addresses_give_the_same_declarations_as_probing_each_file() -> None:
+    # ``expect`` looks up a set of addresses in one pass over the file tables; its answers (declarations of
+    # files added before and after it, in file and position order) must equal a plain index's.
+    def make(path: str, header: BlockHeader) -> tuple[str, int]:
+        return (path, header.line)
+
+    texts = {f"f{i:02}.tf": "".join(f'resource "t" "r{(i + k) % 12}" {{}}\n' for k in range(3)) +
+             ('resource "t" "r0" {}\n' if i % 5 == 0 else "") for i in range(20)}
+    late = {"g.tf": 'resource "t" "r1" {}\nresource "t" "r13" {}\n'}
+    plain: DefinitionIndex[tuple[str, int]] = DefinitionIndex(make)
+    batched: DefinitionIndex[tuple[str, int]] = DefinitionIndex(make)
+    for path, text in texts.items():
+        plain.add_index(path, file_index(scan(text).headers, True))
+        batched.add_index(path, file_index(scan(text).headers, True))
+    addresses = [f"t.r{n}" for n in range(14)] + ["t.none"]
+    batched.expect([*addresses[:8], "t.r13", "t.none"])
+    for path, text in late.items():
+        plain.add_index(path, file_index(scan(text).headers, True))
+        batched.add_index(path, file_index(scan(text).headers, True))
+    batched_answers = [batched.get(a) for a in addresses]
+    assert batched._probes == 5 * 21  # noqa: SLF001 - only the five addresses not expected probed the 21 tables
+    assert batched_answers == [plain.get(a) for a in addresses]
+    assert batched.get("t.r1")[-1] == ("g.tf", 1) and batched.get("t.r13") == [("g.tf", 2)]
+    assert batched.get("t.r0")[1] == ("f00.tf", 4) and batched.get("t.none") == []
+
+
+def test_a_files_names_pickle_packed_and_answer_as_the_dictionary_did() -> None:
+    names = {"a.b": 0, "output.o": 5, "var.x": 2}
+    packed = pickle.loads(pickle.dumps(FileIndex(True, frozenset(), names, (), (), b"")))
+    assert isinstance(packed.names, Declared) and list(packed.names) == list(names) and len(packed.names) == 3
+    assert packed.names == names and "var.x" in packed.names and "var.y" not in packed.names
+    assert packed.names["output.o"] == 5 and list(packed.names) == list(names)  # the same order once looked up
+    assert pickle.loads(pickle.dumps(packed)).names == names  # packed again as it is
+    empty = pickle.loads(pickle.dumps(FileIndex(True, frozenset(), {}, (), (), b"")))
+    assert list(empty.names) == [] and len(empty.names) == 0 and "a.b" not in empty.names
+    odd = {"a.b\nc": 1}  # an address holding the separator stays a dictionary
+    assert pickle.loads(pickle.dumps(FileIndex(True, frozenset(), odd, (), (), b""))).names == odd

@@ -222,3 +222,18 @@ def test_rows_are_closed_before_an_error_leaves_the_stream() -> None:
         assert closed == [True]
     else:
         raise AssertionError("rows out of order were written")
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+def test_instances_of_no_field_or_one_field_keep_their_text(monkeypatch: pytest.MonkeyPatch,
+                                                            accelerated: bool) -> None:
+    if not accelerated:
+        monkeypatch.setattr(state_assembly, "orjson", None)
+    parsed = _parsed()
+    odd = [replace(parsed.instances[0], address=f"terraform_data.{name}", name=name, index_key=None,
+                   instance_json=text)
+           for name, text in (("bare", "{}"), ("one", '{"schema_version": 0}'), ("two", '{"private": "x", "a": 1}'))]
+    rows = sorted([*parsed.instances, *odd], key=row_order)
+    got = b"".join(stream_state(serial=parsed.serial, lineage=parsed.lineage,
+                                terraform_version=parsed.terraform_version, instances=rows, outputs=parsed.outputs))
+    assert got == _reference(parsed, rows)

@@ -1,16 +1,18 @@
-"""The assembly's rows from the server-side cursor (the text made above the sort): the same rows in the same
-order as the analyzer sorts them, statements may run on the connection between rows, and an iteration closed
-early (a reader that goes away mid-stream) leaves the connection usable and nothing cached."""
+"""The assembly's rows from the cursor (the text made above the sort, the fetches pipelined): the same rows in
+the same order as the analyzer sorts them, statements may run on the connection between rows, the cache's
+pieces are written between fetches, and an iteration closed early (a reader that goes away mid-stream)
+leaves the connection usable and nothing cached."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import psycopg
 import pytest
 
 from analyzer.state_assembly import row_order
-from app.store import resources
+from app.store import assembly, resources
 from tests.app.test_lazy_state import STATE, commit_one, stored
 from tests.helpers import counted_state
 
@@ -69,3 +71,16 @@ def test_a_reader_that_leaves_mid_stream_leaves_nothing_cached(client: Any, clea
     assert stored(clean_db)[-1][2] is False
     full = client.get(STATE).data
     assert full.startswith(first) and stored(clean_db)[-1][2] is True
+
+
+def test_pieces_written_between_pipelined_fetches_cache_the_bytes_the_reader_gets(
+        client: Any, clean_db: str, committed: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Many fetches and a COPY of the pieces due after every piece: each one waits for a gap between fetches.
+    monkeypatch.setattr(resources, "STREAM_BATCH", 50)
+    monkeypatch.setattr(assembly, "_FLUSH_BYTES", 1)
+    body = client.get(STATE).data
+    with psycopg.connect(clean_db) as conn:
+        cached = conn.execute("SELECT raw_state, sha256 FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()
+    assert cached is not None and bytes(cached[0]) == body
+    assert cached[1] == hashlib.sha256(body).hexdigest()
+    assert body == client.get(STATE).data

@@ -142,3 +142,18 @@ def test_the_backend_block_is_found_among_many_files_that_do_not_name_it(tmp_pat
     assert set(backend_texts(tmp_path, texts)) == {"a_mentions.tf", "zz_backend.tf"}
     assert resolve(config_dir=tmp_path, env={}, texts=texts).state == "late"
     assert resolve(config_dir=tmp_path, env={}).state == "late"
+
+
+def test_configuration_files_read_as_bytes_give_the_texts_a_text_read_gives(tmp_path: Path) -> None:
+    from runner.core.config import read_tf
+
+    contents = {"crlf.tf": b'resource "a" "b" {\r\n  x = "1"\r\n}\r\n', "cr.tf": b'locals {\r  y = 2\r}\r\n\r',
+                "latin1.tf": b'# caf\xe9\nvariable "v" {}\n', "bom.tf": b'\xef\xbb\xbfoutput "o" { value = 1 }\n',
+                "utf8.tf": 'locals { z = "\u00e9\u2603" }\n'.encode(), "empty.tf": b"", "j.tf.json": b'{"a":\r\n1}',
+                "notes.txt": b"not read"}
+    for name, data in contents.items():
+        (tmp_path / name).write_bytes(data)
+    texts = read_tf(tmp_path)
+    assert texts == {name: (tmp_path / name).read_text(encoding="utf-8", errors="surrogateescape")
+                     for name in contents if name.endswith((".tf", ".tf.json"))}
+    assert texts["crlf.tf"].count("\n") == 3 and "\r" not in texts["cr.tf"]

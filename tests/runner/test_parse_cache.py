@@ -133,9 +133,9 @@ def test_a_cache_of_the_previous_format_is_a_miss_and_is_written_again(tmp_path)
     analyze_file("a.tf", 'resource "terraform_data" "a" {}\n', cache=cache)
     save_cache(tmp_path, cache)
     current = cache_path(tmp_path).read_bytes()
-    assert current.startswith(b"kilolock-parse-cache 3\n")
+    assert current.startswith(b"kilolock-parse-cache 4\n")
     # The same pickle framed as the earlier version wrote it (a valid checksum under the old magic line).
-    atomic.write_bytes(cache_path(tmp_path), b"kilolock-parse-cache 2\n" + current[23:])
+    atomic.write_bytes(cache_path(tmp_path), b"kilolock-parse-cache 3\n" + current[23:])
     assert len(load_cache(tmp_path)) == 0
     save_cache(tmp_path, cache)
     assert _entries(load_cache(tmp_path)) == {"terraform_data.a"}

@@ -1,0 +1,130 @@
+"""The assembly from all rows in-process: wall time, Python CPU and Postgres CPU of one checkout against another.
+
+For each size, one scratch database holds a state of that many instances (``bench.states.counted_state``,
+written by ``states.write_state``). Each round runs, for each checkout in turn, one assembly of the head from
+all its rows (``assembly.from_rows`` with the cache writer's piece writes, the final UPDATE left out) in a
+child process whose code is that checkout's: its wall time, its CPU (``time.process_time``) and the CPU of its
+Postgres backend (``/proc/<pid>/stat``), which the machine's load inflates less than wall time, and the sha256
+of the bytes, which must be the same for every checkout. The table gives the medians over the rounds.
+
+Run: ``python -m bench.assembly_rows_bench --sizes 200000 --rounds 5 --baseline PATH`` (PATH: another checkout,
+e.g. ``git archive main | tar -x -C PATH``; ``--quick``: 20,000 instances, 2 rounds, no document).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+SECTION = "## First GET from all rows in-process: one checkout against another"
+STATE = "big"
+
+
+def _backend_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one(url: str) -> dict[str, Any]:
+    """One assembly of the head from all rows, by whichever checkout's ``app`` is first on the path."""
+    from app.store import assembly
+
+    with psycopg.connect(url) as conn:
+        conn.execute("SET jit = off")  # as the server's pool sets it
+        state_id, serial, lineage, version = conn.execute(
+            "SELECT s.id, v.serial, v.lineage, v.terraform_version FROM states s "
+            "JOIN state_versions v ON v.state_id = s.id AND v.serial = s.current_serial WHERE s.name = %s",
+            (STATE,)).fetchone() or (0, 0, "", "")
+        conn.commit()
+        pid = conn.info.backend_pid
+        cpu, pg, wall = time.process_time(), _backend_cpu(pid), time.perf_counter()
+        digest, size = hashlib.sha256(), 0
+        held = "between" in inspect.signature(assembly.from_rows).parameters  # a checkout with pipelined fetches
+        writer = assembly.CacheWriter(conn, held=True) if held else assembly.CacheWriter(conn)
+        extra: dict[str, Any] = {"between": writer.flush_due} if held else {}
+        for piece in assembly.from_rows(conn, state_id, serial, lineage, version, [], **extra):
+            writer.add(piece)
+            digest.update(piece)
+            size += len(piece)
+        writer.finish_with("SELECT %(id)s, %(sha256)s, %(size)s, %(format)s", {"id": 0})
+        result = {"wall": time.perf_counter() - wall, "python_cpu": time.process_time() - cpu,
+                  "postgres_cpu": _backend_cpu(pid) - pg, "sha256": digest.hexdigest(), "bytes": size}
+        conn.rollback()
+    return result
+
+
+def _run(tree: Path | None, url: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree or Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", url], cwd=tree, env=env,
+                          capture_output=True, text=True, check=True)
+    return dict(json.loads(done.stdout))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from app.domain.principal import default_principal
+    from app.store import states
+    from app.store.db import Database
+    from app.store.migrate import migrate
+    from bench import common
+    from bench.states import counted_state
+
+    p = common.bench_parser("assembly_rows_bench", __doc__ or "", section=SECTION, json_help=None,
+                            quick_help="20,000 instances, 2 rounds; writes no document unless --out is given")
+    p.add_argument("--sizes", default="200000", help="instance counts, comma-separated")
+    p.add_argument("--rounds", type=int, default=5, help="assemblies per checkout and size, alternating")
+    p.add_argument("--baseline", type=Path, default=None, help="another checkout, measured in the same rounds")
+    args = p.parse_args(argv)
+    out, command = common.start_run(args, "assembly_rows_bench", argv)
+    sizes, rounds = ([20_000], 2) if args.quick else ([int(s) for s in args.sizes.split(",")], args.rounds)
+    trees: list[Path | None] = [None] if args.baseline is None else [args.baseline.resolve(), None]
+    load_before = common.load_average()
+    rows = []
+    for count in sizes:
+        with common.scratch_database(args.database_url, "kl_bench_rows") as url:
+            migrate(url)
+            db = Database(url)
+            states.write_state(db, default_principal("bench"), STATE, counted_state(1, count), lock_id=None)
+            db.close()
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE resources")
+            runs: dict[Path | None, list[dict[str, Any]]] = {tree: [] for tree in trees}
+            for _ in range(rounds):
+                for tree in trees:
+                    runs[tree].append(_run(tree, url))
+                    common.log(f"{count} {tree or 'this checkout'}: {runs[tree][-1]}")
+        digests = {r["sha256"] for got in runs.values() for r in got}
+        if len(digests) != 1:
+            raise SystemExit(f"the checkouts assembled different bytes: {sorted(digests)}")
+        for tree, got in runs.items():
+            med = {k: statistics.median(r[k] for r in got) for k in ("wall", "python_cpu", "postgres_cpu")}
+            rows.append([str(tree or "this checkout"), f"{count:,}", f"{got[0]['bytes'] / 1e6:.0f} MB",
+                         f"{med['wall']:.2f} s", f"{min(r['wall'] for r in got):.2f} s", f"{med['python_cpu']:.2f} s",
+                         f"{med['postgres_cpu']:.2f} s", got[0]["sha256"][:12]])
+    section = "\n".join([
+        SECTION, "",
+        f"Command: `{command}`. Rounds: {rounds}. Load average before: {load_before}; after: "
+        f"{common.load_average()}.", "",
+        common.table(["code", "instances", "assembled", "wall (median)", "wall (fastest)", "Python CPU (median)",
+                      "Postgres CPU (median)", "sha256"], rows),
+    ])
+    if out is not None:
+        common.write_section(out, SECTION, section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        print(json.dumps(one(sys.argv[2])))
+        sys.exit(0)
+    sys.exit(main())

@@ -60,7 +60,9 @@ def test_an_engine_acquire_conflicts_while_terraform_holds_the_lock(live_server,
     gate = tmp_path / "release-apply"
     tf.write("main.tf", config(address, command=held_until(gate)))
     tf("init", "-input=false")
-    apply = tf.popen("apply", "-auto-approve", "-input=false")
+    # bob's probes below hold a read reservation for a moment each; Terraform's LOCK may land in one of
+    # those moments (423), so it retries its lock rather than exiting.
+    apply = tf.popen("apply", "-auto-approve", "-input=false", "-lock-timeout=120s")
     try:
         # Terraform may take long to start on a loaded machine: poll for as long as it runs.
         deadline = time.monotonic() + 300

@@ -44,6 +44,14 @@ def _processes(needle: str) -> dict[int, int]:
     return found
 
 
+def _is_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_bytes())
+    except ValueError:
+        return False
+    return True
+
+
 def _run(where, run_id: str) -> dict:  # type: ignore[type-arg,no-untyped-def]
     return requests.get(f"{where['server'].url}/v1/engine/runs/{run_id}", timeout=10).json()
 
@@ -215,6 +223,8 @@ def test_kill_9_of_kl_apply_ends_terraform_and_leaves_enough_for_kl_recover(worl
     meta = json.loads((kept / "recovery.json").read_text())
     assert meta["run_id"] == run["id"] and Path(meta["workspace_state"]).is_file()
     assert _run(world, run["id"])["run"]["status"] == "running"  # its client is gone; the lease still holds
+    # Terraform's last state write may land just after its process is gone from the scan above.
+    _wait_for(lambda: _is_json(Path(meta["workspace_state"])), "Terraform's kept state to be whole", timeout=120)
 
     recovered = alice.kl("recover", run["id"], "--json")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,10 +215,12 @@ def slice_state(db: Database, principal: Principal, name: str, globs: Sequence[s
         outputs = resources.outputs_of(conn, version_id=version.id)
         if principal.scopes is not None:  # a scoped token's slice holds only what its read scopes cover
             outputs = [o for o in outputs if scopes.can_read_output(principal.scopes, o.name)]
-        # The whole state: streamed from the cursor, never all rows at once.
-        stream = resources.stream_assembly_rows(conn, state_id=row.id, serial=head) if lookup.everything else None
-        rows: Iterable[InstanceRow | AssemblyRow] = (
-            stream if stream is not None else sorted(_rows_under(conn, row.id, lookup), key=row_order))
+        stream: Generator[AssemblyRow, None, None] | None = None
+        rows: Iterable[InstanceRow | AssemblyRow]
+        if lookup.everything:  # the whole state: streamed from the cursor, never all rows at once
+            rows = stream = resources.stream_assembly_rows(conn, state_id=row.id, serial=head)
+        else:
+            rows = sorted(_rows_under(conn, row.id, lookup), key=row_order)
         wanted = (i for i in rows if any(matches(g, i.address) for g in parsed)
                   and (principal.scopes is None or scopes.can_read(principal.scopes, i.address)))
         try:

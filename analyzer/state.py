@@ -28,7 +28,7 @@ from analyzer.staterows import _canonical_accelerated as _canonical_accelerated
 from analyzer.staterows import _FloatCheck as _FloatCheck
 from analyzer.staterows import _parse_state as _parse_state
 from analyzer.staterows import orjson as orjson  # optional: None when absent (the tests also set it so)
-from analyzer.statestream import Unstreamable, stream_state
+from analyzer.statestream import Unstreamable, Watch, stream_state
 
 __all__ = [
     "STATE_VERSION",
@@ -41,6 +41,7 @@ __all__ = [
     "canonical_json",
     "normalize_instance",
     "parse_state",
+    "parse_state_watched",
 ]
 
 
@@ -53,6 +54,19 @@ def parse_state(raw: bytes) -> ParsedState | EncryptedState:
     """
     with gc_paused():
         return _parse_any(raw, accelerated=orjson is not None)
+
+
+def parse_state_watched(raw: bytes | bytearray, watch: Watch) -> ParsedState | None:
+    """``parse_state`` of a body in Terraform's own shape, handing its rows to ``watch`` as they are read
+    (``analyzer.statestream``), so a caller can store them while the rest is parsed; None for any other body
+    (and for a body that is not a usable state): ``parse_state`` then gives the exact answer or error. Rows
+    handed on before a None are not to be used. The cyclic garbage collector is paused while it runs.
+    """
+    with gc_paused():
+        try:
+            return stream_state(raw, accelerated=orjson is not None, watch=watch)
+        except Unstreamable:
+            return None
 
 
 def _parse_any(raw: bytes, *, accelerated: bool) -> ParsedState | EncryptedState:

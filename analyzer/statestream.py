@@ -11,6 +11,11 @@ It reads only the shape Terraform writes: an object whose keys each occur once, 
 and every body that is not a usable v4 state, raises ``Unstreamable``: the caller then parses the whole
 document, which gives the exact answer (and the exact error message) for those bodies.
 
+A caller may also watch the rows as they are read (``watch``): once the top-level fields before
+``resources`` are read, it is handed them and may return a consumer that then receives every row as soon as it
+is built, so the caller can store rows while the rest of the body is still being read. The rows it got are
+only usable when the parse returns: an ``Unstreamable`` or any error after them means they are not.
+
 Must not do I/O; standard library only (orjson, when ``analyzer.staterows`` uses it, for the canonical dumps).
 """
 
@@ -21,12 +26,12 @@ import json
 import json.decoder
 import json.scanner
 import re
-from collections.abc import Callable, Iterator
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol, cast
 
 from analyzer import staterows as st
 
-__all__ = ["Unstreamable", "stream_state"]
+__all__ = ["RowConsumer", "Unstreamable", "Watch", "stream_state"]
 
 # Text decoded per step; a value longer than the window grows it (doubling), so no value is cut.
 WINDOW_BYTES = 4 * 1024 * 1024
@@ -54,6 +59,34 @@ _scanstring: Callable[[str, int, bool], tuple[Any, int]] = json.decoder.scanstri
 
 class Unstreamable(Exception):  # noqa: N818 - a signal to the caller, not an error of the body
     """The body is not in the shape this reader handles; parse it whole instead."""
+
+
+RowConsumer = Callable[[st.InstanceRow], object]
+# Handed the top-level fields read before ``resources``; returns what receives each row, or None.
+Watch = Callable[[Mapping[str, Any]], RowConsumer | None]
+
+
+class _Rows(Protocol):
+    def append(self, row: st.InstanceRow, /) -> None: ...
+    def extend(self, rows: Iterable[st.InstanceRow], /) -> None: ...
+
+
+class _Tee:
+    """The parse's row list that also hands each row to a consumer as it is added."""
+
+    __slots__ = ("_consume", "_rows")
+
+    def __init__(self, rows: list[st.InstanceRow], consume: RowConsumer) -> None:
+        self._rows = rows
+        self._consume = consume
+
+    def append(self, row: st.InstanceRow) -> None:
+        self._rows.append(row)
+        self._consume(row)
+
+    def extend(self, rows: Iterable[st.InstanceRow]) -> None:
+        for row in rows:
+            self.append(row)
 
 
 class _Window:
@@ -157,11 +190,13 @@ class _Window:
                 raise Unstreamable
 
 
-def stream_state(raw: bytes | bytearray | memoryview, *, accelerated: bool) -> st.ParsedState:
+def stream_state(raw: bytes | bytearray | memoryview, *, accelerated: bool,
+                 watch: Watch | None = None) -> st.ParsedState:
     """The rows of a v4 state body, read instance by instance; Unstreamable when the body must be parsed
-    whole (an odd shape, or any problem with it: the whole parse reports it)."""
+    whole (an odd shape, or any problem with it: the whole parse reports it). ``watch``, when given, is
+    called once, when the ``resources`` array starts (see the module's docstring)."""
     try:
-        return _stream(raw, accelerated)
+        return _stream(raw, accelerated, watch)
     except (st.StateFormatError, RecursionError) as exc:
         raise Unstreamable from exc
 
@@ -172,7 +207,7 @@ def _canonical_for(floats: st._FloatCheck, accelerated: bool) -> st._Canonical:
     return st._canonical_accelerated if accelerated and floats.orjson_safe else st._canonical
 
 
-def _stream(raw: bytes | bytearray | memoryview, accelerated: bool) -> st.ParsedState:
+def _stream(raw: bytes | bytearray | memoryview, accelerated: bool, watch: Watch | None) -> st.ParsedState:
     floats = st._FloatCheck()
     window = _Window(raw, floats)
     doc: dict[str, Any] = {}
@@ -182,7 +217,8 @@ def _stream(raw: bytes | bytearray | memoryview, accelerated: bool) -> st.Parsed
         if key in doc:
             raise Unstreamable
         if key == "resources" and window.peek() == "[":
-            _stream_resources(window, rows, accelerated)
+            consume = None if watch is None else watch(doc)
+            _stream_resources(window, rows if consume is None else _Tee(rows, consume), accelerated)
             doc[key] = _STREAMED
         elif key == "outputs":
             floats.orjson_safe = True
@@ -210,7 +246,7 @@ def _stream(raw: bytes | bytearray | memoryview, accelerated: bool) -> st.Parsed
     )
 
 
-def _stream_resources(window: _Window, rows: list[st.InstanceRow], accelerated: bool) -> None:
+def _stream_resources(window: _Window, rows: _Rows, accelerated: bool) -> None:
     modules: dict[str, str] = {"": ""}
     seen: set[tuple[str, str]] = set()
     floats = window.floats
@@ -246,7 +282,7 @@ def _string(text: str, start: int) -> str:
 
 
 def _stream_resource(
-    window: _Window, position: int, head: re.Match[str], modules: dict[str, str], rows: list[st.InstanceRow],
+    window: _Window, position: int, head: re.Match[str], modules: dict[str, str], rows: _Rows,
     seen: set[tuple[str, str]], accelerated: bool,
 ) -> None:
     """The resource whose header ``_RESOURCE_HEAD`` matched: its instances, then any fields after them."""
@@ -274,7 +310,7 @@ def _stream_resource(
 
 
 def _stream_instances(
-    window: _Window, header: st._ResourceHeader, rows: list[st.InstanceRow], seen: set[tuple[str, str]],
+    window: _Window, header: st._ResourceHeader, rows: _Rows, seen: set[tuple[str, str]],
     accelerated: bool,
 ) -> None:
     """The rows of the ``instances`` array that starts here. The hot loop of a large upload, so it works on

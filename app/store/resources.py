@@ -8,7 +8,8 @@ from ``opencache`` when it holds the state's exact head, else from the table.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,6 +205,16 @@ def _project(
     return delta
 
 
+def remember_open_set(conn: psycopg.Connection, *, state_id: int, version_id: int, rows: int) -> None:
+    """Keep in ``OPEN_SETS`` the open set of a state whose every live row this transaction opened (``rows``
+    of them, ids from the table's sequence, so read back), under the head ``version_id`` it is about to make;
+    a state larger than the cache holds is not kept."""
+    if rows > OPEN_SETS.max_rows:
+        return
+    (now,) = conn.execute("SELECT now()").fetchone() or (None,)
+    OPEN_SETS.put(HeadKey(database_identity(conn), state_id, version_id, now), load_open_set(conn, state_id=state_id))
+
+
 def load_open_set(conn: psycopg.Connection, *, state_id: int) -> dict[tuple[str, str], OpenRow]:
     """The state's live rows by (address, deposed), read from the table."""
     rows = conn.execute(_LOAD_OPEN, (state_id,)).fetchall()  # in one go: cheaper than row by row
@@ -252,15 +263,29 @@ def database_identity(conn: psycopg.Connection) -> str:
 def insert_rows(
     conn: psycopg.Connection, *, tenant_id: int, state_id: int, serial: int, rows: Iterable[InstanceRow]
 ) -> None:
-    with conn.cursor() as cur, cur.copy(_COPY_RESOURCES) as copy:
+    with row_copy(conn, tenant_id=tenant_id, state_id=state_id, serial=serial) as put:
         for r in rows:
-            copy.write_row(
-                (
-                    tenant_id, state_id, r.address, r.resource_address, r.module, r.mode, r.type, r.name,
-                    None if r.index_key is None else json.dumps(r.index_key), r.deposed, r.status,
-                    r.provider, r.instance_json, r.attributes_hash, list(r.dependencies), serial,
-                )
-            )
+            put(r)
+
+
+@contextmanager
+def row_copy(conn: psycopg.Connection, *, tenant_id: int, state_id: int,
+             serial: int) -> Iterator[Callable[[InstanceRow], None]]:
+    """A COPY of rows opened at ``serial`` (ids from the table's sequence), fed one row at a time by the
+    function it yields: Postgres stores the rows sent so far while the caller makes the next. The COPY ends
+    when the block does (and fails, writing nothing, when the block raises)."""
+    with conn.cursor() as cur, cur.copy(_COPY_RESOURCES) as copy:
+        write_row = copy.write_row
+        dumps = json.dumps
+
+        def put(r: InstanceRow) -> None:
+            write_row((
+                tenant_id, state_id, r.address, r.resource_address, r.module, r.mode, r.type, r.name,
+                None if r.index_key is None else dumps(r.index_key), r.deposed, r.status,
+                r.provider, r.instance_json, r.attributes_hash, list(r.dependencies), serial,
+            ))
+
+        yield put
 
 
 def insert_rows_at(

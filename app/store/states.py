@@ -6,10 +6,11 @@ rules of ``app.domain``, writes, and appends an audit event in the same transact
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -17,12 +18,12 @@ import psycopg
 from psycopg.rows import class_row
 
 from analyzer.jsontext import INT64_MAX, may_hold_unstorable, unstorable_path
-from analyzer.state import EncryptedState, ParsedState, StateFormatError, parse_state
+from analyzer.state import EncryptedState, InstanceRow, ParsedState, StateFormatError, parse_state, parse_state_watched
 from app.domain.locking import LockInfo, UnlockRequest, check_lock_for_write, parse_lock_info, stored_lock
 from app.domain.principal import Principal
 from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
-from app.errors import InvalidStateError, StateLockedError, StateNotFoundError
+from app.errors import InvalidStateError, SerialConflictError, StateLockedError, StateNotFoundError
 from app.store import assembly, events, history, rawwrite, reservation_rows, resources
 from app.store.db import LARGE_VALUE_BYTES, Database, retire
 
@@ -131,8 +132,7 @@ def lock_row_read(conn: psycopg.Connection, principal: Principal, name: str) -> 
 
 def find_state(conn: psycopg.Connection, principal: Principal, name: str) -> StateRow:
     """The state row (no row lock), or StateNotFoundError."""
-    with conn.cursor(row_factory=class_row(StateRow)) as cur:
-        row = cur.execute(_SUMMARY, (principal.tenant_id, principal.scope, name)).fetchone()
+    row = _state_summary(conn, principal, name)
     if row is None:
         raise StateNotFoundError(f"no state named {name!r}")
     return row
@@ -191,6 +191,11 @@ def parse_body(body: bytes | bytearray) -> ParsedState | EncryptedState:
         parsed = parse_state(body)  # type: ignore[arg-type]  # json.loads reads any bytes-like body
     except StateFormatError as exc:
         raise InvalidStateError(str(exc)) from exc
+    return _storable(body, parsed)
+
+
+def _storable(body: bytes | bytearray, parsed: ParsedState | EncryptedState) -> ParsedState | EncryptedState:
+    """``parsed`` once ``parse_body``'s refusals of what Postgres cannot hold have passed."""
     if parsed.serial > INT64_MAX:
         raise InvalidStateError(f'the state\'s "serial" {parsed.serial} is above the 64-bit limit (2^63 - 1), '
                                 "which Kilolock cannot store: write the state with a smaller serial")
@@ -221,9 +226,18 @@ def write_state(
     A byte-identical replay of the head is a no-op success (clients retry POSTs on 5xx).
     Raises StateLockedError (423), SerialConflictError (409) or InvalidStateError (400); a
     rejected write changes nothing.
+
+    The first write of a state (no head yet) is tried optimistically first (``_first_write``), its rows
+    stored while the body is parsed; when that finds the state other than it assumed, it rolls back and the
+    write runs the usual way, below.
     """
-    parsed = parse_body(body)  # CPU work before taking the row lock
     digest = hashlib.sha256(body).hexdigest()
+    first = None if may_hold_unstorable(body) else _first_write(db, principal, name, body, digest,
+                                                                lock_id=lock_id, source=source)
+    if isinstance(first, WriteResult):
+        return _after_write(db, first, after_bulk)
+    # CPU work before taking the row lock (done already when the optimistic write parsed the body)
+    parsed = parse_body(body) if first is None else _storable(body, first)
     changed: list[tuple[str, str]] = []
     with db.transaction() as conn:
         row = locked_row(conn, principal, name, create=True)
@@ -257,28 +271,138 @@ def write_state(
             if delta.close_ids:
                 changed = [(r.address, r.deposed) for r in delta.inserts]
             opened, closed = len(delta.inserts), len(delta.close_ids)
-        history.record_token(conn, version_id=version_id, token_name=principal.token_name)
-        conn.execute(_SET_HEAD, (parsed.lineage, parsed.serial, version_id, row.id))
-        detail: dict[str, object] = {"bytes": size, "opened": opened, "closed": closed, "source": source}
-        if encrypted:
-            detail["encrypted"] = True
-        if row.lineage is not None and row.lineage != parsed.lineage:
-            detail["lineage_changed_from"] = row.lineage
-        events.record(conn, principal, "state_write", state_id=row.id, state_name=name,
-                      serial=parsed.serial, lock_id=lock_id, **detail)
         result = WriteResult(serial=parsed.serial, replay=False, opened=opened, closed=closed,
                              version_id=version_id, encrypted=encrypted, size=size)
+        _set_head(conn, principal, row, name, parsed, result, lock_id=lock_id, source=source)
     if changed:
         # The changed attribute names are derived from rows that no longer change: after the row lock, so a
         # write that replaces every row does not hold the state for the comparison.
         with db.transaction() as conn:
             history.record_changed_names_after_commit(conn, state_id=row.id, serial=parsed.serial, keys=changed)
-    if opened >= BULK_ROWS:
+    return _after_write(db, result, after_bulk)
+
+
+def _set_head(conn: psycopg.Connection, principal: Principal, row: StateRow, name: str,
+              parsed: ParsedState | EncryptedState, result: WriteResult, *, lock_id: str | None,
+              source: str) -> None:
+    """Make the written version the head, with its token and its audit event (under the row lock)."""
+    history.record_token(conn, version_id=result.version_id, token_name=principal.token_name)
+    conn.execute(_SET_HEAD, (parsed.lineage, parsed.serial, result.version_id, row.id))
+    detail: dict[str, object] = {"bytes": result.size, "opened": result.opened, "closed": result.closed,
+                                 "source": source}
+    if result.encrypted:
+        detail["encrypted"] = True
+    if row.lineage is not None and row.lineage != parsed.lineage:
+        detail["lineage_changed_from"] = row.lineage
+    events.record(conn, principal, "state_write", state_id=row.id, state_name=name,
+                  serial=parsed.serial, lock_id=lock_id, **detail)
+
+
+def _after_write(db: Database, result: WriteResult, after_bulk: Callable[[], None] | None) -> WriteResult:
+    """A committed write's refresh of the statistics when it opened ``BULK_ROWS`` rows or more."""
+    if result.opened >= BULK_ROWS:
         if after_bulk is None:
             refresh_statistics(db)
         else:
             after_bulk()
     return result
+
+
+class _Moved(Exception):  # noqa: N818 - a signal inside this module, never raised to a caller
+    """The optimistic first write found the state other than it assumed: roll back, write the usual way.
+    Carries the parsed body when the parse had finished, so the usual way does not parse it again."""
+
+    def __init__(self, parsed: ParsedState | None = None) -> None:
+        super().__init__()
+        self.parsed = parsed
+
+
+def _first_write(db: Database, principal: Principal, name: str, body: bytes, digest: str, *,
+                 lock_id: str | None, source: str) -> WriteResult | ParsedState | None:
+    """The first write of a state (none, or one with no head yet), with its rows COPYed while the body is
+    parsed, so Postgres stores them on one core while Python parses on the other.
+
+    Optimistic: in one transaction, before the state's row lock, it creates the state when missing, streams
+    the rows into a COPY as the parser makes them (``analyzer.state.parse_state_watched``) and stores the
+    version; then it takes the row lock and checks that nothing it assumed moved (still no head, the same
+    lock, no reservations, a serial the rules accept). Only the head's update, the outputs and the event run
+    under the lock. When anything moved, when Postgres refuses a statement (a concurrent first writer's rows
+    or version, a deadlock), or when the body is not in Terraform's own shape, everything rolls back and the
+    caller writes the usual way, which gives today's answer (a 409, 423 or 400 included) and leaves no row of
+    this attempt, not even the state's. Returns the committed write; else the parsed body (when parsed) or
+    None for the caller.
+    """
+    with db.transaction() as conn:
+        try:
+            return _first_write_in(conn, principal, name, body, digest, lock_id=lock_id, source=source)
+        except _Moved as moved:
+            conn.rollback()
+            return moved.parsed
+        except (psycopg.Error, StateLockedError, SerialConflictError):
+            conn.rollback()
+            return None
+
+
+def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, body: bytes, digest: str, *,
+                    lock_id: str | None, source: str) -> WriteResult:
+    found = _state_summary(conn, principal, name)
+    if found is not None and found.head_version_id is not None:
+        raise _Moved  # not a first write: the usual way
+    if found is not None:
+        check_lock_for_write(found.held_lock, lock_id, name)
+    rows_of: list[StateRow] = []  # the state the rows are COPYed into
+    with contextlib.ExitStack() as stack:
+
+        def watch(doc: Mapping[str, object]) -> Callable[[InstanceRow], None] | None:
+            serial = doc.get("serial")
+            if type(serial) is not int or not 0 <= serial <= INT64_MAX:
+                return None  # the rows need their serial: stored after the parse, the usual way
+            # A missing state is created only now, once the body is known to stream: an envelope or an odd
+            # body takes the usual way without a state created and rolled back (and its id spent).
+            row = found or _created_state(conn, principal, name)
+            rows_of.append(row)
+            return stack.enter_context(resources.row_copy(conn, tenant_id=principal.tenant_id, state_id=row.id,
+                                                          serial=serial))
+
+        parsed = parse_state_watched(body, watch)
+        if parsed is None or not rows_of:
+            raise _Moved(parsed)  # raised inside the COPY, so it fails and stores nothing
+    row = rows_of[0]
+    version_id = rawwrite.insert_version(
+        conn, tenant_id=principal.tenant_id, state_id=row.id, serial=parsed.serial, lineage=parsed.lineage,
+        terraform_version=parsed.terraform_version, raw=body, sha256=digest, encrypted=False, source=source,
+        actor=principal.actor,
+    )
+    resources.remember_open_set(conn, state_id=row.id, version_id=version_id, rows=len(parsed.instances))
+    locked = locked_row(conn, principal, name, create=False)
+    if locked is None or locked.id != row.id or locked.head_version_id is not None or locked.lock_id != row.lock_id:
+        raise _Moved(parsed)
+    check_lock_for_write(locked.held_lock, lock_id, name)
+    check_new_serial(name, locked.current_serial, parsed.serial)
+    if locked.held_lock is None and reservation_rows.live_for_state(
+            conn, principal, state_id=row.id, state_name=name, now=datetime.now(UTC), limit=1):
+        raise _Moved(parsed)  # the usual way refuses it, with its audit event
+    resources.insert_outputs(conn, tenant_id=principal.tenant_id, state_id=row.id, version_id=version_id,
+                             outputs=parsed.outputs)
+    result = WriteResult(serial=parsed.serial, replay=False, opened=len(parsed.instances), closed=0,
+                         version_id=version_id, size=len(body))
+    _set_head(conn, principal, locked, name, parsed, result, lock_id=lock_id, source=source)
+    return result
+
+
+def _created_state(conn: psycopg.Connection, principal: Principal, name: str) -> StateRow:
+    """The state's row, created in this transaction when still missing (unlocked: the caller takes the row
+    lock later)."""
+    conn.execute(_ENSURE, (principal.tenant_id, principal.scope, name))
+    row = _state_summary(conn, principal, name)
+    if row is None or row.head_version_id is not None:
+        raise _Moved  # deleted again, or written meanwhile by another first writer
+    return row
+
+
+def _state_summary(conn: psycopg.Connection, principal: Principal, name: str) -> StateRow | None:
+    with conn.cursor(row_factory=class_row(StateRow)) as cur:
+        return cur.execute(_SUMMARY, (principal.tenant_id, principal.scope, name)).fetchone()
 
 
 # A write that opens this many rows (the first POST of a large state) makes the planner's row counts

@@ -6,16 +6,20 @@ Run from the repository root:
     .venv/bin/python -m bench.post_phases --size 200000 --drop-fk     # the same with resources' foreign keys dropped
     .venv/bin/python -m bench.post_phases --drop-index resources_alive_deps_gin   # without one index
     .venv/bin/python -m bench.post_phases --upkeep-after              # the refresh after the timed write
+    .venv/bin/python -m bench.post_phases --first-only                # only the first POST
 
 It creates a scratch database, calls ``states.write_state`` twice on one state (the first POST into an empty
 state, then serial 2 with every instance's value changed; ``bench.states.counted_state``), and prints the
 wall time of each write, the process's CPU time in it, and the wall time of the store functions it passes
-through (wrapped with ``bench.common.shim_target``). ``--drop-fk`` drops any foreign key of ``resources`` on
-the scratch database first, to price its per-row check (since migration 0028 ``resources.state_id`` has none,
-so this prices a schema before it), and ``--drop-index`` an index, to price its upkeep; the product never
-runs without either. ``--upkeep-after`` hands a bulk write's statistics refresh out of the write
-(``after_bulk``), as the server does (``app.web.upkeep``), and runs it, timed on its own, after the write's
-timer stops, so the write's time is what a client waits for. The floor is
+through (wrapped with ``bench.common.shim_target``), and the time from the return of the state's row lock
+(``locked_row``, the last time it was taken) to the write's return: what other writers of the state wait for.
+A first POST streams its rows into their COPY while it parses (``parse_state_watched``, which therefore
+includes the row COPY); the second write parses (``parse_body``) and projects. ``--drop-fk`` drops any
+foreign key of ``resources`` on the scratch database first, to price its per-row check (since migration 0028
+``resources.state_id`` has none, so this prices a schema before it), and ``--drop-index`` an index, to price
+its upkeep; the product never runs without either. ``--upkeep-after`` hands a bulk write's statistics refresh
+out of the write (``after_bulk``), as the server does (``app.web.upkeep``), and runs it, timed on its own,
+after the write's timer stops, so the write's time is what a client waits for. The floor is
 ``json.loads`` + sha256 of the first body, best of 3. It prints only.
 """
 
@@ -39,7 +43,10 @@ from bench.states import counted_state
 perf = time.perf_counter
 
 
-def _wrap(owner: object, attr: str, totals: dict[str, float]) -> None:
+LOCKED_AT = "locked_row returned"
+
+
+def _wrap(owner: object, attr: str, totals: dict[str, float], marks: dict[str, float]) -> None:
     original: Callable[..., Any] = common.shim_target(owner, attr)
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -47,7 +54,10 @@ def _wrap(owner: object, attr: str, totals: dict[str, float]) -> None:
         try:
             return original(*args, **kwargs)
         finally:
-            totals[attr] = totals.get(attr, 0.0) + perf() - start
+            end = perf()
+            totals[attr] = totals.get(attr, 0.0) + end - start
+            if attr == "locked_row":
+                marks[LOCKED_AT] = end
 
     setattr(owner, attr, timed)
 
@@ -70,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME",
         help="drop this index of resources on the scratch database first (repeatable)",
     )
+    p.add_argument("--first-only", action="store_true", help="time only the first POST")
     p.add_argument(
         "--upkeep-after",
         action="store_true",
@@ -82,8 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from app.store.migrate import migrate
 
     totals: dict[str, float] = {}
+    marks: dict[str, float] = {}
     for owner, attr in (
+        (states, "parse_state_watched"),
         (states, "parse_body"),
+        (states, "locked_row"),
+        (resources, "remember_open_set"),
         (rawwrite, "insert_version"),
         (resources, "load_open_set"),
         (resources, "copy_new_rows"),
@@ -91,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (history, "record_changed_names_after_commit"),
         (states, "refresh_statistics"),
     ):
-        _wrap(owner, attr, totals)
+        _wrap(owner, attr, totals, marks)
     name = f"kl_bench_phases_{time.time_ns()}"
     with psycopg.connect(args.database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -106,23 +121,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "SELECT conname FROM pg_constraint WHERE conrelid = 'resources'::regclass AND contype = 'f'"
                 ).fetchall():
                     conn.execute(sql.SQL("ALTER TABLE resources DROP CONSTRAINT {}").format(sql.Identifier(con)))
-        bodies = [counted_state(1, args.size), counted_state(2, args.size, value="w")]
+        bodies = [counted_state(1, args.size), counted_state(2, args.size, value="w")][:1 if args.first_only else 2]
         floor = min(_floor(bodies[0]) for _ in range(3))
         print(
             f"{args.size} instances, {len(bodies[0]) / 1e6:.0f} MB; floor {floor:.2f} s; load {common.load_average()}"
         )
         db = Database(url)
         try:
-            for label, body in zip(("first POST", "every row new"), bodies, strict=True):
+            for label, body in zip(("first POST", "every row new"), bodies, strict=False):
                 totals.clear()
+                marks.clear()
                 asked: list[None] = []
                 after_bulk = functools.partial(asked.append, None) if args.upkeep_after else None
                 start, cpu = perf(), time.process_time()
                 states.write_state(
                     db, Principal(tenant_id=1, actor="bench"), "phases", body, lock_id=None, after_bulk=after_bulk
                 )
-                wall = perf() - start
+                end = perf()
+                wall = end - start
                 phases = ", ".join(f"{k} {v:.2f} s" for k, v in totals.items())
+                if LOCKED_AT in marks:
+                    phases += f"; under the row lock {end - marks[LOCKED_AT]:.2f} s"
                 if asked:
                     upkeep_start = perf()
                     states.refresh_statistics(db)

@@ -126,3 +126,40 @@ def test_instances_before_their_resource_fields_are_read_whole() -> None:
     parsed = stream_state(body, accelerated=True)
     assert parsed == state._parse_state(body, accelerated=True)
     assert [row.address for row in parsed.instances] == ["t.n"]
+
+
+@pytest.mark.parametrize("accelerated", [True, False], ids=["orjson", "json"])
+def test_a_watcher_gets_the_fields_before_resources_and_each_row_as_it_is_read(accelerated: bool) -> None:
+    body = json.dumps(_doc(RESOURCES)).encode()
+    seen: list[dict[str, object]] = []
+    handed: list[state.InstanceRow] = []
+
+    def watch(doc: object) -> statestream.RowConsumer:
+        seen.append(dict(doc))  # type: ignore[call-overload]
+        return handed.append
+
+    parsed = stream_state(body, accelerated=accelerated, watch=watch)
+    assert [set(fields) for fields in seen] == [{"version", "terraform_version", "serial", "lineage", "outputs"}]
+    assert seen[0]["serial"] == 3
+    assert handed == list(parsed.instances) == list(state._parse_state(body, accelerated=accelerated).instances)
+
+
+def test_a_watchers_consumer_runs_while_the_body_is_read() -> None:
+    body = json.dumps(_doc(RESOURCES)).encode()
+
+    def refuse(row: state.InstanceRow) -> None:
+        raise LookupError(row.address)
+
+    # The first row's consumer stops the parse: rows are handed on as they are read, not after.
+    with pytest.raises(LookupError, match=r"^terraform_data\.a$"):
+        stream_state(body, accelerated=False, watch=lambda _doc: refuse)
+
+
+def test_a_watcher_that_declines_leaves_the_parse_as_it_was() -> None:
+    doc = _doc(RESOURCES)
+    body = json.dumps({"resources": doc.pop("resources"), **doc}).encode()  # resources before the serial
+    seen: list[object] = []
+    parsed = state.parse_state_watched(body, lambda fields: seen.append(dict(fields)))
+    assert seen == [{}]
+    assert parsed == state.parse_state(body)
+    assert state.parse_state_watched(b'{"version": 3}', lambda _doc: None) is None  # the whole parse answers

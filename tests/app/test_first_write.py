@@ -191,7 +191,7 @@ def test_a_first_post_that_is_not_in_terraforms_shape_is_written_the_usual_way(
 
 
 def test_a_reservation_taken_meanwhile_refuses_the_first_post_and_leaves_no_row(
-        client, clean_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        client: Any, clean_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def reserve() -> None:
         opened = client.post("/v1/engine/states/s/runs", json={
             "actor": "alice", "reservations": [{"glob": "terraform_data.item[0]", "mode": "write"}]})

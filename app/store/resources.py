@@ -26,6 +26,7 @@ _LOAD_OPEN = """
 SELECT id, address, deposed, attributes_hash FROM resources
 WHERE state_id = %s AND delete_serial IS NULL
 """
+_LIVE_IDS = "SELECT id FROM resources WHERE state_id = %s AND delete_serial IS NULL ORDER BY id"
 # The state's head as of now (the caller holds the row lock), and the version the caller inserted at this
 # serial, which becomes the head, stamped updated_at = now(), when the transaction commits.
 _HEADS = """
@@ -205,14 +206,21 @@ def _project(
     return delta
 
 
-def remember_open_set(conn: psycopg.Connection, *, state_id: int, version_id: int, rows: int) -> None:
-    """Keep in ``OPEN_SETS`` the open set of a state whose every live row this transaction opened (``rows``
-    of them, ids from the table's sequence, so read back), under the head ``version_id`` it is about to make;
-    a state larger than the cache holds is not kept."""
-    if rows > OPEN_SETS.max_rows:
+def remember_open_set(conn: psycopg.Connection, *, state_id: int, version_id: int,
+                      rows: Sequence[InstanceRow]) -> None:
+    """Keep in ``OPEN_SETS`` the open set of a state whose every live row this transaction opened, ``rows``
+    in the order of their COPY, under the head ``version_id`` it is about to make; a state larger than the
+    cache holds is not kept. The COPY took the rows' ids from the table's sequence, one row after the other,
+    so their ids in ascending order are theirs in order: only the ids are read back."""
+    if len(rows) > OPEN_SETS.max_rows:
         return
+    ids = [row_id for (row_id,) in conn.execute(_LIVE_IDS, (state_id,), binary=True)]
+    if len(ids) != len(rows):
+        return  # rows not of this write: nothing to keep
     (now,) = conn.execute("SELECT now()").fetchone() or (None,)
-    OPEN_SETS.put(HeadKey(database_identity(conn), state_id, version_id, now), load_open_set(conn, state_id=state_id))
+    following = {(r.address, r.deposed): OpenRow(row_id, r.attributes_hash)
+                 for r, row_id in zip(rows, ids, strict=True)}
+    OPEN_SETS.put(HeadKey(database_identity(conn), state_id, version_id, now), following)
 
 
 def load_open_set(conn: psycopg.Connection, *, state_id: int) -> dict[tuple[str, str], OpenRow]:

@@ -373,7 +373,7 @@ def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, b
         terraform_version=parsed.terraform_version, raw=body, sha256=digest, encrypted=False, source=source,
         actor=principal.actor,
     )
-    resources.remember_open_set(conn, state_id=row.id, version_id=version_id, rows=len(parsed.instances))
+    resources.remember_open_set(conn, state_id=row.id, version_id=version_id, rows=parsed.instances)
     locked = locked_row(conn, principal, name, create=False)
     if locked is None or locked.id != row.id or locked.head_version_id is not None or locked.lock_id != row.lock_id:
         raise _Moved(parsed)

@@ -26,7 +26,8 @@ _LOAD_OPEN = """
 SELECT id, address, deposed, attributes_hash FROM resources
 WHERE state_id = %s AND delete_serial IS NULL
 """
-_LIVE_IDS = "SELECT id FROM resources WHERE state_id = %s AND delete_serial IS NULL ORDER BY id"
+_NEXT_ID = "SELECT nextval(pg_get_serial_sequence('resources', 'id'))"
+_LAST_ID = "SELECT currval(pg_get_serial_sequence('resources', 'id'))"
 # The state's head as of now (the caller holds the row lock), and the version the caller inserted at this
 # serial, which becomes the head, stamped updated_at = now(), when the transaction commits.
 _HEADS = """
@@ -206,20 +207,27 @@ def _project(
     return delta
 
 
+def last_row_id(conn: psycopg.Connection, *, advance: bool) -> int:
+    """The last id this session took from the rows' sequence; with ``advance``, a new one taken now."""
+    (row_id,) = conn.execute(_NEXT_ID if advance else _LAST_ID).fetchone() or (0,)
+    return int(row_id)
+
+
 def remember_open_set(conn: psycopg.Connection, *, state_id: int, version_id: int,
-                      rows: Sequence[InstanceRow]) -> None:
+                      rows: Sequence[InstanceRow], after_id: int) -> None:
     """Keep in ``OPEN_SETS`` the open set of a state whose every live row this transaction opened, ``rows``
-    in the order of their COPY, under the head ``version_id`` it is about to make; a state larger than the
-    cache holds is not kept. The COPY took the rows' ids from the table's sequence, one row after the other,
-    so their ids in ascending order are theirs in order: only the ids are read back."""
-    if len(rows) > OPEN_SETS.max_rows:
+    in the order of one COPY that took their ids from the table's sequence after ``after_id``
+    (``last_row_id``), under the head ``version_id`` the transaction is about to make.
+
+    The COPY took one id per row, in order: when the sequence's last id is then ``after_id`` plus the number
+    of rows, no other session took one in between and the ids are exactly the ones after ``after_id``, so
+    nothing is read back. Otherwise, and for a state larger than the cache holds, nothing is kept (the next
+    write reads the open set from the table)."""
+    if len(rows) > OPEN_SETS.max_rows or last_row_id(conn, advance=False) != after_id + len(rows):
         return
-    ids = [row_id for (row_id,) in conn.execute(_LIVE_IDS, (state_id,), binary=True)]
-    if len(ids) != len(rows):
-        return  # rows not of this write: nothing to keep
     (now,) = conn.execute("SELECT now()").fetchone() or (None,)
     following = {(r.address, r.deposed): OpenRow(row_id, r.attributes_hash)
-                 for r, row_id in zip(rows, ids, strict=True)}
+                 for row_id, r in enumerate(rows, start=after_id + 1)}
     OPEN_SETS.put(HeadKey(database_identity(conn), state_id, version_id, now), following)
 
 

@@ -351,6 +351,7 @@ def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, b
     if found is not None:
         check_lock_for_write(found.held_lock, lock_id, name)
     rows_of: list[StateRow] = []  # the state the rows are COPYed into
+    ids_after: list[int] = []  # the rows' ids follow this one (when no other session took one meanwhile)
     with contextlib.ExitStack() as stack:
 
         def watch(doc: Mapping[str, object]) -> Callable[[InstanceRow], None] | None:
@@ -361,6 +362,7 @@ def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, b
             # body takes the usual way without a state created and rolled back (and its id spent).
             row = found or _created_state(conn, principal, name)
             rows_of.append(row)
+            ids_after.append(resources.last_row_id(conn, advance=True))
             return stack.enter_context(resources.row_copy(conn, tenant_id=principal.tenant_id, state_id=row.id,
                                                           serial=serial))
 
@@ -373,7 +375,8 @@ def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, b
         terraform_version=parsed.terraform_version, raw=body, sha256=digest, encrypted=False, source=source,
         actor=principal.actor,
     )
-    resources.remember_open_set(conn, state_id=row.id, version_id=version_id, rows=parsed.instances)
+    resources.remember_open_set(conn, state_id=row.id, version_id=version_id, rows=parsed.instances,
+                                after_id=ids_after[0])
     locked = locked_row(conn, principal, name, create=False)
     if locked is None or locked.id != row.id or locked.head_version_id is not None or locked.lock_id != row.lock_id:
         raise _Moved(parsed)

@@ -22,7 +22,8 @@ from analyzer.state import EncryptedState, ParsedState, parse_state
 from app.domain.locking import UnlockRequest
 from app.domain.principal import default_principal
 from app.errors import SerialConflictError, StateLockedError
-from app.store import Database, states
+from app.store import Database, resources, states
+from app.store.opencache import OPEN_SETS, HeadKey
 from tests.helpers import counted_state, lock_info
 
 WHO = default_principal("first-write-test")
@@ -203,3 +204,32 @@ def test_a_reservation_taken_meanwhile_refuses_the_first_post_and_leaves_no_row(
     assert _count(clean_db, "SELECT count(*) FROM resources") == 0
     assert _count(clean_db, "SELECT count(*) FROM state_versions") == 0
     assert _count(clean_db, "SELECT count(*) FROM events WHERE kind = 'reservation_conflict'") == 1
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["ids in a run", "another session took one"])
+def test_the_first_writes_open_set_is_kept_only_when_its_ids_are_known(
+        db: Database, clean_db: str, interleaved: bool) -> None:
+    states.lock(db, WHO, "s", lock_info("tf-0"))
+    parsed = parse_state(counted_state(1, 30))
+    assert isinstance(parsed, ParsedState)
+    with db.transaction() as conn:
+        state_id = states.find_state(conn, WHO, "s").id
+        after = resources.last_row_id(conn, advance=True)
+        with resources.row_copy(conn, tenant_id=1, state_id=state_id, serial=1) as put:
+            for row in parsed.instances[:10]:
+                put(row)
+            if interleaved:
+                _count(clean_db, "SELECT nextval(pg_get_serial_sequence('resources', 'id'))")
+            for row in parsed.instances[10:]:
+                put(row)
+        resources.remember_open_set(conn, state_id=state_id, version_id=10**9, rows=parsed.instances,
+                                    after_id=after)
+        stored = {(a, d): row_id for row_id, a, d in conn.execute(
+            "SELECT id, address, deposed FROM resources WHERE state_id = %s", (state_id,))}
+        now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        kept = OPEN_SETS.get(HeadKey(resources.database_identity(conn), state_id, 10**9, now))
+        conn.rollback()
+    if interleaved:
+        assert kept is None
+    else:
+        assert kept is not None and {key: row.id for key, row in kept.items()} == stored

@@ -191,6 +191,20 @@ def test_a_first_post_that_is_not_in_terraforms_shape_is_written_the_usual_way(
     assert _head(clean_db, "s") == (5, body)
 
 
+def test_a_first_post_found_odd_after_its_rows_were_sent_stores_none_of_them(
+        db: Database, clean_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _parse_body_calls(monkeypatch)
+    # A key repeated after the resources: the streaming parse declines once every row went into the COPY, and
+    # the whole-document parse (the last "serial" wins) decides what is stored.
+    body = counted_state(5, 6).rstrip()[:-1] + b', "serial": 6}'
+    assert json.loads(body)["serial"] == 6
+    result = states.write_state(db, WHO, "s", body, lock_id=None)
+    assert calls == [1] and (result.serial, result.opened) == (6, 6)
+    assert _rows(clean_db, "s") == _expected(body)
+    assert _count(clean_db, "SELECT count(*) FROM resources") == 6
+    assert _head(clean_db, "s") == (6, body)
+
+
 def test_a_reservation_taken_meanwhile_refuses_the_first_post_and_leaves_no_row(
         client: Any, clean_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def reserve() -> None:

@@ -369,14 +369,24 @@ def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, b
         parsed = parse_state_watched(body, watch)
         if parsed is None or not rows_of:
             raise _Moved(parsed)  # raised inside the COPY, so it fails and stores nothing
-    row = rows_of[0]
+    try:
+        return _commit_first(conn, principal, name, body, digest, parsed, rows_of[0], lock_id=lock_id,
+                             source=source, ids_after=ids_after[0])
+    except (psycopg.Error, StateLockedError, SerialConflictError):
+        raise _Moved(parsed) from None  # the usual way answers it, without parsing again
+
+
+def _commit_first(conn: psycopg.Connection, principal: Principal, name: str, body: bytes, digest: str,
+                  parsed: ParsedState, row: StateRow, *, lock_id: str | None, source: str,
+                  ids_after: int) -> WriteResult:
+    """The optimistic first write once its rows are in: the version, then the row lock and its checks."""
     version_id = rawwrite.insert_version(
         conn, tenant_id=principal.tenant_id, state_id=row.id, serial=parsed.serial, lineage=parsed.lineage,
         terraform_version=parsed.terraform_version, raw=body, sha256=digest, encrypted=False, source=source,
         actor=principal.actor,
     )
     resources.remember_open_set(conn, state_id=row.id, version_id=version_id, rows=parsed.instances,
-                                after_id=ids_after[0])
+                                after_id=ids_after)
     locked = locked_row(conn, principal, name, create=False)
     if locked is None or locked.id != row.id or locked.head_version_id is not None or locked.lock_id != row.lock_id:
         raise _Moved(parsed)

@@ -91,12 +91,6 @@ _PIECE_BYTES = 1 << 20
 _RUN_ROWS = 500  # instances of one resource encoded together
 _ORDERS_KEPT = 64  # distinct field sets whose order an encoder remembers
 _INSTANCE_FIELDS = frozenset(_INSTANCE_FIELD_ORDER)
-# What ``_Encoder.ordered`` compares, read for a whole run by ``map``; a deposed field that is null or absent
-# reads as "" one at a time, so a run with one only takes the one-at-a-time path.
-_GET_INDEX_KEY = operator.methodcaller("get", "index_key")
-_GET_DEPOSED = operator.methodcaller("get", "deposed", "")
-_ROW_INDEX_KEY = operator.attrgetter("index_key")
-_ROW_DEPOSED = operator.attrgetter("deposed")
 # orjson writes items in an array nested four deep at an instance item's depth: each after
 # _INSTANCE_INDENT, joined by ",", between these.
 _NESTED_OPEN = b"[\n  [\n    [\n      ["
@@ -303,24 +297,12 @@ class _Encoder:
             return None
         if self._differs(joined):  # the separator cannot complete a match across two texts
             return None
+        loads = orjson.loads
         try:
-            ordered = self._ordered_run(rows, list(map(orjson.loads, texts)))
+            ordered = [self.ordered(row, loads(text)) for row, text in zip(rows, texts, strict=True)]
             return orjson.dumps([[[ordered]]], option=orjson.OPT_INDENT_2)[len(_NESTED_OPEN):-len(_NESTED_CLOSE)]
         except (orjson.JSONDecodeError, orjson.JSONEncodeError):
             return None
-
-    def _ordered_run(self, rows: list[InstanceRow | AssemblyRow], instances: list[Any]) -> list[dict[str, Any]]:
-        """``ordered`` of each row and its instance, checked and reordered for the whole run at once when
-        every instance agrees with its row and has the first one's fields, all of them Terraform's (then
-        their order is that of the first); one at a time otherwise, which decides and raises as before."""
-        first = instances[0]
-        if (isinstance(first, dict) and first.keys() <= _INSTANCE_FIELDS
-                and all(map(first.keys().__eq__, map(dict.keys, instances)))
-                and list(map(_GET_INDEX_KEY, instances)) == list(map(_ROW_INDEX_KEY, rows))
-                and list(map(_GET_DEPOSED, instances)) == list(map(_ROW_DEPOSED, rows))):
-            order, values = self._order_of(first)
-            return [dict(zip(order, got, strict=True)) for got in map(values, instances)]
-        return [self.ordered(row, instance) for row, instance in zip(rows, instances, strict=True)]
 
     def instance(self, row: InstanceRow | AssemblyRow) -> bytes:
         instance, fast = self.load(row.instance_json)
@@ -331,11 +313,6 @@ class _Encoder:
         come); raises ValueError when its key or deposed field disagrees with the row."""
         if instance.get("index_key") != row.index_key or (instance.get("deposed") or "") != row.deposed:
             raise ValueError(f"{row.address}: instance_json disagrees with the row's index_key or deposed")
-        order, values = self._order_of(instance)
-        return dict(zip(order, values(instance), strict=True))
-
-    def _order_of(self, instance: dict[str, Any]) -> tuple[tuple[str, ...], Callable[[dict[str, Any]], tuple[Any, ...]]]:
-        """Terraform's order of ``instance``'s fields, and what reads its values in that order."""
         keys = tuple(instance)
         known = self.orders.get(keys)
         if known is None:
@@ -344,7 +321,8 @@ class _Encoder:
             known = (order, _values_in(order))
             if len(self.orders) < _ORDERS_KEPT:
                 self.orders[keys] = known
-        return known
+        order, values = known
+        return dict(zip(order, values(instance), strict=True))
 
 
 def _values_in(order: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:

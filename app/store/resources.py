@@ -133,7 +133,7 @@ _CLOSE_ASSEMBLY = "CLOSE kl_assembly_rows"
 # holds the rows it carries: about 1.2 times the assembled state's size (100 MB for a state of 85 MB, 200,000
 # instances), so a state to about 200 MB sorts in memory and a larger one spills as before. It is Postgres's
 # memory, taken only as the rows need it and freed when the cursor closes, never the server process's; the
-# large-body limit bounds how many assemblies run at once.
+# large-body limit bounds how many first readers take it at once (docs/http-backend.md).
 SORT_MEMORY = "256MB"
 _SORT_MEMORY = "SELECT current_setting('work_mem'), set_config('work_mem', %s, true)"
 _RESTORE_MEMORY = "SELECT set_config('work_mem', %s, true)"

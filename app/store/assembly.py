@@ -14,8 +14,7 @@ never change (later writes only close rows at higher serials), so the assembly i
 commits run alongside.
 
 The assembly streams: rows come from a server-side cursor in the state's order, with only the columns
-the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows``; Postgres sorts
-them in memory up to ``resources.SORT_MEMORY``, its own memory, not this process's),
+the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows``),
 ``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each piece goes to the
 reader as it comes and into a temporary table on the same connection between row fetches (``CacheWriter``,
 stored uncompressed; the next batch's FETCH is pipelined, so Postgres writes it while the caller encodes

@@ -128,15 +128,6 @@ FROM (SELECT module, mode, type, name, address, index_key, deposed, provider, in
 """
 _DECLARE_ASSEMBLY = f"DECLARE kl_assembly_rows NO SCROLL CURSOR FOR {_STREAM_FOR_ASSEMBLY}"
 _CLOSE_ASSEMBLY = "CLOSE kl_assembly_rows"
-# The memory Postgres may give the cursor's sort (its ``work_mem``, for the first FETCH only, where the sort
-# runs), so that it sorts in memory instead of merging runs written to disk at the default 4 MB. The sort
-# holds the rows it carries: about 1.2 times the assembled state's size (100 MB for a state of 85 MB, 200,000
-# instances), so a state to about 200 MB sorts in memory and a larger one spills as before. It is Postgres's
-# memory, taken only as the rows need it and freed when the cursor closes, never the server process's; the
-# large-body limit bounds how many first readers take it at once (docs/http-backend.md).
-SORT_MEMORY = "256MB"
-_SORT_MEMORY = "SELECT current_setting('work_mem'), set_config('work_mem', %s, true)"
-_RESTORE_MEMORY = "SELECT set_config('work_mem', %s, true)"
 # The instance objects whose rows opened or closed after one serial, up to another.
 _CHANGED_BETWEEN = """
 SELECT DISTINCT address, deposed, module, mode, type, name, index_key FROM resources
@@ -358,7 +349,7 @@ def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int
     fetch = f"FETCH {STREAM_BATCH} FROM kl_assembly_rows".encode()
     new = tuple.__new__  # AssemblyRow._make without its length check: the query gives nine columns
     try:
-        batch = _first_batch(conn, fetch)
+        batch = conn.cursor(binary=True).execute(fetch).fetchall()
         while batch:
             if between is not None:
                 between()
@@ -374,17 +365,6 @@ def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int
         # failed transaction has closed it already.
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
             conn.execute(_CLOSE_ASSEMBLY)
-
-
-def _first_batch(conn: psycopg.Connection, fetch: bytes) -> list[Any]:
-    """The cursor's first FETCH, which runs its sort, with ``SORT_MEMORY`` for it; the transaction's own
-    ``work_mem`` back for whatever follows."""
-    found = conn.execute(_SORT_MEMORY, (SORT_MEMORY,)).fetchone()
-    try:
-        return conn.cursor(binary=True).execute(fetch).fetchall()
-    finally:
-        if found is not None and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-            conn.execute(_RESTORE_MEMORY, (found[0],))
 
 
 def _index_key(text: str | None, json_type: str | None) -> Any:

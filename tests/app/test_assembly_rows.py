@@ -12,8 +12,7 @@ import psycopg
 import pytest
 
 from analyzer.state_assembly import row_order
-from app.domain.principal import default_principal
-from app.store import Database, assembly, resources, states
+from app.store import assembly, resources
 from tests.app.test_lazy_state import STATE, commit_one, stored
 from tests.helpers import counted_state
 
@@ -85,25 +84,3 @@ def test_pieces_written_between_pipelined_fetches_cache_the_bytes_the_reader_get
     assert cached is not None and bytes(cached[0]) == body
     assert cached[1] == hashlib.sha256(body).hexdigest()
     assert body == client.get(STATE).data
-
-
-def _temp_files(conn: psycopg.Connection, pid: int) -> int:
-    """The temporary files (a sort's runs written to disk) the backend ``pid`` holds now."""
-    found = conn.execute("SELECT count(*) FROM pg_ls_tmpdir() WHERE name LIKE %s", (f"pgsql_tmp{pid}.%",)).fetchone()
-    assert found is not None
-    return int(found[0])
-
-
-def test_the_sort_of_a_state_larger_than_the_default_work_mem_stays_in_memory(db: Database, clean_db: str) -> None:
-    # 20,000 instances carry about 10 MB into the sort: an external merge at the default 4 MB of work_mem.
-    # (Written at the store: a POST this large would build a splice base in the background.)
-    states.write_state(db, default_principal("test"), "big", counted_state(1, 20_000), lock_id=None)
-    state_id, serial = _head(clean_db)
-    with psycopg.connect(clean_db) as conn, psycopg.connect(clean_db, autocommit=True) as watcher:
-        conn.execute("SET work_mem = '4MB'")
-        rows = resources.stream_assembly_rows(conn, state_id=state_id, serial=serial)
-        next(rows)  # the sort has run; an external one keeps its runs on disk until the cursor closes
-        assert _temp_files(watcher, conn.info.backend_pid) == 0
-        # The transaction's own setting is back for whatever follows the first fetch.
-        assert conn.execute("SHOW work_mem").fetchone() == ("4MB",)
-        assert sum(1 for _ in rows) == 20_000 - 1

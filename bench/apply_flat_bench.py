@@ -9,8 +9,10 @@ Run from the repository root:
 
 For each size it writes the configuration and the state of ``bench.filescoped_bench`` (``terraform_data``
 resources, 100 per file) into a scratch directory, loads the state with one POST into the real server
-(``bench.backend_bench.Harness``), then edits one resource of one file and runs ``kl apply -f THAT.tf
---confirm-scope`` as a CLI process, end to end (plan over the minimal workspace, reservation, Terraform apply,
+(``bench.backend_bench.Harness``), waits until the server's work after that bulk write has finished (the
+statistics refresh and the splice base of the POSTed version, on the server's threads in this process: about a
+minute at 500,000 instances; ``Harness.settle``), then edits one resource of one file and runs ``kl apply -f
+THAT.tf --confirm-scope`` as a CLI process, end to end (plan over the minimal workspace, reservation, Terraform apply,
 row commit). Every apply must commit and advance the trunk by one serial; anything else aborts. Rounds
 alternate between the sizes so both see the same machine. Every request the CLI makes is timed inside the
 server (method, route, seconds), so what grows with the state shows per endpoint.

@@ -17,7 +17,6 @@ compare the lines.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -85,12 +84,8 @@ def _lookups(state_id: int) -> list[tuple[str, str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.address_lookups_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", type=int, default=200000, help="instances (default: %(default)s)")
+    p = common.printing_parser("address_lookups_bench", __doc__ or "", size=200000)
     p.add_argument("--repeat", type=int, default=5, help="EXPLAIN ANALYZE runs per lookup (default: %(default)s)")
-    p.add_argument("--database-url", default=common.DEFAULT_DATABASE_URL,
-                   help="Postgres server to create the scratch database on (default: %(default)s)")
     args = p.parse_args(argv)
     from app.domain.principal import Principal
     from app.store import states

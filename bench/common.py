@@ -63,6 +63,17 @@ def bench_parser(module: str, doc: str, *, section: str, default_out: Path = DEF
     return p
 
 
+def printing_parser(module: str, doc: str, *, size: int, what: str = "instances") -> argparse.ArgumentParser:
+    """The options of a bench that prints only (no --out): --size and --database-url, the module's docstring
+    as its help."""
+    p = argparse.ArgumentParser(prog=f"python -m bench.{module}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=size, help=f"{what} (default: %(default)s)")
+    p.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
+                   help="Postgres server to create the scratch database on (default: %(default)s)")
+    return p
+
+
 def out_path(args: argparse.Namespace, default: Path = DEFAULT_OUT) -> Path | None:
     """Where a run writes its section: ``--out``, else ``default`` for a full run and nowhere for ``--quick``."""
     out: Path | None = args.out

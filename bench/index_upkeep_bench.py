@@ -19,7 +19,6 @@ insert trigger, and little of what a busy machine adds to the wall time. It prin
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -43,16 +42,12 @@ def _backend_cpu(pid: int) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.index_upkeep_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", type=int, default=200000, help="instances (default: %(default)s)")
+    p = common.printing_parser("index_upkeep_bench", __doc__ or "", size=200000)
     p.add_argument("--rounds", type=int, default=5, help="COPYs into each schema (default: %(default)s)")
     p.add_argument("--before", type=int, default=29,
                    help="compare with the schema before this migration (default: %(default)s)")
     p.add_argument("--drop-index", action="append", default=[], metavar="NAME",
                    help="compare with the current schema without this index instead (repeatable)")
-    p.add_argument("--database-url", default=common.DEFAULT_DATABASE_URL,
-                   help="Postgres server to create the scratch databases on (default: %(default)s)")
     args = p.parse_args(argv)
     from analyzer.staterows import ParsedState
     from app.domain.principal import Principal

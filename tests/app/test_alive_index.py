@@ -65,21 +65,25 @@ def test_one_index_keys_the_live_rows_by_address(db: Database) -> None:
 
 
 def test_at_most_one_live_row_per_state_address_and_deposed(db: Database) -> None:
-    states.write_state(db, WHO, "one", state(1, [resource("x", [instance(0, "a")])]), lock_id=None)
+    body = state(1, [resource("x", [instance(0, "a")])])
+    states.write_state(db, WHO, "one", body, lock_id=None)
+    states.write_state(db, WHO, "other", body, lock_id=None)  # the same address live in another state
     copy = """
         INSERT INTO resources (tenant_id, state_id, address, resource_address, module, mode, type, name, index_key,
                                deposed, status, provider, instance, attributes_hash, dependencies, create_serial)
         SELECT tenant_id, state_id, address, resource_address, module, mode, type, name, index_key, %s, status,
                provider, instance, attributes_hash, dependencies, create_serial
-        FROM resources WHERE address = 'terraform_data.x[0]'"""
+        FROM resources WHERE address = 'terraform_data.x[0]' AND state_id = %s"""
     with pytest.raises(psycopg.errors.UniqueViolation), db.transaction() as conn:
-        conn.execute(copy, ("",))
+        one = states.find_state(conn, WHO, "one").id
+        conn.execute(copy, ("", one))
     with db.transaction() as conn:
-        conn.execute(copy, ("0a1b2c3d",))  # a deposed object of the same instance is another object
-        conn.execute("UPDATE resources SET delete_serial = 2 WHERE address = 'terraform_data.x[0]' AND deposed = ''")
-        conn.execute(copy.replace("FROM resources WHERE", "FROM resources WHERE delete_serial = 2 AND"), ("",))
-        live = conn.execute("SELECT deposed FROM resources WHERE delete_serial IS NULL ORDER BY 1").fetchall()
-    assert live == [("",), ("0a1b2c3d",)]  # once its row is closed, the instance may open a new one
+        conn.execute(copy, ("0a1b2c3d", one))  # a deposed object of the same instance is another object
+        conn.execute("UPDATE resources SET delete_serial = 2 WHERE state_id = %s AND deposed = ''", (one,))
+        conn.execute(copy.replace("FROM resources WHERE", "FROM resources WHERE delete_serial = 2 AND"), ("", one))
+        live = conn.execute("SELECT state_id = %s, deposed FROM resources WHERE delete_serial IS NULL ORDER BY 1, 2",
+                            (one,)).fetchall()
+    assert live == [(False, ""), (True, ""), (True, "0a1b2c3d")]  # its row closed, the instance opened a new one
 
 
 def test_exact_and_prefix_lookups_of_live_rows_are_scans_of_the_one_index(db: Database) -> None:

@@ -7,9 +7,10 @@
 -- `address = …` and the `~>=~`/`~<~` range of a prefix, and, read in order, gives the live rows in the byte
 -- order of their addresses (`ORDER BY address USING ~<~`).
 --
--- Built before the old ones are dropped, so the rule is enforced throughout; the migration holds the table's
--- write lock while it builds (migrations run in one transaction, which CREATE INDEX CONCURRENTLY cannot).
--- The new index takes the old unique index's name.
+-- Built before the old ones are dropped, so the rule is enforced throughout. Migrations run in one transaction,
+-- where CREATE INDEX CONCURRENTLY cannot: the build lets reads of resources through and holds writes, and the
+-- drops then hold the table until the migration commits, just after. The new index takes the old unique
+-- index's name.
 CREATE UNIQUE INDEX resources_alive_key_uq ON resources (state_id, address text_pattern_ops, deposed)
     WHERE delete_serial IS NULL;
 DROP INDEX resources_alive_uq;

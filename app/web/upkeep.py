@@ -5,14 +5,19 @@ A whole-state POST that opens ``states.BULK_ROWS`` rows or more leaves the plann
 backend lane hands that upkeep to ``request`` and answers; this process's ``kl-upkeep`` thread then runs it
 on a pooled connection of its own, outside every state's row lock, so no client waits for it and the
 embedded default needs no Redis or worker process. Both steps cover the whole table, not one state, so
-requests coalesce: however many bulk writes ask while one refresh runs, one more refresh follows it (a
-queue of at most one). Work that should see the refreshed statistics (the splice base of the written
-version, whose scan of the rows is then planned for the state's real size) is handed to ``then``, which
-runs it on this thread once the refresh that covers the write has run. Until then, reads are answered as
-before, with the plans the older statistics give. A failure is logged by its class alone (the database's
-message may quote state content); the next bulk write asks again. The thread starts with the first
-request (so a process forked after ``create_app`` starts its own), and a process that stops loses a
-pending refresh, which vacuum's own analyze and pending-list cleanup then make up for.
+requests coalesce: however many bulk writes ask while one refresh waits, that one covers them all, and one
+asked for while a refresh runs follows it. Work handed on with ``later`` (the changed attribute names of a
+write that replaced many rows, ``states.write_state``) joins the same queue, after the refresh its write
+asked for, so it is planned with the refreshed statistics; the thread runs the queue in order, one item at a
+time. Quick work that should see the refreshed statistics (the submission of the written version's splice
+base, whose scan of the rows is then planned for the state's real size) is handed to ``then``, which queues
+it behind a pending or running refresh and runs it at once when there is none. Until then, reads are
+answered as before, with the plans the older statistics give (and history reads derive the names not yet
+recorded). ``pending`` counts what is queued or running, for ``/metrics``. A failure is logged by its class
+alone (the database's message may quote state content); the next bulk write asks again. The thread starts
+with the first request (so a process forked after ``create_app`` starts its own), and a process that stops
+loses what is queued: vacuum's own analyze and pending-list cleanup make up for a refresh, and history reads
+for names never recorded.
 """
 
 from __future__ import annotations

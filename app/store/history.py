@@ -137,18 +137,18 @@ SELECT x.address, x.deposed, x.status, x.create_serial, x.delete_serial, coalesc
        coalesce(c.sensitive, f.hidden, 0)
 FROM unnest(%(addresses)s::text[]) AS e(address)
 CROSS JOIN LATERAL (
-    SELECT r.id, r.address, r.deposed, r.status, r.create_serial, r.delete_serial
+    SELECT r.id, r.address, r.deposed, r.status, r.create_serial, r.delete_serial, r.instance
     FROM resources r WHERE r.state_id = %(state)s AND r.address = e.address
     ORDER BY r.create_serial DESC LIMIT %(per)s
 ) x
 LEFT JOIN resource_changes c ON c.resource_id = x.id
 LEFT JOIN LATERAL (
     SELECT d.names, d.hidden
-    FROM resources n
-    JOIN resources o ON o.state_id = %(state)s AND o.address = n.address AND o.deposed = n.deposed
-                    AND o.delete_serial = n.create_serial
+    FROM (SELECT x.instance) n(instance)
+    JOIN resources o ON o.state_id = %(state)s AND o.address = x.address AND o.deposed = x.deposed
+                    AND o.delete_serial = x.create_serial
     """ + _DIFFER + """
-    WHERE n.id = x.id AND c.resource_id IS NULL
+    WHERE c.resource_id IS NULL
 ) f ON true
 """
 # Who wrote the versions at some serials.

@@ -145,10 +145,15 @@ LEFT JOIN resource_changes c ON c.resource_id = x.id
 LEFT JOIN LATERAL (
     SELECT d.names, d.hidden
     FROM (SELECT x.instance) n(instance)
-    JOIN resources o ON o.state_id = %(state)s AND o.address = x.address AND o.deposed = x.deposed
-                    AND o.delete_serial = x.create_serial
+    CROSS JOIN LATERAL (
+        SELECT p.instance FROM resources p
+        WHERE p.state_id = %(state)s AND p.address = x.address AND p.create_serial < x.create_serial
+          AND p.deposed = x.deposed AND p.delete_serial = x.create_serial
+        ORDER BY p.create_serial DESC LIMIT 1
+    ) o
     """ + _DIFFER + """
     WHERE c.resource_id IS NULL
+    OFFSET 0
 ) f ON true
 """
 # Who wrote the versions at some serials.

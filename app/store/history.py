@@ -131,7 +131,10 @@ WHERE e.address ~>~ %(after)s
 # attribute names each one changed: as recorded, or, for a lifecycle that replaced an earlier row and has
 # no names recorded yet (a large write's names are recorded after its answer, ``app.web.upkeep``), derived
 # here from the two rows by the recording statement's own comparison. So a reader never sees such a
-# change without its names, whenever it reads.
+# change without its names, whenever it reads. The replaced row is looked up only for a lifecycle with no
+# names recorded (``OFFSET 0`` keeps the test a one-time filter rather than a join filter after the lookup),
+# newest first on the address's own index: by ``delete_serial`` the planner would scan every row the write
+# closed for each lifecycle.
 _LIFECYCLES = """
 SELECT x.address, x.deposed, x.status, x.create_serial, x.delete_serial, coalesce(c.names, f.names),
        coalesce(c.sensitive, f.hidden, 0)

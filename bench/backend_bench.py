@@ -328,17 +328,15 @@ class Harness:
             conn.execute(drop)
 
     def settle(self, timeout: float = 600.0) -> float:
-        """Wait until the server's work after a bulk write (the statistics refresh, then the splice base of the
-        written version) is done, so what is timed next does not share the machine with it; the seconds waited."""
+        """Wait until the server's work after a bulk write (the statistics refresh and the work queued behind it,
+        then the splice base of the written version, which the upkeep submits from its queue) is done, so what is
+        timed next does not share the machine with it; the seconds waited."""
         started = time.perf_counter()
         found = self._app.extensions["kilolock"]
-        # Twice: the upkeep hands the splice base over just after its join returns.
-        for _ in range(2):
-            if found.upkeep is not None and not found.upkeep.join(timeout):
-                raise BenchError(f"the server's upkeep after a bulk write did not finish within {timeout:.0f}s")
-            time.sleep(0.2)
-            if found.splice_bases is not None:
-                found.splice_bases.join()
+        if found.upkeep is not None and not found.upkeep.join(timeout):
+            raise BenchError(f"the server's upkeep after a bulk write did not finish within {timeout:.0f}s")
+        if found.splice_bases is not None:
+            found.splice_bases.join()
         return time.perf_counter() - started
 
     @property

@@ -281,9 +281,10 @@ class _Footprinter(Checks):
             if not index.complete:
                 self._index_parsed(path, text)
                 continue
-            for position in sorted(index.bad):
-                header = index.headers[position]
-                self._valid_labels(path, header.line, header.type, header.labels)
+            if index.bad:
+                for position in sorted(index.bad):
+                    header = index.headers[position]
+                    self._valid_labels(path, header.line, header.type, header.labels)
             for header, definition in self.index.add_index(path, index):
                 self._collect(definition, header.type, header.labels)
         return selected_blocks

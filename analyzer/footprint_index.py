@@ -90,14 +90,15 @@ class FileIndex:
 class Declared(Mapping[str, int]):
     """A file's ``names`` as it pickles: the addresses joined into one string and their positions as one array,
     so unpickling a cache of many files makes two objects per file, not two per declaration. Iterating it (what
-    ``DefinitionIndex.expect`` and a merge do) splits the string; a lookup by address makes the dictionary."""
+    ``DefinitionIndex.expect`` and a merge do) splits the string afresh each time and keeps nothing: one pass needs
+    the names once, and keeping them would hold every declared name of the configuration as a string of its own
+    (half a million at 5,000 files) until the index goes. A lookup by address makes the dictionary, kept."""
 
-    __slots__ = ("_addresses", "_count", "_map", "_positions", "_split")
+    __slots__ = ("_addresses", "_count", "_map", "_positions")
 
     def __init__(self, addresses: str, positions: bytes) -> None:
         self._addresses, self._positions = addresses, positions
         self._count = len(positions) // _POSITIONS_ITEMSIZE
-        self._split: list[str] | None = None
         self._map: dict[str, int] | None = None
 
     @staticmethod
@@ -108,9 +109,7 @@ class Declared(Mapping[str, int]):
         return Declared(_SEPARATOR.join(names), array(_POSITIONS_TYPE, names.values()).tobytes())
 
     def _addresses_list(self) -> list[str]:
-        if self._split is None:
-            self._split = self._addresses.split(_SEPARATOR) if self._count else []
-        return self._split
+        return self._addresses.split(_SEPARATOR) if self._count else []
 
     def _mapping(self) -> dict[str, int]:
         if self._map is None:

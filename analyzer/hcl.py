@@ -64,16 +64,20 @@ class ParseCache:
     # content sha256 -> the footprint's index of the prescanned text (``analyzer.footprint_index.FileIndex``)
     prescans: dict[str, Any] = field(default_factory=dict)
     parse_count: int = 0  # full or partial parses made through this cache (observability for callers)
-    # text -> content_digest(text), this run's memo so each text is hashed once (not persisted: see digest)
-    digests: dict[str, str] = field(default_factory=dict)
+    # id(text) -> (text, content_digest(text)), this run's memo so each text is hashed once (not persisted: see
+    # digest)
+    digests: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def digest(self, text: str) -> str:
-        """``content_digest(text)``, hashed once per text for as long as this cache lives in memory (keyed by
-        the text itself, so an edited file is a different key and is hashed again)."""
-        found = self.digests.get(text)
-        if found is None:
-            found = self.digests[text] = content_digest(text)
-        return found
+        """``content_digest(text)``, hashed once per text object for as long as this cache lives in memory. The
+        memo is keyed by the object's identity and holds the object, so the key cannot be reused by another
+        text while the entry exists, and a text is never hashed a second time to be looked up (``str`` hashes
+        its whole content for a dictionary key: the configuration's bytes once more). An edited file, or an
+        equal text in another object, is another key and is hashed again."""
+        found = self.digests.get(id(text))
+        if found is None or found[0] is not text:
+            found = self.digests[id(text)] = (text, content_digest(text))
+        return found[1]
 
     def __len__(self) -> int:
         return len(self.analyses) + len(self.blocks)

@@ -327,6 +327,18 @@ class Harness:
             drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.dbname))
             conn.execute(drop)
 
+    def settle(self, timeout: float = 600.0) -> float:
+        """Wait until the server's work after a bulk write (the statistics refresh and the work queued behind it,
+        then the splice base of the written version, which the upkeep submits from its queue) is done, so what is
+        timed next does not share the machine with it; the seconds waited."""
+        started = time.perf_counter()
+        found = self._app.extensions["kilolock"]
+        if found.upkeep is not None and not found.upkeep.join(timeout):
+            raise BenchError(f"the server's upkeep after a bulk write did not finish within {timeout:.0f}s")
+        if found.splice_bases is not None:
+            found.splice_bases.join()
+        return time.perf_counter() - started
+
     @property
     def side(self) -> psycopg.Connection:
         assert self._side is not None

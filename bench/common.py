@@ -63,6 +63,17 @@ def bench_parser(module: str, doc: str, *, section: str, default_out: Path = DEF
     return p
 
 
+def printing_parser(module: str, doc: str, *, size: int, what: str = "instances") -> argparse.ArgumentParser:
+    """The options of a bench that prints only (no --out): --size and --database-url, the module's docstring
+    as its help."""
+    p = argparse.ArgumentParser(prog=f"python -m bench.{module}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=size, help=f"{what} (default: %(default)s)")
+    p.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
+                   help="Postgres server to create the scratch database on (default: %(default)s)")
+    return p
+
+
 def out_path(args: argparse.Namespace, default: Path = DEFAULT_OUT) -> Path | None:
     """Where a run writes its section: ``--out``, else ``default`` for a full run and nowhere for ``--quick``."""
     out: Path | None = args.out
@@ -135,6 +146,41 @@ def http_backend(url: str) -> str:
     """A ``terraform`` block pointing Terraform's http backend (and its lock) at a Kilolock state URL."""
     return (f'terraform {{\n  backend "http" {{\n    address        = "{url}"\n    lock_address   = "{url}"\n'
             f'    unlock_address = "{url}"\n    lock_method    = "LOCK"\n    unlock_method  = "UNLOCK"\n  }}\n}}\n')
+
+
+# --- the server's background work ------------------------------------------------------------------
+
+_BACKGROUND = re.compile(r'^kilolock_background_pending\{queue="([^"]*)"\} (\S+)$', re.M)
+
+
+def background_pending(metrics: str) -> dict[str, float]:
+    """The ``kilolock_background_pending`` gauge of a server's ``/metrics`` text, by queue (``upkeep``: statistics
+    refreshes and changed attribute names after bulk writes; ``splice_bases``: splice base builds)."""
+    found = {queue: float(value) for queue, value in _BACKGROUND.findall(metrics)}
+    if not found:
+        raise BenchError("the server's /metrics has no kilolock_background_pending gauge: is it this checkout's?")
+    return found
+
+
+def wait_until_idle(server_url: str, session: Any = None, *, timeout: float = 1800.0, poll: float = 0.1) -> float:
+    """Wait until the server (one process: a scrape reads the process that answers it) has no background work
+    queued or running, so what a bench times next does not share the CPU and the database with the upkeep of
+    an earlier write; the seconds waited."""
+    import time
+
+    import requests
+
+    get = (session or requests).get
+    started = time.monotonic()
+    while True:
+        resp = get(f"{server_url}/metrics", timeout=60)
+        if resp.status_code != 200:
+            raise BenchError(f"GET /metrics answered {resp.status_code}")
+        if not any(background_pending(resp.text).values()):
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise BenchError(f"the server's background work did not finish within {timeout:.0f} s")
+        time.sleep(poll)
 
 
 # --- the machine description -----------------------------------------------------------------------

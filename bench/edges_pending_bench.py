@@ -14,7 +14,6 @@ again, in the same process and database. Prints only; the numbers go to docs/ben
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -35,12 +34,8 @@ def _body(size: int) -> bytes:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.edges_pending_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", type=int, default=200000, help="resources (default: %(default)s)")
+    p = common.printing_parser("edges_pending_bench", __doc__ or "", size=200000, what="resources")
     p.add_argument("--reps", type=int, default=7, help="lookups timed each way (default: %(default)s)")
-    p.add_argument("--database-url", default=common.DEFAULT_DATABASE_URL,
-                   help="Postgres server to create the scratch database on (default: %(default)s)")
     args = p.parse_args(argv)
     from app.domain.principal import Principal
     from app.store import graph, states

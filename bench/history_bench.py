@@ -10,7 +10,7 @@ A scratch database (migrated) holds one state. Serial 1 is a whole-state write t
 ``module.hot.terraform_data.x`` instances. Each later serial, up to 200, is built directly in the store as
 a commit that changes every hot instance would leave it: the hot rows closed and reopened with a new value
 (one UPDATE and one INSERT … SELECT), the version row, and the product's own
-``history.record_changed_names`` over the 1,000 keys (its time is reported: it is what a commit adds). So
+``history.record_changed_names`` over the 1,000 rows replaced (its time is reported: it is what a commit adds). So
 each hot address has 200 lifecycles and the table 249,000 rows: the worst case of the targets.
 
 Timed at the store, in process (``app.store.graph.blame``, whose queries are index range scans): one hot
@@ -44,7 +44,6 @@ def _build(db: Database, url: str, instances: int, hot: int, versions: int) -> f
     body = state(1, [resource("cold", [instance(i, f"c{i}") for i in range(instances - hot)]),
                      resource("x", [instance(i, f"h{i}") for i in range(hot)], module="module.hot")])
     states.write_state(db, default_principal("bench"), STATE, body, lock_id=None)
-    keys = [(f"module.hot.terraform_data.x[{i}]", "") for i in range(hot)]
     timings = []
     with psycopg.connect(url, autocommit=False) as conn:
         (state_id,) = conn.execute("SELECT id FROM states WHERE name = %s", (STATE,)).fetchone() or (0,)
@@ -68,7 +67,7 @@ def _build(db: Database, url: str, instances: int, hot: int, versions: int) -> f
                 VALUES (1, %s, %s, '11111111-2222-3333-4444-555555555555', 'http', 'bench', 'ci')""",
                          (state_id, serial))
             started = time.perf_counter()
-            history.record_changed_names(conn, state_id=state_id, serial=serial, keys=keys)
+            history.record_changed_names(conn, state_id=state_id, serial=serial)
             timings.append(time.perf_counter() - started)
             conn.execute("UPDATE states SET current_serial = %s WHERE id = %s", (serial, state_id))
             conn.commit()

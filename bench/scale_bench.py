@@ -24,6 +24,12 @@ one-change POST, waits until its version's splice base is stored (timing the wai
 and times the first GET after 12 commits over it, spliced from that base. The POST floor is ``json.loads`` +
 ``hashlib.sha256`` of the same body in the benchmark process, best of 3.
 
+Before each timed POST and GET after the first POST it waits until the server is idle: until its
+``/metrics`` gauge ``kilolock_background_pending`` (this one worker's queues: the upkeep thread's statistics
+refresh, pending-list fold and changed attribute names after a bulk write, and the splice base builder) reads
+0 for every queue. A write's background work is then never timed as part of the next read or write; the
+waits are logged, not reported (they are the upkeep's time, not a client's).
+
 Then, on the shape of ``bench.filescoped_bench`` (N ``terraform_data`` resources of one instance, 100 per
 file, served by the in-process ``Harness``) and with its code: ``kl plan -f`` of one file with 100 edited
 resources, cold and warm parse cache (``filescoped_bench.SizeBench``); a one-instance ``kl apply -f``
@@ -103,6 +109,7 @@ class SizeResult:
     vanilla: float | None = None           # seconds; None: not run, or did not finish (vanilla_note says which)
     vanilla_note: str = ""
     slice_load: str = ""
+    idle_waits: list[float] = field(default_factory=list)  # seconds each wait for the server's idle upkeep took
 
 
 def best_of(runs: int, fn: Callable[[], object]) -> float:
@@ -144,7 +151,9 @@ def measure(database_url: str, n: int) -> SizeResult:
             with Sampler(server.worker) as peak:
                 res.first_post, _ = timed_request(session, "POST", url, body=body)
             res.rss_post = peak.peak
+            idle(server, session, res)
             res.change_post, _ = timed_request(session, "POST", url, body=changed)
+            idle(server, session, res)
             res.raw_get, got = timed_request(session, "GET", url)
             if got != changed:
                 raise BenchError("GET of the POSTed head did not return its bytes")
@@ -152,23 +161,27 @@ def measure(database_url: str, n: int) -> SizeResult:
             for k in range(COMMITS):
                 serial, seconds = commit_cycle(session, server.url, (k * 7919) % n, f"scale-{k}", serial)
                 res.commits.append(seconds)
+            idle(server, session, res)
             res.rss_before_get = _status(server.worker, "VmRSS")
             with Sampler(server.worker) as peak:
                 res.first_get, first = timed_request(session, "GET", url)
             res.rss_first_get = peak.peak
+            idle(server, session, res)
             res.cached_get, again = timed_request(session, "GET", url)
             doc = json.loads(first)
             if first != again or doc["serial"] != serial or len(doc["resources"][0]["instances"]) != n:
                 raise BenchError("the GETs after the commits do not agree with the commits")
             for k in range(COMMITS):
                 serial, _ = commit_cycle(session, server.url, (k * 104729 + 1) % n, f"splice-{k}", serial)
+            idle(server, session, res)
             res.spliced_get, spliced = timed_request(session, "GET", url)
             doc = json.loads(spliced)
             if doc["serial"] != serial or len(doc["resources"][0]["instances"]) != n:
                 raise BenchError("the spliced GET does not agree with the commits")
             wide_posts(session, server.url, res)
             log(f"  {n}: first POST {res.first_post:.2f}s, one-change POST {res.change_post:.2f}s, "
-                f"first GET {res.first_get:.2f}s (raw {res.raw_get:.2f}s)")
+                f"first GET {res.first_get:.2f}s (raw {res.raw_get:.2f}s); waited for the server's upkeep "
+                f"{', '.join(f'{w:.1f}s' for w in res.idle_waits)}")
         finally:
             stop_server(server)
         server = _server(h.url, splice_bases=True)
@@ -179,6 +192,12 @@ def measure(database_url: str, n: int) -> SizeResult:
         finally:
             stop_server(server)
     return res
+
+
+def idle(server: Server, session: requests.Session, res: SizeResult) -> None:
+    """Wait until ``server`` has no upkeep or splice base build queued or running (``/metrics``'
+    ``kilolock_background_pending``), so the timed request that follows runs alone."""
+    res.idle_waits.append(common.wait_until_idle(server.url, session))
 
 
 def _server(database_url: str, *, splice_bases: bool) -> Server:
@@ -217,6 +236,7 @@ def based_get(database_url: str, session: requests.Session, url: str, base_url: 
     res.base_stored = perf() - posted
     for k in range(COMMITS):
         serial, _ = commit_cycle(session, base_url, (k * 6007 + 3) % n, f"based-{k}", serial)
+    res.idle_waits.append(common.wait_until_idle(base_url, session))
     res.based_get, got = timed_request(session, "GET", url)
     doc = json.loads(got)
     if doc["serial"] != serial or len(doc["resources"][0]["instances"]) != n:
@@ -270,7 +290,9 @@ def wide_posts(session: requests.Session, base: str, res: SizeResult) -> None:
     res.wide_bytes = len(body)
     res.wide_floor = best_of(3, lambda: (json.loads(body), hashlib.sha256(body).digest()))
     url = f"{base}/v1/states/scale-wide"
+    res.idle_waits.append(common.wait_until_idle(base, session))
     res.wide_first_post, _ = timed_request(session, "POST", url, body=body)
+    res.idle_waits.append(common.wait_until_idle(base, session))
     res.wide_change_post, _ = timed_request(session, "POST", url, body=changed)
     _, got = timed_request(session, "GET", url)
     if got != changed:

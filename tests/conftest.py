@@ -117,9 +117,17 @@ def app(settings: Settings):  # type: ignore[no-untyped-def]
 
     application = create_app(settings)
     yield application
-    services = application.extensions["kilolock"]
+    _close_app(application)
+
+
+def _close_app(application: object) -> None:
+    """Let an app's background threads finish (a bulk write's refresh and changed names, a large POST's
+    splice base) before its pool closes, so none of them outlives its test into the next one's TRUNCATE."""
+    services = application.extensions["kilolock"]  # type: ignore[attr-defined]
     if services.upkeep is not None:
-        services.upkeep.stop()  # a bulk write's refresh runs on its own thread: let it finish first
+        services.upkeep.stop()  # its refresh may hand a splice base on: stopped first
+    if services.splice_bases is not None:
+        services.splice_bases.stop()
     services.db.close()
 
 
@@ -164,7 +172,7 @@ def live_server_factory(settings: Settings) -> Iterator:  # type: ignore[type-ar
     for server, thread, application in started:
         server.shutdown()  # type: ignore[attr-defined]
         thread.join(timeout=5)
-        application.extensions["kilolock"].db.close()  # type: ignore[attr-defined]
+        _close_app(application)
 
 
 @pytest.fixture

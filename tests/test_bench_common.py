@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import BenchError, ShimError, bench_parser, command_line, out_path, shim_target, write_section
+from bench.common import (
+    BenchError,
+    ShimError,
+    background_pending,
+    bench_parser,
+    command_line,
+    out_path,
+    shim_target,
+    wait_until_idle,
+    write_section,
+)
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -109,3 +119,22 @@ def test_the_scale_report_judges_each_row_against_its_target() -> None:
     assert "2.60 s / 2.00 s = 1.30x (target <= 1.25x: MISSED)" in text
     assert re.search(r"first GET, growth over the worker just before it\s*\|\s*190 MB \(\+130 MB\).*\|\s*1\.30x growth"
                      r"\s*\|\s*<= 1\.5x: met", text)
+
+
+def test_the_background_gauge_is_read_by_queue_and_its_absence_stops_the_bench() -> None:
+    text = ('# HELP kilolock_background_pending Work ...\n# TYPE kilolock_background_pending gauge\n'
+            'kilolock_background_pending{queue="upkeep"} 2.0\nkilolock_background_pending{queue="splice_bases"} 0.0\n'
+            'kilolock_states 3.0\n')
+    assert background_pending(text) == {"upkeep": 2.0, "splice_bases": 0.0}
+    with pytest.raises(BenchError, match="no kilolock_background_pending"):
+        background_pending("kilolock_states 3.0\n")
+
+
+def test_waiting_for_an_idle_server_reads_its_metrics(client) -> None:  # type: ignore[no-untyped-def]
+    """The wait polls /metrics; against the app's own metrics view (through a shim of ``session.get``)."""
+    class _Session:
+        def get(self, url: str, timeout: float) -> object:
+            answer = client.get(url.removeprefix("http://app"))
+            return types.SimpleNamespace(status_code=answer.status_code, text=answer.get_data(as_text=True))
+
+    assert wait_until_idle("http://app", _Session(), timeout=5) >= 0

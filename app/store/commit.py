@@ -389,8 +389,7 @@ def _write(
                       serial=serial, holder=locked.actor, **counters, addresses=list(delta.addresses)[:200])
         conn.commit()  # in the pipeline: the writes and COMMIT are one round trip
     if closing:
-        history.record_changed_names_after_commit(conn, state_id=state_id, serial=serial,
-                                                  keys=[(r.address, r.deposed) for r in delta.upserts])
+        history.record_changed_names_after_commit(conn, state_id=state_id, serial=serial)
     return CommitResult(run_id, serial, delta.created, delta.updated, len(delta.deletes), delta.addresses,
                         outputs_changed)
 

@@ -121,8 +121,8 @@ def assemble(db: Database, principal: Principal, name: str, *, serial: int | Non
 
 _ASSEMBLY_COLUMNS = """r.address, r.resource_address, r.module, r.mode, r.type, r.name, r.index_key, r.deposed,
        r.provider, r.instance::text AS instance_json, r.attributes_hash, r.dependencies, r.status"""
-# Exact addresses through the unique index, prefixes as one index range scan each (text_pattern_ops
-# index: ``~>=~``/``~<~`` compare bytes, and U+10FFFF sorts after any continuation of a prefix).
+# Exact addresses and prefixes through the unique index of the live rows, a prefix as one range scan
+# (text_pattern_ops: ``~>=~``/``~<~`` compare bytes, and U+10FFFF sorts after any continuation of a prefix).
 # Each lookup is a LATERAL subquery fenced with OFFSET 0, so the planner cannot flatten it into a
 # join that scans the whole state (it did, whenever the table's statistics lagged a large write).
 _UNDER_GLOBS = f"""

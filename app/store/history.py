@@ -4,8 +4,11 @@ change touched.
 
 Everything is read from indexes: lifecycle rows by (state, address), the versions at the serials those
 rows name, and the runs that committed them. The changed attribute names are computed once, when a
-write opens a row that replaces an earlier lifecycle (``record_changed_names``), inside Postgres, just after
-that write commits.
+write opens a row that replaces an earlier lifecycle (``record_changed_names``), inside Postgres, after
+that write commits: just after it for a commit and a small whole-state write, on the server's upkeep thread
+after the answer for a whole-state write that replaced many rows (``states.write_state``). A read that finds
+a replacing lifecycle with no names recorded (not yet, or never: the recording failed) derives them from the
+two rows with the same comparison, so what it shows does not depend on when the recording ran.
 """
 
 from __future__ import annotations
@@ -24,21 +27,15 @@ from app.domain.runkinds import RunKind, run_kind
 
 log = logging.getLogger("kilolock.store")
 
-# For each key (address, deposed) a write opened at ``serial``: the attribute names that differ from the
-# row it closed at the same serial. A name Terraform lists as sensitive (first step of a
-# sensitive_attributes path) or that looks like a secret is counted, never named. The differing names are
-# the new object's keys whose value differs from the old one's (or that the old one lacks) and the old
-# object's keys the new one lacks: two key scans and lookups per pair, no join (a FULL JOIN of two
-# jsonb_each scans builds a hash table per pair and costs twice as much). ``OFFSET 0`` keeps each pair's
-# attribute objects computed once rather than once per key.
-_CHANGED_NAMES = """
-INSERT INTO resource_changes (resource_id, names, sensitive)
-SELECT n.id, d.names, d.hidden
-FROM unnest(%(addresses)s::text[], %(deposed)s::text[]) AS k(address, deposed)
-JOIN resources n ON n.state_id = %(state)s AND n.address = k.address AND n.deposed = k.deposed
-                AND n.delete_serial IS NULL AND n.create_serial = %(serial)s
-JOIN resources o ON o.state_id = %(state)s AND o.address = k.address AND o.deposed = k.deposed
-                AND o.delete_serial = %(serial)s
+# The attribute names that differ between a lifecycle row ``n`` and the row ``o`` it replaced (closed at
+# ``n``'s create_serial, same address and deposed key): the new object's keys whose value differs from the
+# old one's (or that the old one lacks) and the old object's keys the new one lacks, two key scans and
+# lookups per pair, no join (a FULL JOIN of two jsonb_each scans builds a hash table per pair and costs twice
+# as much). A name Terraform lists as sensitive (first step of a sensitive_attributes path) or that looks like
+# a secret is counted (``hidden``), never named. ``OFFSET 0`` keeps each pair's attribute objects computed
+# once rather than once per key. Shared by the statement that records the names and by the read that
+# derives them for a lifecycle not yet recorded.
+_DIFFER = """
 CROSS JOIN LATERAL (
     SELECT CASE jsonb_typeof(n.instance -> 'attributes') WHEN 'object' THEN n.instance -> 'attributes'
                 ELSE '{}' END AS new,
@@ -65,29 +62,37 @@ CROSS JOIN LATERAL (
     ) x
 ) d
 """
+# Every row a write opened at ``serial`` that replaced a row it closed at ``serial``: the rows each side
+# are found by (state_id, create_serial) and (state_id, delete_serial), and paired by a join on (address,
+# deposed). Given fresh statistics, a write that replaced every row of a large state is paired by one hash
+# join of the two sets (200,000 index probes by address, each reading the address's lifecycles from a
+# random page, took 10 s where the hash join takes 1.7 s under the same load), and a commit's few rows by
+# their indexes. A row a later write has closed since is still found: its create_serial does not change.
+_CHANGED_NAMES = """
+INSERT INTO resource_changes (resource_id, names, sensitive)
+SELECT n.id, d.names, d.hidden
+FROM resources n
+JOIN resources o ON o.state_id = %(state)s AND o.delete_serial = %(serial)s AND o.address = n.address
+                AND o.deposed = n.deposed
+""" + _DIFFER + """
+WHERE n.state_id = %(state)s AND n.create_serial = %(serial)s
+"""
 _SET_TOKEN = "UPDATE state_versions SET token_name = %s WHERE id = %s"
 
 
-def record_changed_names(
-    conn: psycopg.Connection, *, state_id: int, serial: int, keys: Sequence[tuple[str, str]]
-) -> None:
-    """Record the changed attribute names of the rows a write at ``serial`` opened for ``keys`` (address,
-    deposed) where it closed an earlier row of the same object (pipeline-friendly: one statement)."""
-    if keys:
-        conn.execute(_CHANGED_NAMES, {"secret": SECRET_NAME_PATTERN, "state": state_id, "serial": serial,
-                                      "addresses": [a for a, _ in keys], "deposed": [d for _, d in keys]})
+def record_changed_names(conn: psycopg.Connection, *, state_id: int, serial: int) -> None:
+    """Record the changed attribute names of every row a write at ``serial`` opened where it closed an
+    earlier row of the same object (pipeline-friendly: one statement)."""
+    conn.execute(_CHANGED_NAMES, {"secret": SECRET_NAME_PATTERN, "state": state_id, "serial": serial})
 
 
-def record_changed_names_after_commit(
-    conn: psycopg.Connection, *, state_id: int, serial: int, keys: Sequence[tuple[str, str]]
-) -> None:
+def record_changed_names_after_commit(conn: psycopg.Connection, *, state_id: int, serial: int) -> None:
     """:func:`record_changed_names` in a transaction of its own, once the write that opened the rows has
     committed and released the state's row lock (the rows it compares no longer change). The write is
-    already durable, so a failure here only leaves that change without names: logged, never raised."""
-    if not keys:
-        return
+    already durable, so a failure here only leaves that change's names to be derived when read
+    (:func:`histories`): logged, never raised."""
     try:
-        record_changed_names(conn, state_id=state_id, serial=serial, keys=keys)
+        record_changed_names(conn, state_id=state_id, serial=serial)
         conn.commit()
     except psycopg.Error as exc:
         conn.rollback()
@@ -122,16 +127,37 @@ SELECT e.address FROM unnest(%(exact)s::text[]) AS e(address)
 WHERE e.address ~>~ %(after)s
   AND EXISTS (SELECT 1 FROM resources r WHERE r.state_id = %(state)s AND r.address = e.address)
 """
-# The newest ``per`` lifecycles of each address (one more, to know whether older ones exist).
+# The newest ``per`` lifecycles of each address (one more, to know whether older ones exist), with the
+# attribute names each one changed: as recorded, or, for a lifecycle that replaced an earlier row and has
+# no names recorded yet (a large write's names are recorded after its answer, ``app.web.upkeep``), derived
+# here from the two rows by the recording statement's own comparison. So a reader never sees such a
+# change without its names, whenever it reads. The replaced row is looked up only for a lifecycle with no
+# names recorded (``OFFSET 0`` keeps the test a one-time filter rather than a join filter after the lookup),
+# newest first on the address's own index: by ``delete_serial`` the planner would scan every row the write
+# closed for each lifecycle.
 _LIFECYCLES = """
-SELECT x.address, x.deposed, x.status, x.create_serial, x.delete_serial, c.names, coalesce(c.sensitive, 0)
+SELECT x.address, x.deposed, x.status, x.create_serial, x.delete_serial, coalesce(c.names, f.names),
+       coalesce(c.sensitive, f.hidden, 0)
 FROM unnest(%(addresses)s::text[]) AS e(address)
 CROSS JOIN LATERAL (
-    SELECT r.id, r.address, r.deposed, r.status, r.create_serial, r.delete_serial
+    SELECT r.id, r.address, r.deposed, r.status, r.create_serial, r.delete_serial, r.instance
     FROM resources r WHERE r.state_id = %(state)s AND r.address = e.address
     ORDER BY r.create_serial DESC LIMIT %(per)s
 ) x
 LEFT JOIN resource_changes c ON c.resource_id = x.id
+LEFT JOIN LATERAL (
+    SELECT d.names, d.hidden
+    FROM (SELECT x.instance) n(instance)
+    CROSS JOIN LATERAL (
+        SELECT p.instance FROM resources p
+        WHERE p.state_id = %(state)s AND p.address = x.address AND p.create_serial < x.create_serial
+          AND p.deposed = x.deposed AND p.delete_serial = x.create_serial
+        ORDER BY p.create_serial DESC LIMIT 1
+    ) o
+    """ + _DIFFER + """
+    WHERE c.resource_id IS NULL
+    OFFSET 0
+) f ON true
 """
 # Who wrote the versions at some serials.
 _WRITERS = """
@@ -171,7 +197,7 @@ class Writer:
 class InstanceChange:
     """One step of an instance object's history: ``created``, ``changed`` or ``destroyed`` at ``serial``.
     ``attributes`` are the top-level names that changed (never values); ``sensitive`` how many more did that
-    are not named. ``attributes`` is None when unknown (written before names were recorded)."""
+    are not named. ``attributes`` is None for a lifecycle that replaced no earlier row."""
 
     kind: str
     serial: int
@@ -217,8 +243,8 @@ def histories(
     """The newest changes of each address's instance objects (``per_address`` lifecycles each)."""
     if not addresses:
         return []
-    rows = conn.execute(_LIFECYCLES, {"state": state_id, "addresses": list(addresses),
-                                      "per": per_address + 1}).fetchall()
+    rows = conn.execute(_LIFECYCLES, {"state": state_id, "addresses": list(addresses), "per": per_address + 1,
+                                      "secret": SECRET_NAME_PATTERN}).fetchall()
     grouped: dict[str, list[tuple[Any, ...]]] = {}
     for row in rows:
         grouped.setdefault(row[0], []).append(row)

@@ -397,7 +397,8 @@ def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int
             with conn.pipeline():
                 ahead = conn.cursor(binary=True).execute(fetch)
                 for module, mode, type_, name, address, key_text, key_type, deposed, provider, instance in batch:
-                    key = key_text if key_type == "string" else _index_key(key_text, key_type)
+                    key = (key_text if key_type == "string" else int(key_text) if key_type == "number"
+                           and key_text.isdigit() else _index_key(key_text, key_type))
                     yield new(AssemblyRow, (module, mode, type_, name, address, key, deposed, provider, instance))
                 batch = ahead.fetchall()
     finally:

@@ -79,10 +79,12 @@ def state(name: str) -> Response:
         return response
     if request.method == "POST":
         # The body is passed on, not kept here: the store frees it once its bytes are stored.
-        # A bulk write's statistics refresh runs after the answer, on this process's upkeep thread.
+        # A bulk write's statistics refresh, and the changed attribute names of a write that replaced many
+        # rows, run after the answer, on this process's upkeep thread.
         upkeep = services().upkeep
         written = states.write_state(db, who, name, inputs.read_body(), lock_id=lock_id,
-                                     after_bulk=None if upkeep is None else upkeep.request)
+                                     after_bulk=None if upkeep is None else upkeep.request,
+                                     later=None if upkeep is None else upkeep.later)
         builder, threshold = services().splice_bases, services().settings.splice_base_bytes
         if builder is not None and written.version_id and not written.encrypted and written.size >= threshold:
             # Its splice base, built off this request (app.web.splicebases), after the statistics refresh.

@@ -138,10 +138,28 @@ def _metrics_view() -> Response:
         presented = request.headers.get("Authorization", "")
         if not hmac.compare_digest(presented.encode(), f"Bearer {settings.metrics_token}".encode()):
             raise UnauthorizedError("send Authorization: Bearer <KL_METRICS_TOKEN> to read /metrics")
-    body = generate_latest(REGISTRY) + generate_latest(_StoreGauges(services().db))  # type: ignore[arg-type, unused-ignore]
+    body = (generate_latest(REGISTRY) + generate_latest(_StoreGauges(services().db))  # type: ignore[arg-type, unused-ignore]
+            + generate_latest(_Background()))  # type: ignore[arg-type, unused-ignore]
     response = Response(body, mimetype=None, content_type=CONTENT_TYPE_LATEST)
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+class _Background:
+    """This process's work after answers, queued or running: a bench or an operator waits for 0 to know a
+    bulk write's upkeep (statistics, changed attribute names) and splice base are done. Per process: each
+    server process has its own threads and queues."""
+
+    def collect(self) -> Iterator[Metric]:
+        found = services()
+        pending = GaugeMetricFamily(
+            "kilolock_background_pending",
+            "Work this process runs after answering, queued or running: upkeep (statistics refreshes and "
+            "changed attribute names after bulk writes) and splice_bases (splice base builds).",
+            labels=["queue"])
+        pending.add_metric(["upkeep"], 0 if found.upkeep is None else found.upkeep.pending)
+        pending.add_metric(["splice_bases"], 0 if found.splice_bases is None else found.splice_bases.pending)
+        yield pending
 
 
 class _StoreGauges:

@@ -46,6 +46,11 @@ class Builder:
             return False
         return True
 
+    @property
+    def pending(self) -> int:
+        """Versions queued or being built (0: idle), for ``/metrics``."""
+        return self._queue.unfinished_tasks
+
     def join(self) -> None:
         """Wait until every queued version has been handled (for tests and benches)."""
         self._queue.join()

@@ -10,7 +10,8 @@ modules that read the environment: the client's variables are the rows of :data:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -92,15 +93,48 @@ def read_tf(directory: Path) -> dict[str, str]:
     with os.scandir(directory) as entries:
         names = sorted(e.name for e in entries if e.name.endswith((".tf", ".tf.json")) and e.name != OVERRIDE_NAME
                        and e.is_file())
-    # Read as bytes and decoded once, without a text stream per file: the same text as ``read_text(encoding=
+    # Read as bytes and decoded once, without a file object per file: the same text as ``read_text(encoding=
     # "utf-8", errors="surrogateescape")``, universal newlines included (``\r\n`` and a lone ``\r`` become ``\n``).
-    base = os.fspath(directory)
     texts: dict[str, str] = {}
-    for name in names:
-        with open(os.path.join(base, name), "rb") as handle:
-            text = handle.read().decode("utf-8", "surrogateescape")
-        texts[name] = text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+    with _directory_fd(directory) as (base, dir_fd):
+        for name in names:
+            text = _read_bytes(name if dir_fd is not None else os.path.join(base, name), dir_fd).decode(
+                "utf-8", "surrogateescape")
+            texts[name] = text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
     return texts
+
+
+@contextmanager
+def _directory_fd(directory: Path) -> Iterator[tuple[str, int | None]]:
+    """The directory's path and, where ``os.open`` takes one, a descriptor of it, so each file is opened by its
+    name alone (no path joined and walked per file of a large directory)."""
+    base = os.fspath(directory)
+    if os.open not in os.supports_dir_fd:
+        yield base, None
+        return
+    dir_fd = os.open(base, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        yield base, dir_fd
+    finally:
+        os.close(dir_fd)
+
+
+_CHUNK = 1 << 16
+
+
+def _read_bytes(path: str, dir_fd: int | None) -> bytes:
+    """The whole content of one file, read with plain ``os.read`` calls up to the empty read at its end."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    try:
+        data = os.read(fd, _CHUNK)
+        if not data:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_tf_files(config_dir: Path) -> dict[str, str]:

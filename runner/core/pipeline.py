@@ -46,7 +46,7 @@ from runner.core.session import TerraformContext, given_var_flags, plan_in_works
 from runner.core.spec import PlanMode, PlanSpec
 from runner.core.trunk import fetch_slice
 from runner.core.workbuild import SavedPlan, carried_files
-from runner.core.workspace import artifact_dir, auto_var_files
+from runner.core.workspace import artifact_dir
 
 __all__ = ["ApplyOptions", "ApplyOutcome", "ApplyRun", "ChangeKind", "ChangeRequest", "ChangedSelection",
            "DriftRequest", "DriftResult", "Planned", "RefreshOutcome", "ScopedFootprint", "Selection",
@@ -168,7 +168,7 @@ def _plan_files(client: EngineClient, ctx: TerraformContext, request: ChangeRequ
     # carried and the variable-definitions files, and the local modules.
     cut_from = [*(block.file for block in fp.blocks), *fp.selected_files,
                 *(str(path.relative_to(config_dir))
-                  for path in (*carried_files(config_dir, fp), *auto_var_files(config_dir)))]
+                  for path in (*carried_files(config_dir, fp), *minimal.var_files))]
     spec = planfile.spec_from_plan(
         planfile.PlanSource(address=client.config.base_url, state=state, config_dir=config_dir, snapshot=snapshot,
                    plan=plan, analysis=analysis, var_args=tuple(var_args), env=ctx.env, refresh=refresh),

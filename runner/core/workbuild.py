@@ -48,11 +48,13 @@ class Layout:
 @dataclass(frozen=True, slots=True)
 class Cut:
     """A minimal workspace's configuration: the root files, the footprint whose blocks are cut from them,
-    and the layout of the local modules it calls."""
+    the layout of the local modules it calls, and the variable-definitions files Terraform loads by itself
+    (``workspace.auto_var_files``, listed once: what the workspace carries is what the plan pins)."""
 
     files: Mapping[str, str]
     footprint: Footprint
     layout: Layout
+    var_files: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +118,8 @@ def module_layout(config_dir: Path, fp: Footprint, cache: ParseCache, boundary: 
 def cut(config_dir: Path, files: Mapping[str, str], fp: Footprint, cache: ParseCache) -> Cut:
     """The minimal cut of ``fp`` out of ``files``, its modules laid out inside the git work tree holding the
     configuration (when there is one)."""
-    return Cut(files, fp, module_layout(config_dir, fp, cache, work_tree_root(config_dir)))
+    return Cut(files, fp, module_layout(config_dir, fp, cache, work_tree_root(config_dir)),
+               tuple(workspace.auto_var_files(config_dir)))
 
 
 def build(config_dir: Path, dest: Path, state: bytes | None, cut: Cut | None = None) -> workspace.Workspace:
@@ -134,7 +137,7 @@ def build(config_dir: Path, dest: Path, state: bytes | None, cut: Cut | None = N
     for module in layout.modules:
         shutil.copytree(module, layout.at(dest, module), dirs_exist_ok=True, symlinks=True,
                         ignore=_module_ignore({layout.config}))
-    for extra in (*carried_files(config_dir, cut.footprint), *workspace.auto_var_files(config_dir)):
+    for extra in (*carried_files(config_dir, cut.footprint), *cut.var_files):
         target = ws / extra.relative_to(config_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(extra, target)

@@ -157,3 +157,15 @@ def test_configuration_files_read_as_bytes_give_the_texts_a_text_read_gives(tmp_
     assert texts == {name: (tmp_path / name).read_text(encoding="utf-8", errors="surrogateescape")
                      for name in contents if name.endswith((".tf", ".tf.json"))}
     assert texts["crlf.tf"].count("\n") == 3 and "\r" not in texts["cr.tf"]
+
+
+def test_a_configuration_file_larger_than_one_read_is_read_whole(tmp_path: Path) -> None:
+    from runner.core.config import read_tf
+
+    # Past the size one os.read takes, with a CRLF pair and a multi-byte character across the 64 KiB boundary.
+    body = b"#" * ((1 << 16) - 2) + b"\r\n\xc3\xa9" + b'locals { a = "x" }\r\n' * 20000
+    (tmp_path / "big.tf").write_bytes(body)
+    (tmp_path / "empty.tf").write_bytes(b"")
+    texts = read_tf(tmp_path)
+    assert texts["big.tf"] == (tmp_path / "big.tf").read_text(encoding="utf-8", errors="surrogateescape")
+    assert len(texts["big.tf"].encode()) == len(body) - 20001 and texts["empty.tf"] == ""

@@ -114,7 +114,7 @@ def test_each_text_is_hashed_once_and_an_edited_text_again(tmp_path):
     cache = ParseCache()
     text = 'resource "terraform_data" "a" {}\n'
     first = analyze_file("a.tf", text, cache=cache)
-    assert cache.digests == {text: content_digest(text)} and first.sha256 == content_digest(text)
+    assert cache.digests == {id(text): (text, content_digest(text))} and first.sha256 == content_digest(text)
     assert analyze_file("a.tf", text, cache=cache) is first and cache.parse_count == 1
     edited = text.replace('"a"', '"b"')
     second = analyze_file("a.tf", edited, cache=cache)
@@ -126,6 +126,18 @@ def test_each_text_is_hashed_once_and_an_edited_text_again(tmp_path):
     save_cache(tmp_path, cache)
     loaded = load_cache(tmp_path)
     assert loaded.digests == {} and set(loaded.analyses) == {content_digest(edited)}
+
+
+def test_the_digest_memo_holds_each_text_object_and_an_equal_text_elsewhere_gets_the_same_digest():
+    cache = ParseCache()
+    text = "".join(['resource "terraform_data" "a" {', "}\n"])
+    twin = "".join(['resource "terraform_data" "a" {', "}\n"])
+    assert twin == text and twin is not text
+    assert cache.digest(text) == content_digest(text) == cache.digest(twin)
+    # One entry per object, each holding its text: an id is never reused while its entry lives.
+    assert sorted(cache.digests) == sorted({id(text), id(twin)})
+    assert cache.digests[id(text)][0] is text and cache.digests[id(twin)][0] is twin
+    assert cache.digest(text.replace('"a"', '"b"')) == content_digest('resource "terraform_data" "b" {}\n')
 
 
 def test_a_cache_of_the_previous_format_is_a_miss_and_is_written_again(tmp_path):

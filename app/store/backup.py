@@ -272,25 +272,34 @@ def _load_table(conn: psycopg.Connection, table: TableCopy, tar: tarfile.TarFile
     if source is None:
         raise ArchiveError(f"the backup's {member.name!r} is not a file")
     digest, rows, size = hashlib.sha256(), 0, 0
+    refused: str | None = None  # the SQLSTATE of the target's refusal
     query = sql.SQL("COPY {} ({}) FROM STDIN").format(
         sql.Identifier(table.name), sql.SQL(", ").join(map(sql.Identifier, table.columns)))
     try:
-        with gzip.open(source, "rb") as data, conn.cursor() as cur, cur.copy(query) as copy:
-            while chunk := data.read(_CHUNK):
-                copy.write(chunk)
-                digest.update(chunk)
-                rows += chunk.count(b"\n")
-                size += len(chunk)
-                report(Progress("restore", table.name, rows, size, table.rows, done=False))
+        with gzip.open(source, "rb") as data:
+            try:
+                with conn.cursor() as cur, cur.copy(query) as copy:
+                    while chunk := data.read(_CHUNK):
+                        digest.update(chunk)
+                        rows += chunk.count(b"\n")
+                        size += len(chunk)
+                        copy.write(chunk)
+                        report(Progress("restore", table.name, rows, size, table.rows, done=False))
+            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                # A value the target cannot take or a key it already holds: most often a damaged file, which
+                # the rest of it tells. The message would quote row data (state content): only the SQLSTATE.
+                refused = exc.sqlstate or "?"
+                while chunk := data.read(_CHUNK):
+                    digest.update(chunk)
+                    rows += chunk.count(b"\n")
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise ArchiveError(f"the backup's data for {table.name} is damaged ({exc.__class__.__name__})") from None
-    except psycopg.errors.DataError as exc:
-        # The message would quote row data (state content): keep only the SQLSTATE.
-        raise ArchiveError(f"the target refused the backup's data for {table.name} (SQLSTATE {exc.sqlstate})") \
-            from None
     if digest.hexdigest() != table.sha256 or rows != table.rows:
         raise ArchiveError(f"the backup's data for {table.name} does not match its manifest ({rows} rows read, "
                            f"{table.rows} listed): the file is damaged; nothing was restored")
+    if refused is not None:
+        raise ArchiveError(f"the target refused the backup's data for {table.name} (SQLSTATE {refused}): "
+                           "nothing was restored")
     report(Progress("restore", table.name, rows, size, table.rows, done=True))
 
 

@@ -16,9 +16,12 @@ READ = "/v1/engine/states/life"
 
 
 def rows(database_url: str) -> list[tuple[int, str, str, int, int | None]]:
+    """The rows in the order they were opened, each numbered by that order (ids themselves may skip
+    values: a state's first write takes one from the sequence before its rows)."""
     with psycopg.connect(database_url) as conn:
         return conn.execute(
-            "SELECT id, address, deposed, create_serial, delete_serial FROM resources ORDER BY id"
+            "SELECT dense_rank() OVER (ORDER BY id)::int, address, deposed, create_serial, delete_serial "
+            "FROM resources ORDER BY id"
         ).fetchall()
 
 

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import itertools
 import json
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -184,23 +185,26 @@ def list_states(db: Database, principal: Principal) -> list[StateSummary]:
         return cur.execute(_LIST_STATES, (principal.tenant_id, principal.scope)).fetchall()
 
 
-def parse_body(body: bytes | bytearray) -> ParsedState | EncryptedState:
+def parse_body(body: bytes | bytearray, *, scanned: bool | None = None) -> ParsedState | EncryptedState:
     """Parse a POSTed state, mapping format problems to a 400, and refuse (400, naming the field)
     what Postgres cannot hold: a NUL or a lone surrogate in any string (``jsonb`` and ``text`` refuse
-    both) and a serial beyond 64 bits (``bigint``). Refusing beats storing other bytes than were sent."""
+    both) and a serial beyond 64 bits (``bigint``). Refusing beats storing other bytes than were sent.
+    ``scanned`` is ``may_hold_unstorable(body)`` when the caller has it already."""
     try:
         parsed = parse_state(body)  # type: ignore[arg-type]  # json.loads reads any bytes-like body
     except StateFormatError as exc:
         raise InvalidStateError(str(exc)) from exc
-    return _storable(body, parsed)
+    return _storable(body, parsed, scanned)
 
 
-def _storable(body: bytes | bytearray, parsed: ParsedState | EncryptedState) -> ParsedState | EncryptedState:
-    """``parsed`` once ``parse_body``'s refusals of what Postgres cannot hold have passed."""
+def _storable(body: bytes | bytearray, parsed: ParsedState | EncryptedState,
+              scanned: bool | None = None) -> ParsedState | EncryptedState:
+    """``parsed`` once ``parse_body``'s refusals of what Postgres cannot hold have passed (``scanned``: the
+    body's ``may_hold_unstorable``, scanned here when None)."""
     if parsed.serial > INT64_MAX:
         raise InvalidStateError(f'the state\'s "serial" {parsed.serial} is above the 64-bit limit (2^63 - 1), '
                                 "which Kilolock cannot store: write the state with a smaller serial")
-    if may_hold_unstorable(body):  # a quick scan; the walk below runs only when an escape may be there
+    if may_hold_unstorable(body) if scanned is None else scanned:  # a quick scan; the walk runs only on a hit
         where = unstorable_path(json.loads(body))
         if where is not None:
             raise InvalidStateError(f"{where} holds a NUL character or a lone UTF-16 surrogate, which Kilolock "
@@ -238,15 +242,17 @@ def write_state(
     write runs the usual way, below.
     """
     digest = hashlib.sha256(body).hexdigest()
-    first = None if may_hold_unstorable(body) else _first_write(db, principal, name, body, digest,
-                                                                lock_id=lock_id, source=source)
+    scanned = may_hold_unstorable(body)
+    first = _Usual() if scanned else _first_write(db, principal, name, body, digest, lock_id=lock_id, source=source)
     if isinstance(first, WriteResult):
         return _after_write(db, first, after_bulk)  # a first write replaces no row
     # CPU work before taking the row lock (done already when the optimistic write parsed the body)
-    parsed = parse_body(body) if first is None else _storable(body, first)
+    parsed = parse_body(body, scanned=scanned) if first.parsed is None else _storable(body, first.parsed, scanned)
     replaced = 0  # the most rows the write can have replaced (opened where it closed one)
     with db.transaction() as conn:
-        row = locked_row(conn, principal, name, create=True)
+        # A state the optimistic write found with a head exists (unless deleted since): no INSERT to ensure it.
+        row = None if first.state is None else locked_row(conn, principal, name, create=False)
+        row = row or locked_row(conn, principal, name, create=True)
         assert row is not None  # _ENSURE guarantees the row
         if row.head_sha256 == digest:
             return WriteResult(serial=row.current_serial or 0, replay=True)
@@ -321,83 +327,209 @@ def _after_write(db: Database, result: WriteResult, after_bulk: Callable[[], Non
 
 class _Moved(Exception):  # noqa: N818 - a signal inside this module, never raised to a caller
     """The optimistic first write found the state other than it assumed: roll back, write the usual way.
-    Carries the parsed body when the parse had finished, so the usual way does not parse it again."""
+    Carries the parsed body when the parse had finished, so the usual way does not parse it again, and the
+    state's row when it was found with a head (so the usual way does not create it again)."""
 
-    def __init__(self, parsed: ParsedState | None = None) -> None:
+    def __init__(self, parsed: ParsedState | None = None, state: StateRow | None = None) -> None:
         super().__init__()
         self.parsed = parsed
+        self.state = state
+
+
+@dataclass(frozen=True, slots=True)
+class _Usual:
+    """What an optimistic first write that fell back hands to the usual way: the parsed body (None when not
+    parsed), and the state's row when it was read and found with a head."""
+
+    parsed: ParsedState | None = None
+    state: StateRow | None = None
 
 
 def _first_write(db: Database, principal: Principal, name: str, body: bytes, digest: str, *,
-                 lock_id: str | None, source: str) -> WriteResult | ParsedState | None:
-    """The first write of a state (none, or one with no head yet), with its rows COPYed while the body is
-    parsed, so Postgres stores them on one core while Python parses on the other.
+                 lock_id: str | None, source: str) -> WriteResult | _Usual:
+    """The first write of a state (none, or one with no head yet), with its version and its rows stored while
+    the body is parsed, so Postgres stores them on one core while Python parses on the other.
 
-    Optimistic: in one transaction, before the state's row lock, it creates the state when missing, streams
-    the rows into a COPY as the parser makes them (``analyzer.state.parse_state_watched``) and stores the
-    version; then it takes the row lock and checks that nothing it assumed moved (still no head, the same
-    lock, no reservations, a serial the rules accept). Only the head's update, the outputs and the event run
-    under the lock. When anything moved, when Postgres refuses a statement (a concurrent first writer's rows
-    or version, a deadlock), or when the body is not in Terraform's own shape, everything rolls back and the
-    caller writes the usual way, which gives today's answer (a 409, 423 or 400 included) and leaves no row of
-    this attempt, not even the state's. Returns the committed write; else the parsed body (when parsed) or
-    None for the caller.
+    Optimistic: in one transaction, before the state's row lock, it creates the state when missing, stores
+    the version (``_FirstAttempt``) and streams the rows into a COPY as the parser makes them
+    (``analyzer.state.parse_state_watched``); then it takes the row lock and checks that nothing it assumed
+    moved (still no head, the same lock, no reservations, a serial the rules accept). Only the head's update,
+    the outputs and the event run under the lock. When anything moved, when Postgres refuses a statement (a
+    concurrent first writer's rows or version, a deadlock), or when the body is not in Terraform's own shape,
+    everything rolls back and the caller writes the usual way, which gives today's answer (a 409, 423 or 400
+    included) and leaves no row of this attempt, not even the state's. Returns the committed write, else what
+    the usual way can reuse.
     """
     with db.transaction() as conn:
         try:
             return _first_write_in(conn, principal, name, body, digest, lock_id=lock_id, source=source)
         except _Moved as moved:
             conn.rollback()
-            return moved.parsed
+            return _Usual(moved.parsed, moved.state)
         except (psycopg.Error, StateLockedError, SerialConflictError):
             conn.rollback()
-            return None
+            return _Usual()
+
+
+class _FirstAttempt:
+    """One optimistic first write while its body is parsed: the parser's ``watch`` (``analyzer.statestream``)
+    and the consumer of its rows.
+
+    Once the top-level fields before ``resources`` are read, ``watch`` creates the state when missing and
+    starts storing the version row on the transaction's connection in a thread of its own (the body's bytes
+    are in memory already; storing them is Postgres's work, and a version written after hundreds of thousands
+    of rows costs Postgres two to three times as much as one written before them, its buffers full of the
+    rows' pages). The rows the parser makes meanwhile wait in a list; the rows' COPY starts, on the same
+    connection, once the version is stored, and then takes each row as it is made. ``finish`` ends the
+    version and the COPY after the parse. A body whose lineage or Terraform version is not read before its
+    resources has its version stored after the parse instead (``version_id`` is then 0).
+    """
+
+    def __init__(self, conn: psycopg.Connection, principal: Principal, name: str, found: StateRow | None,
+                 body: bytes, digest: str, *, source: str, stack: contextlib.ExitStack) -> None:
+        self._conn, self._principal, self._name, self._found = conn, principal, name, found
+        self._body, self._digest, self._source, self._stack = body, digest, source, stack
+        self.row: StateRow | None = None  # the state the rows are COPYed into (set by ``watch``)
+        self.ids_after = 0  # the rows' ids follow this one (when no other session took one meanwhile)
+        self.version_id = 0
+        self.serial = 0
+        self.version_fields: tuple[str, str] | None = None  # the lineage and Terraform version it stored
+        self._version: _Background | None = None
+        self._pending: list[InstanceRow] = []
+        self._put: Callable[[InstanceRow], None] | None = None
+
+    def watch(self, doc: Mapping[str, object]) -> Callable[[InstanceRow], None] | None:
+        serial = doc.get("serial")
+        if type(serial) is not int or not 0 <= serial <= INT64_MAX:
+            return None  # the rows need their serial: stored after the parse, the usual way
+        # A missing state is created only now, once the body is known to stream: an envelope or an odd
+        # body takes the usual way without a state created and rolled back (and its id spent).
+        conn, principal = self._conn, self._principal
+        self.row = row = self._found or _created_state(conn, principal, self._name)
+        self.serial = serial
+        self.ids_after = resources.last_row_id(conn, advance=True)
+        lineage, terraform_version = doc.get("lineage"), doc.get("terraform_version", "")
+        if isinstance(lineage, str) and lineage and isinstance(terraform_version, str):
+            self.version_fields = (lineage, terraform_version)
+            self._version = _Background(functools.partial(
+                rawwrite.insert_version, conn, tenant_id=principal.tenant_id, state_id=row.id, serial=serial,
+                lineage=lineage, terraform_version=terraform_version, raw=self._body, sha256=self._digest,
+                encrypted=False, source=self._source, actor=principal.actor))
+            # Waited for after the rows' COPY ends when the parse raises (the stack unwinds last in, first out).
+            self._stack.callback(self._version.wait)
+            return self._take
+        return self._start_rows()
+
+    def _take(self, row: InstanceRow) -> None:
+        put = self._put
+        if put is not None:
+            put(row)
+            return
+        self._pending.append(row)
+        version = self._version
+        assert version is not None
+        if version.done:
+            if version.failed:  # the parse goes on, for the usual way to reuse; ``finish`` raises the error
+                self._pending.clear()
+                self._put = _ignore
+            else:
+                self._start_rows()
+
+    def _start_rows(self) -> Callable[[InstanceRow], None]:
+        """The rows' COPY (once the version is stored), fed the rows that waited for it."""
+        assert self.row is not None
+        put = self._stack.enter_context(resources.row_copy(
+            self._conn, tenant_id=self._principal.tenant_id, state_id=self.row.id, serial=self.serial))
+        for row in self._pending:
+            put(row)
+        self._pending.clear()
+        self._put = put
+        return put
+
+    def finish(self) -> None:
+        """After the parse: the version stored (its error, when it failed, raised here), every row sent (the
+        caller's stack then ends the COPY)."""
+        if self._version is not None:
+            self.version_id = self._version.join()
+        if self._put is None:
+            self._start_rows()
+
+
+def _ignore(row: InstanceRow) -> None:
+    """The rows' consumer once the version failed: the transaction is lost, the rows are not sent."""
+
+
+class _Background:
+    """One call run in a thread of its own; ``join`` gives its result or raises its error. For a call that
+    mostly waits on Postgres (the thread holds the interpreter only between its writes)."""
+
+    def __init__(self, call: Callable[[], int]) -> None:
+        self.done = False
+        self.failed = False
+        self._call = call
+        self._result: int | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kl-first-version", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread, which raises it
+            self._error = exc
+            self.failed = True
+        finally:
+            self.done = True
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def join(self) -> int:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
 
 
 def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, body: bytes, digest: str, *,
                     lock_id: str | None, source: str) -> WriteResult:
     found = _state_summary(conn, principal, name)
     if found is not None and found.head_version_id is not None:
-        raise _Moved  # not a first write: the usual way
+        raise _Moved(state=found)  # not a first write: the usual way
     if found is not None:
         check_lock_for_write(found.held_lock, lock_id, name)
-    rows_of: list[StateRow] = []  # the state the rows are COPYed into
-    ids_after: list[int] = []  # the rows' ids follow this one (when no other session took one meanwhile)
     with contextlib.ExitStack() as stack:
-
-        def watch(doc: Mapping[str, object]) -> Callable[[InstanceRow], None] | None:
-            serial = doc.get("serial")
-            if type(serial) is not int or not 0 <= serial <= INT64_MAX:
-                return None  # the rows need their serial: stored after the parse, the usual way
-            # A missing state is created only now, once the body is known to stream: an envelope or an odd
-            # body takes the usual way without a state created and rolled back (and its id spent).
-            row = found or _created_state(conn, principal, name)
-            rows_of.append(row)
-            ids_after.append(resources.last_row_id(conn, advance=True))
-            return stack.enter_context(resources.row_copy(conn, tenant_id=principal.tenant_id, state_id=row.id,
-                                                          serial=serial))
-
-        parsed = parse_state_watched(body, watch)
-        if parsed is None or not rows_of:
+        attempt = _FirstAttempt(conn, principal, name, found, body, digest, source=source, stack=stack)
+        parsed = parse_state_watched(body, attempt.watch)
+        if parsed is None or attempt.row is None:
             raise _Moved(parsed)  # raised inside the COPY, so it fails and stores nothing
+        try:
+            attempt.finish()
+        except psycopg.Error:
+            raise _Moved(parsed) from None  # the version was refused (another writer's): the usual way answers
+    if attempt.version_fields not in (None, (parsed.lineage, parsed.terraform_version)):
+        raise _Moved(parsed)  # the version holds other fields than the parse read (never for one body)
     try:
-        return _commit_first(conn, principal, name, body, digest, parsed, rows_of[0], lock_id=lock_id,
-                             source=source, ids_after=ids_after[0])
+        return _commit_first(conn, principal, name, body, digest, parsed, attempt, lock_id=lock_id,
+                             source=source)
     except (psycopg.Error, StateLockedError, SerialConflictError):
         raise _Moved(parsed) from None  # the usual way answers it, without parsing again
 
 
 def _commit_first(conn: psycopg.Connection, principal: Principal, name: str, body: bytes, digest: str,
-                  parsed: ParsedState, row: StateRow, *, lock_id: str | None, source: str,
-                  ids_after: int) -> WriteResult:
-    """The optimistic first write once its rows are in: the version, then the row lock and its checks."""
-    version_id = rawwrite.insert_version(
+                  parsed: ParsedState, attempt: _FirstAttempt, *, lock_id: str | None, source: str) -> WriteResult:
+    """The optimistic first write once its rows are in: the version when not stored yet, then the row lock
+    and its checks."""
+    row = attempt.row
+    assert row is not None
+    version_id = attempt.version_id or rawwrite.insert_version(
         conn, tenant_id=principal.tenant_id, state_id=row.id, serial=parsed.serial, lineage=parsed.lineage,
         terraform_version=parsed.terraform_version, raw=body, sha256=digest, encrypted=False, source=source,
         actor=principal.actor,
     )
     resources.remember_open_set(conn, state_id=row.id, version_id=version_id, rows=parsed.instances,
-                                after_id=ids_after)
+                                after_id=attempt.ids_after)
     locked = locked_row(conn, principal, name, create=False)
     if locked is None or locked.id != row.id or locked.head_version_id is not None or locked.lock_id != row.lock_id:
         raise _Moved(parsed)

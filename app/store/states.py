@@ -6,13 +6,11 @@ rules of ``app.domain``, writes, and appends an audit event in the same transact
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import itertools
 import json
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -20,13 +18,13 @@ import psycopg
 from psycopg.rows import class_row
 
 from analyzer.jsontext import INT64_MAX, may_hold_unstorable, unstorable_path
-from analyzer.state import EncryptedState, InstanceRow, ParsedState, StateFormatError, parse_state, parse_state_watched
+from analyzer.state import EncryptedState, ParsedState, StateFormatError, parse_state, parse_state_watched
 from app.domain.locking import LockInfo, UnlockRequest, check_lock_for_write, parse_lock_info, stored_lock
 from app.domain.principal import Principal
 from app.domain.reservations import synthesize_lock_info
 from app.domain.versions import check_new_serial
 from app.errors import InvalidStateError, SerialConflictError, StateLockedError, StateNotFoundError
-from app.store import assembly, events, history, rawwrite, reservation_rows, resources
+from app.store import assembly, events, firstrows, history, rawwrite, reservation_rows, resources
 from app.store.db import LARGE_VALUE_BYTES, Database, retire
 
 _ENSURE = """
@@ -241,11 +239,11 @@ def write_state(
     stored while the body is parsed; when that finds the state other than it assumed, it rolls back and the
     write runs the usual way, below.
     """
-    digest = hashlib.sha256(body).hexdigest()
     scanned = may_hold_unstorable(body)
-    first = _Usual() if scanned else _first_write(db, principal, name, body, digest, lock_id=lock_id, source=source)
+    first = _Usual() if scanned else _first_write(db, principal, name, body, lock_id=lock_id, source=source)
     if isinstance(first, WriteResult):
         return _after_write(db, first, after_bulk)  # a first write replaces no row
+    digest = first.digest or hashlib.sha256(body).hexdigest()
     # CPU work before taking the row lock (done already when the optimistic write parsed the body)
     parsed = parse_body(body, scanned=scanned) if first.parsed is None else _storable(body, first.parsed, scanned)
     replaced = 0  # the most rows the write can have replaced (opened where it closed one)
@@ -343,10 +341,11 @@ class _Usual:
 
     parsed: ParsedState | None = None
     state: StateRow | None = None
+    digest: str | None = None  # the body's sha256, when the attempt computed it
 
 
-def _first_write(db: Database, principal: Principal, name: str, body: bytes, digest: str, *,
-                 lock_id: str | None, source: str) -> WriteResult | _Usual:
+def _first_write(db: Database, principal: Principal, name: str, body: bytes, *, lock_id: str | None,
+                 source: str) -> WriteResult | _Usual:
     """The first write of a state (none, or one with no head yet), with its version and its rows stored while
     the body is parsed, so Postgres stores them on one core while Python parses on the other.
 
@@ -361,148 +360,32 @@ def _first_write(db: Database, principal: Principal, name: str, body: bytes, dig
     the usual way can reuse.
     """
     with db.transaction() as conn:
+        found = _state_summary(conn, principal, name)
+        attempt = firstrows.FirstRows(
+            conn, tenant_id=principal.tenant_id, actor=principal.actor, source=source, body=body,
+            # A missing state is created only once the body is known to stream: an envelope or an odd body
+            # takes the usual way without a state created and rolled back (and its id spent).
+            state_of=lambda: found or _created_state(conn, principal, name))
         try:
-            return _first_write_in(conn, principal, name, body, digest, lock_id=lock_id, source=source)
+            return _first_write_in(conn, principal, name, body, attempt, found, lock_id=lock_id, source=source)
         except _Moved as moved:
             conn.rollback()
-            return _Usual(moved.parsed, moved.state)
+            return _Usual(moved.parsed, moved.state, attempt.digest)
         except (psycopg.Error, StateLockedError, SerialConflictError):
             conn.rollback()
-            return _Usual()
+            return _Usual(digest=attempt.digest)
 
 
-class _FirstAttempt:
-    """One optimistic first write while its body is parsed: the parser's ``watch`` (``analyzer.statestream``)
-    and the consumer of its rows.
-
-    Once the top-level fields before ``resources`` are read, ``watch`` creates the state when missing and
-    starts storing the version row on the transaction's connection in a thread of its own (the body's bytes
-    are in memory already; storing them is Postgres's work, and a version written after hundreds of thousands
-    of rows costs Postgres two to three times as much as one written before them, its buffers full of the
-    rows' pages). The rows the parser makes meanwhile wait in a list; the rows' COPY starts, on the same
-    connection, once the version is stored, and then takes each row as it is made. ``finish`` ends the
-    version and the COPY after the parse. A body whose lineage or Terraform version is not read before its
-    resources has its version stored after the parse instead (``version_id`` is then 0).
-    """
-
-    def __init__(self, conn: psycopg.Connection, principal: Principal, name: str, found: StateRow | None,
-                 body: bytes, digest: str, *, source: str, stack: contextlib.ExitStack) -> None:
-        self._conn, self._principal, self._name, self._found = conn, principal, name, found
-        self._body, self._digest, self._source, self._stack = body, digest, source, stack
-        self.row: StateRow | None = None  # the state the rows are COPYed into (set by ``watch``)
-        self.ids_after = 0  # the rows' ids follow this one (when no other session took one meanwhile)
-        self.version_id = 0
-        self.serial = 0
-        self.version_fields: tuple[str, str] | None = None  # the lineage and Terraform version it stored
-        self._version: _Background | None = None
-        self._pending: list[InstanceRow] = []
-        self._put: Callable[[InstanceRow], None] | None = None
-
-    def watch(self, doc: Mapping[str, object]) -> Callable[[InstanceRow], None] | None:
-        serial = doc.get("serial")
-        if type(serial) is not int or not 0 <= serial <= INT64_MAX:
-            return None  # the rows need their serial: stored after the parse, the usual way
-        # A missing state is created only now, once the body is known to stream: an envelope or an odd
-        # body takes the usual way without a state created and rolled back (and its id spent).
-        conn, principal = self._conn, self._principal
-        self.row = row = self._found or _created_state(conn, principal, self._name)
-        self.serial = serial
-        self.ids_after = resources.last_row_id(conn, advance=True)
-        lineage, terraform_version = doc.get("lineage"), doc.get("terraform_version", "")
-        if isinstance(lineage, str) and lineage and isinstance(terraform_version, str):
-            self.version_fields = (lineage, terraform_version)
-            self._version = _Background(functools.partial(
-                rawwrite.insert_version, conn, tenant_id=principal.tenant_id, state_id=row.id, serial=serial,
-                lineage=lineage, terraform_version=terraform_version, raw=self._body, sha256=self._digest,
-                encrypted=False, source=self._source, actor=principal.actor))
-            # Waited for after the rows' COPY ends when the parse raises (the stack unwinds last in, first out).
-            self._stack.callback(self._version.wait)
-            return self._take
-        return self._start_rows()
-
-    def _take(self, row: InstanceRow) -> None:
-        put = self._put
-        if put is not None:
-            put(row)
-            return
-        self._pending.append(row)
-        version = self._version
-        assert version is not None
-        if version.done:
-            if version.failed:  # the parse goes on, for the usual way to reuse; ``finish`` raises the error
-                self._pending.clear()
-                self._put = _ignore
-            else:
-                self._start_rows()
-
-    def _start_rows(self) -> Callable[[InstanceRow], None]:
-        """The rows' COPY (once the version is stored), fed the rows that waited for it."""
-        assert self.row is not None
-        put = self._stack.enter_context(resources.row_copy(
-            self._conn, tenant_id=self._principal.tenant_id, state_id=self.row.id, serial=self.serial))
-        for row in self._pending:
-            put(row)
-        self._pending.clear()
-        self._put = put
-        return put
-
-    def finish(self) -> None:
-        """After the parse: the version stored (its error, when it failed, raised here), every row sent (the
-        caller's stack then ends the COPY)."""
-        if self._version is not None:
-            self.version_id = self._version.join()
-        if self._put is None:
-            self._start_rows()
-
-
-def _ignore(row: InstanceRow) -> None:
-    """The rows' consumer once the version failed: the transaction is lost, the rows are not sent."""
-
-
-class _Background:
-    """One call run in a thread of its own; ``join`` gives its result or raises its error. For a call that
-    mostly waits on Postgres (the thread holds the interpreter only between its writes)."""
-
-    def __init__(self, call: Callable[[], int]) -> None:
-        self.done = False
-        self.failed = False
-        self._call = call
-        self._result: int | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="kl-first-version", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._result = self._call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread, which raises it
-            self._error = exc
-            self.failed = True
-        finally:
-            self.done = True
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def join(self) -> int:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-
-def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, body: bytes, digest: str, *,
-                    lock_id: str | None, source: str) -> WriteResult:
-    found = _state_summary(conn, principal, name)
+def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, body: bytes,
+                    attempt: firstrows.FirstRows[StateRow], found: StateRow | None, *, lock_id: str | None,
+                    source: str) -> WriteResult:
     if found is not None and found.head_version_id is not None:
         raise _Moved(state=found)  # not a first write: the usual way
     if found is not None:
         check_lock_for_write(found.held_lock, lock_id, name)
-    with contextlib.ExitStack() as stack:
-        attempt = _FirstAttempt(conn, principal, name, found, body, digest, source=source, stack=stack)
+    with attempt:
         parsed = parse_state_watched(body, attempt.watch)
-        if parsed is None or attempt.row is None:
+        if parsed is None or not attempt.state_id:
             raise _Moved(parsed)  # raised inside the COPY, so it fails and stores nothing
         try:
             attempt.finish()
@@ -511,34 +394,36 @@ def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, b
     if attempt.version_fields not in (None, (parsed.lineage, parsed.terraform_version)):
         raise _Moved(parsed)  # the version holds other fields than the parse read (never for one body)
     try:
-        return _commit_first(conn, principal, name, body, digest, parsed, attempt, lock_id=lock_id,
-                             source=source)
+        return _commit_first(conn, principal, name, body, parsed, attempt, lock_id=lock_id, source=source)
     except (psycopg.Error, StateLockedError, SerialConflictError):
         raise _Moved(parsed) from None  # the usual way answers it, without parsing again
 
 
-def _commit_first(conn: psycopg.Connection, principal: Principal, name: str, body: bytes, digest: str,
-                  parsed: ParsedState, attempt: _FirstAttempt, *, lock_id: str | None, source: str) -> WriteResult:
+def _commit_first(conn: psycopg.Connection, principal: Principal, name: str, body: bytes, parsed: ParsedState,
+                  attempt: firstrows.FirstRows[StateRow], *, lock_id: str | None, source: str) -> WriteResult:
     """The optimistic first write once its rows are in: the version when not stored yet, then the row lock
     and its checks."""
-    row = attempt.row
-    assert row is not None
-    version_id = attempt.version_id or rawwrite.insert_version(
-        conn, tenant_id=principal.tenant_id, state_id=row.id, serial=parsed.serial, lineage=parsed.lineage,
-        terraform_version=parsed.terraform_version, raw=body, sha256=digest, encrypted=False, source=source,
-        actor=principal.actor,
-    )
-    resources.remember_open_set(conn, state_id=row.id, version_id=version_id, rows=parsed.instances,
+    if not attempt.version_id:
+        attempt.digest = attempt.digest or hashlib.sha256(body).hexdigest()
+        attempt.version_id = rawwrite.insert_version(
+            conn, tenant_id=principal.tenant_id, state_id=attempt.state_id, serial=parsed.serial,
+            lineage=parsed.lineage, terraform_version=parsed.terraform_version, raw=body, sha256=attempt.digest,
+            encrypted=False, source=source, actor=principal.actor,
+        )
+    version_id = attempt.version_id
+    resources.remember_open_set(conn, state_id=attempt.state_id, version_id=version_id, rows=parsed.instances,
                                 after_id=attempt.ids_after)
     locked = locked_row(conn, principal, name, create=False)
-    if locked is None or locked.id != row.id or locked.head_version_id is not None or locked.lock_id != row.lock_id:
+    assert attempt.state is not None
+    if (locked is None or locked.id != attempt.state_id or locked.head_version_id is not None
+            or locked.lock_id != attempt.state.lock_id):
         raise _Moved(parsed)
     check_lock_for_write(locked.held_lock, lock_id, name)
     check_new_serial(name, locked.current_serial, parsed.serial)
     if locked.held_lock is None and reservation_rows.live_for_state(
-            conn, principal, state_id=row.id, state_name=name, now=datetime.now(UTC), limit=1):
+            conn, principal, state_id=locked.id, state_name=name, now=datetime.now(UTC), limit=1):
         raise _Moved(parsed)  # the usual way refuses it, with its audit event
-    resources.insert_outputs(conn, tenant_id=principal.tenant_id, state_id=row.id, version_id=version_id,
+    resources.insert_outputs(conn, tenant_id=principal.tenant_id, state_id=locked.id, version_id=version_id,
                              outputs=parsed.outputs)
     result = WriteResult(serial=parsed.serial, replay=False, opened=len(parsed.instances), closed=0,
                          version_id=version_id, size=len(body))

@@ -11,6 +11,7 @@ state and before its rows' COPY ends (``parse_state_watched``, wrapped so the ch
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -259,3 +260,63 @@ def test_the_first_writes_open_set_is_kept_only_when_its_ids_are_known(
         assert kept is None
     else:
         assert kept is not None and {key: row.id for key, row in kept.items()} == stored
+
+
+def test_a_first_post_stores_its_version_before_its_rows_and_each_rows_dependencies(
+        db: Database, clean_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = json.loads(counted_state(2, 8))
+    for position, instance in enumerate(doc["resources"][0]["instances"]):
+        if position % 3 == 0:  # some rows with dependencies, most without
+            instance["dependencies"] = [f"terraform_data.dep{position}", "terraform_data.other"]
+    body = json.dumps(doc, indent=2).encode()
+    versions_at_copy: list[int] = []
+    real = resources.row_copy
+
+    def row_copy(conn: psycopg.Connection, **kwargs: Any) -> Any:
+        versions_at_copy.append(int(conn.execute("SELECT count(*) FROM state_versions").fetchone()[0]))  # type: ignore[index]
+        return real(conn, **kwargs)
+
+    monkeypatch.setattr(resources, "row_copy", row_copy)
+    calls = _parse_body_calls(monkeypatch)
+    result = states.write_state(db, WHO, "s", body, lock_id=None)
+    assert calls == [] and versions_at_copy == [1]  # the version was stored when the rows' COPY started
+    assert _rows(clean_db, "s") == _expected(body)
+    assert sorted(str(row[4]) for row in _rows(clean_db, "s")) == sorted(
+        [str([])] * 5 + [str([f"terraform_data.dep{p}", "terraform_data.other"]) for p in (0, 3, 6)])
+    assert _head(clean_db, "s") == (2, body)
+    # The body's sha256, taken beside the parse, is the version's: the same body again is a replay.
+    with psycopg.connect(clean_db) as conn:
+        stored = conn.execute("SELECT sha256 FROM state_versions").fetchone()
+    assert stored == (hashlib.sha256(body).hexdigest(),)
+    again = states.write_state(db, WHO, "s", body, lock_id=None)
+    assert again.replay and again.serial == result.serial
+
+
+def test_a_first_post_whose_lineage_follows_its_resources_stores_its_version_after_the_parse(
+        db: Database, clean_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _parse_body_calls(monkeypatch)
+    doc = json.loads(counted_state(4, 9))
+    lineage, terraform_version = doc.pop("lineage"), doc.pop("terraform_version")
+    body = json.dumps({**doc, "lineage": lineage, "terraform_version": terraform_version}).encode()
+    result = states.write_state(db, WHO, "s", body, lock_id=None)
+    assert calls == [] and (result.serial, result.opened) == (4, 9)  # still the optimistic way
+    assert _rows(clean_db, "s") == _expected(body)
+    assert _head(clean_db, "s") == (4, body)
+    assert _count(clean_db, "SELECT count(*) FROM state_versions") == 1
+
+
+def test_a_post_into_a_state_with_a_head_scans_its_body_for_unstorable_characters_once(
+        db: Database, clean_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    states.write_state(db, WHO, "s", counted_state(1, 5), lock_id=None)
+    real = states.may_hold_unstorable
+    scans: list[int] = []
+
+    def counted(body: bytes | bytearray) -> bool:
+        scans.append(1)
+        return real(body)
+
+    monkeypatch.setattr(states, "may_hold_unstorable", counted)
+    calls = _parse_body_calls(monkeypatch)
+    result = states.write_state(db, WHO, "s", counted_state(2, 5, changed=3), lock_id=None)
+    assert (result.opened, result.closed) == (1, 1)
+    assert scans == [1] and calls == [1]  # the optimistic way found the head: the usual way, its scan reused

@@ -141,9 +141,6 @@ LIMIT %(limit)s
 _AMONG = """
   AND (address, deposed) IN (SELECT * FROM unnest(%(addresses)s::text[], %(deposed)s::text[]))
 """
-# The empty ``dependencies`` array as COPY's text: the array dumper, per row, costs more than the rest of a
-# row's fields together, and most rows have no dependencies.
-NO_DEPENDENCIES = "{}"
 # Rows a streamed assembly fetches at a time: a few megabytes of instance text.
 STREAM_BATCH = 2000
 
@@ -285,6 +282,11 @@ def insert_rows(
     with row_copy(conn, tenant_id=tenant_id, state_id=state_id, serial=serial) as put:
         for r in rows:
             put(r)
+
+
+# The empty ``dependencies`` array as COPY's text: the array dumper, per row, costs more than the rest of a
+# row's fields together, and most rows have no dependencies.
+NO_DEPENDENCIES = "{}"
 
 
 @contextmanager

@@ -347,14 +347,37 @@ def _resource_header(position: int, resource: dict[str, Any], modules: dict[str,
     if not isinstance(provider, str) or not provider:
         raise _invalid(f'{where} ({type_}.{name}) has no "provider" string')
     module = _module(resource.get("module", ""), where, modules)
-    # The hash covers {"instance", "mode", "module", "name", "provider", "type"} as canonical JSON; sorted,
-    # "instance" comes first, so the resource part is one shared tail and each instance is hashed without
-    # building (or re-serialising) a wrapper object.
-    resource_fields = {"mode": mode, "module": module, "name": name, "provider": provider, "type": type_}
-    # Every field is a string here, which is already canonical: no normal_value pass.
-    hash_tail = ("," + (_canonical if orjson is None else _canonical_accelerated)(resource_fields)[0][1:]).encode()
     return _ResourceHeader(where, resource_address(module, mode, type_, name), module, mode, type_, name,
-                           provider, hash_tail)
+                           provider, _hash_tail(mode, module, name, provider, type_))
+
+
+# The hash covers {"instance", "mode", "module", "name", "provider", "type"} as canonical JSON; sorted,
+# "instance" comes first, so the resource part is one shared tail and each instance is hashed without
+# building (or re-serialising) a wrapper object. The tail's text around the name is the same for every
+# resource of one type, provider and module (most of a large state): kept here, a bounded number of them.
+_TAIL_PARTS: dict[tuple[str, str, str, str], tuple[bytes, bytes]] = {}
+_TAIL_PARTS_MAX = 1024
+_NAME_SLOT = ',"name":"",'
+
+
+def _hash_tail(mode: str, module: str, name: str, provider: str, type_: str) -> bytes:
+    """``,"mode":…,"module":…,"name":…,"provider":…,"type":…}``: the resource's fields as canonical JSON,
+    without the opening brace. ``name`` is an identifier (checked), so its JSON is the name in quotes, and
+    in the rest of the text, strings whose quotes are escaped, the slot for it occurs only once."""
+    key = (mode, module, provider, type_)
+    parts = _TAIL_PARTS.get(key)
+    if parts is None:
+        # Every field is a string here, which is already canonical: no normal_value pass.
+        canonical = _canonical if orjson is None else _canonical_accelerated
+        fields = {"mode": mode, "module": module, "name": "", "provider": provider, "type": type_}
+        before, slot, after = ("," + canonical(fields)[0][1:]).partition(_NAME_SLOT)
+        if not slot:  # never, by the reasoning above: the whole text then, as it is
+            fields["name"] = name
+            return ("," + canonical(fields)[0][1:]).encode()
+        if len(_TAIL_PARTS) >= _TAIL_PARTS_MAX:
+            _TAIL_PARTS.clear()
+        parts = _TAIL_PARTS[key] = ((before + ',"name":"').encode(), ('",' + after).encode())
+    return parts[0] + name.encode() + parts[1]
 
 
 def _instance_row(

@@ -711,3 +711,24 @@ def test_metadata_terraform_reads_as_absent_never_fakes_a_change() -> None:
     assert "identity_schema_version" in rows(with_identity).instance_json
     assert rows(with_identity).attributes_hash != rows(bare).attributes_hash
     assert rows({**bare, "attributes": {"id": "y"}}).attributes_hash != rows(bare).attributes_hash
+
+
+@pytest.mark.parametrize("tails_kept", [1024, 1], ids=["tails kept", "tails dropped at each new one"])
+def test_the_hash_of_resources_sharing_a_type_provider_and_module_is_each_ones_own(
+        monkeypatch: pytest.MonkeyPatch, tails_kept: int) -> None:
+    from analyzer import staterows
+
+    monkeypatch.setattr(staterows, "_TAIL_PARTS_MAX", tails_kept)
+    provider = 'provider["example.com/é/\\"odd\\""].alias'
+    resources = [{"module": 'module.m["a\\"b"]', "mode": mode, "type": type_, "name": name, "provider": provider,
+                  "instances": [{"schema_version": 0, "attributes": {"id": f"{type_}.{name}"}}]}
+                 for mode in ("managed", "data") for type_ in ("t_one", "t_two") for name in ("a", "name", "b-2")]
+    raw = json.dumps({"version": 4, "serial": 1, "lineage": "l", "terraform_version": "1.15.5",
+                      "resources": resources}).encode()
+    for parsed in (parse_state(raw), staterows._parse_state(raw, accelerated=True),
+                   staterows._parse_state(raw, accelerated=False)):
+        assert isinstance(parsed, ParsedState) and len(parsed.instances) == 12
+        for row in parsed.instances:
+            whole = {"module": row.module, "mode": row.mode, "type": row.type, "name": row.name,
+                     "provider": row.provider, "instance": json.loads(row.instance_json)}
+            assert row.attributes_hash == hashlib.sha256(canonical_json(whole).encode()).hexdigest()

@@ -7,14 +7,18 @@ Run from the repository root:
     .venv/bin/python -m bench.post_phases --drop-index resources_alive_deps_gin   # without one index
     .venv/bin/python -m bench.post_phases --upkeep-after              # the refresh after the timed write
     .venv/bin/python -m bench.post_phases --first-only                # only the first POST
+    .venv/bin/python -m bench.post_phases --first-only --wide         # N resources of one instance each
 
 It creates a scratch database, calls ``states.write_state`` twice on one state (the first POST into an empty
-state, then serial 2 with every instance's value changed; ``bench.states.counted_state``), and prints the
+state, then serial 2 with every instance's value changed; ``bench.states.counted_state``; with ``--wide``, N
+resources of one instance each, ``bench.filescoped_bench.state_body``, the scale bench's N-resources shape), and
+prints the
 wall time of each write, the process's CPU time in it, and the wall time of the store functions it passes
 through (wrapped with ``bench.common.shim_target``), and the time from the return of the state's row lock
 (``locked_row``, the last time it was taken) to the write's return: what other writers of the state wait for.
 A first POST streams its rows into their COPY while it parses (``parse_state_watched``, which therefore
-includes the row COPY); the second write parses (``parse_body``) and projects. ``--drop-fk`` drops any
+includes the row COPY, and ``insert_version``, which then runs in a thread of its own beside the parse); the
+second write parses (``parse_body``) and projects. ``--drop-fk`` drops any
 foreign key of ``resources`` on the scratch database first, to price its per-row check (since migration 0028
 ``resources.state_id`` has none, so this prices a schema before it), and ``--drop-index`` an index, to price
 its upkeep; the product never runs without either. ``--upkeep-after`` hands a bulk write's statistics refresh
@@ -39,6 +43,7 @@ import psycopg
 from psycopg import sql
 
 from bench import common
+from bench.filescoped_bench import PER_FILE, state_body
 from bench.states import counted_state
 
 perf = time.perf_counter
@@ -82,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="drop this index of resources on the scratch database first (repeatable)",
     )
     p.add_argument("--first-only", action="store_true", help="time only the first POST")
+    p.add_argument("--wide", action="store_true", help="N resources of one instance each (implies --first-only)")
     p.add_argument(
         "--upkeep-after",
         action="store_true",
@@ -122,7 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "SELECT conname FROM pg_constraint WHERE conrelid = 'resources'::regclass AND contype = 'f'"
                 ).fetchall():
                     conn.execute(sql.SQL("ALTER TABLE resources DROP CONSTRAINT {}").format(sql.Identifier(con)))
-        bodies = [counted_state(1, args.size), counted_state(2, args.size, value="w")][:1 if args.first_only else 2]
+        if args.wide:
+            bodies = [state_body(max(1, args.size // PER_FILE), seed=7)]
+        else:
+            bodies = [counted_state(1, args.size), counted_state(2, args.size, value="w")][:1 if args.first_only else 2]
         floor = min(_floor(bodies[0]) for _ in range(3))
         print(
             f"{args.size} instances, {len(bodies[0]) / 1e6:.0f} MB; floor {floor:.2f} s; load {common.load_average()}"

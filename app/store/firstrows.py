@@ -3,9 +3,10 @@
 ``FirstRows`` is the parser's ``watch`` (``analyzer.statestream``) for the optimistic first write of
 ``states.write_state``. Once the top-level fields before ``resources`` are read it has the state's row made
 (created when missing) and starts storing the version row on the write's connection, in a thread of its own:
-the body's bytes are in memory already, their sha256 and the insert's wait leave the interpreter free, and
-the storing is Postgres's work. A version stored after hundreds of thousands of rows costs Postgres two to
-three times as much as one stored before them (its buffers then hold the rows' dirty pages). The rows the
+the body's bytes are in memory already, their sha256 (taken as they are sent) and the insert's wait leave the
+interpreter free, and the storing is Postgres's work. A version stored after hundreds of thousands of rows
+costs Postgres up to two or three times as much as one stored before them (its buffers then hold the rows'
+dirty pages). The rows the
 parser makes meanwhile wait in a list; the rows' COPY starts on the same connection once the version is
 stored, and then takes each row as it is made. A body whose lineage or Terraform version is not read before
 its resources has its version stored after the parse instead, by the caller.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -83,13 +83,13 @@ class FirstRows(Generic[S]):
         return self._take
 
     def _store_version(self, lineage: str, terraform_version: str) -> int:
-        """In the version's thread: the body's sha256 (hashlib leaves the interpreter to the parse), then
-        the version row."""
-        self.digest = hashlib.sha256(self._body).hexdigest()
-        return rawwrite.insert_version(
+        """In the version's thread: the version row, the body's sha256 taken as its bytes are sent (hashlib
+        leaves the interpreter to the parse)."""
+        version_id, self.digest = rawwrite.insert_version_hashing(
             self._conn, tenant_id=self._tenant_id, state_id=self.state_id, serial=self.serial, lineage=lineage,
-            terraform_version=terraform_version, raw=self._body, sha256=self.digest, encrypted=False,
-            source=self._source, actor=self._actor)
+            terraform_version=terraform_version, raw=self._body, encrypted=False, source=self._source,
+            actor=self._actor)
+        return version_id
 
     def _take(self, row: InstanceRow) -> None:
         put = self._put

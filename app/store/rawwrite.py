@@ -8,6 +8,7 @@ instead, the raw bytes a slice at a time, so only one slice is ever buffered. Th
 
 from __future__ import annotations
 
+import hashlib
 import struct
 
 import psycopg
@@ -40,18 +41,39 @@ def insert_version(
     raw: bytes | bytearray, sha256: str, encrypted: bool, source: str, actor: str,
 ) -> int:
     """Insert one row of ``state_versions`` holding ``raw``; its id."""
+    return _copy_version(conn, tenant_id, state_id, serial, lineage, terraform_version, raw, sha256, encrypted,
+                         source, actor)[0]
+
+
+def insert_version_hashing(
+    conn: psycopg.Connection, *, tenant_id: int, state_id: int, serial: int, lineage: str, terraform_version: str,
+    raw: bytes | bytearray, encrypted: bool, source: str, actor: str,
+) -> tuple[int, str]:
+    """``insert_version`` with the sha256 of ``raw`` taken slice by slice as the bytes are sent (the column
+    comes after them), so Postgres stores the first bytes while the rest are hashed; its id and the digest."""
+    return _copy_version(conn, tenant_id, state_id, serial, lineage, terraform_version, raw, None, encrypted,
+                         source, actor)
+
+
+def _copy_version(conn: psycopg.Connection, tenant_id: int, state_id: int, serial: int, lineage: str,
+                  terraform_version: str, raw: bytes | bytearray, sha256: str | None, encrypted: bool, source: str,
+                  actor: str) -> tuple[int, str]:
     (version_id,) = conn.execute(_NEXT_ID).fetchone() or (0,)
     head = b"".join((_SIGNATURE, _FIELDS, _int8(version_id), _int8(tenant_id), _int8(state_id), _int8(serial),
                      _text(lineage), _text(terraform_version), struct.pack(">i", len(raw))))
-    tail = b"".join((_text(sha256), _int8(len(raw)), struct.pack(">ib", 1, encrypted), _text(source),
-                     _text(actor), _TRAILER))
+    hashing = hashlib.sha256() if sha256 is None else None
     view = memoryview(raw)
     try:
         with conn.cursor() as cur, cur.copy(_COPY_VERSION) as copy:
             copy.write(head)
             for start in range(0, len(view), SLICE_BYTES):
-                copy.write(view[start:start + SLICE_BYTES])
-            copy.write(tail)
+                piece = view[start:start + SLICE_BYTES]
+                if hashing is not None:
+                    hashing.update(piece)
+                copy.write(piece)
+            digest = hashing.hexdigest() if hashing is not None else sha256 or ""
+            copy.write(b"".join((_text(digest), _int8(len(raw)), struct.pack(">ib", 1, encrypted), _text(source),
+                                 _text(actor), _TRAILER)))
     finally:
         view.release()
-    return int(version_id)
+    return int(version_id), digest

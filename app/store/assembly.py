@@ -275,10 +275,10 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
         yield from _write_spliced(conn, version_id, spliced, found, cache=not pruned)
         return
     if source != "apply" or pruned:
-        yield from from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
+        yield from from_rows(conn, state_id, serial, lineage, terraform_version, outputs, alone=True)
         return
-    writer = CacheWriter(conn, held=True)
-    text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs, between=writer.flush_due)
+    writer = CacheWriter(conn, held=True)  # the pieces wait in the process until the body is written
+    text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs, alone=True)
     try:
         for piece in text:
             writer.add(piece)
@@ -344,12 +344,16 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
 
 
 def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
-              outputs: list[OutputRow], between: Callable[[], None] | None = None) -> Generator[bytes, None, None]:
+              outputs: list[OutputRow], between: Callable[[], None] | None = None,
+              alone: bool = False) -> Generator[bytes, None, None]:
     """The state at ``serial`` assembled from all its rows, as pieces; ``between`` runs between the row
-    fetches (``resources.stream_assembly_rows``), where a ``CacheWriter(held=True)`` writes its pieces."""
+    fetches (``resources.stream_assembly_rows``), where a ``CacheWriter(held=True)`` writes its pieces.
+    ``alone``: nothing else runs on the connection until the pieces end (the rows come from one streamed
+    statement), so a cache writer keeps its pieces until ``finish``."""
     return stream_state(
         serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs, plain_numbers=True,
-        instances=resources.stream_assembly_rows(conn, state_id=state_id, serial=serial, between=between),
+        instances=resources.stream_assembly_rows(conn, state_id=state_id, serial=serial, between=between,
+                                                 alone=alone),
     )
 
 

@@ -429,7 +429,8 @@ def _base_bytes(conn: psycopg.Connection, base_id: int, size: int, *, stored_bas
 class CacheWriter:
     """Pieces of an assembly into the session's temporary table as they come, then into ``raw_state``.
     ``held``: the pieces wait for ``flush_due`` (the assembly's row fetches, pipelined, leave the
-    connection to a COPY only between them)."""
+    connection to a COPY only between them), or, when nothing calls it (rows streamed by one statement),
+    for ``finish``; their sha256 is taken as they are sent, so a read's is off its reader's path too."""
 
     def __init__(self, conn: psycopg.Connection, *, held: bool = False) -> None:
         self._conn = conn
@@ -446,11 +447,15 @@ class CacheWriter:
         conn.execute(_CLEAR_PIECES)  # a rolled-back assembly on this session left none, but be sure
 
     def add(self, piece: bytes) -> None:
-        self.digest(piece)
+        if not self._held:
+            self.digest(piece)
         self._queue((piece, None, None), len(piece))
 
     def add_base(self, start: int, length: int) -> None:
-        """A range of the base's bytes; the caller passes the bytes themselves to ``digest``."""
+        """A range of the base's bytes; the caller passes the bytes themselves to ``digest``. Not for a held
+        writer, which digests its pieces as it sends them."""
+        if self._held:
+            raise ValueError("a held cache writer takes new text only")
         self._size += length
         self._queue((None, start, length), 64)
 
@@ -473,6 +478,10 @@ class CacheWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
+        if self._held:  # held pieces are all new text (``add``), digested in order as they go
+            for data, _, _ in self._pending:
+                if data is not None:
+                    self.digest(data)
         with self._conn.cursor() as cur, cur.copy(_COPY_PIECES) as copy:
             copy.set_types(["int4", "bytea", "int4", "int4"])
             for row in self._pending:

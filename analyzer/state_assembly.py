@@ -12,9 +12,10 @@ run's trees and one piece of text.
 ``assemble_state`` sorts rows given in any order and joins the pieces. Both write exactly the text of
 ``json.dumps(document, indent=2)`` with Go's escapes: each instance object is encoded on its own and
 indented to its depth (a JSON string never holds a raw newline, so indenting the lines of a value is the
-same as encoding it in place). A run of instances whose text orjson writes as ``json`` would is written
-by one orjson call, as an array nested to the items' depth, whose lines are those of the items indented
-there one by one.
+same as encoding it in place). A run of instances whose text orjson writes as ``json`` would is parsed
+by one orjson call (and, when its objects agree with their rows and share one field set, checked and put
+in Terraform's field order by C loops over the run) and written by one, as an array nested to the items'
+depth, whose lines are those of the items indented there one by one.
 
 The optional ``orjson`` (see ``analyzer.state``) encodes an instance when it is sure to write the same text
 as ``json``: no number that could be an integer beyond 64 bits or a float below 1e-4 or from 1e16 in
@@ -299,7 +300,7 @@ class _Encoder:
         that may differ, a str text, nesting orjson refuses)."""
         texts = list(map(_INSTANCE_JSON, rows))
         try:
-            joined = b",".join(texts)  # type: ignore[arg-type]
+            joined = b",".join(texts)
         except TypeError:  # str texts
             return None
         if self._differs(joined):  # the separator cannot complete a match across two texts

@@ -13,14 +13,16 @@ version is locked, so commits, Terraform's LOCK and POST go on meanwhile. The ro
 never change (later writes only close rows at higher serials), so the assembly is a whole serial whatever
 commits run alongside.
 
-The assembly streams: rows come from a server-side cursor in the state's order, with only the columns
-the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows``),
-``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each piece goes to the
-reader as it comes and into a temporary table on the same connection between row fetches (``CacheWriter``,
-stored uncompressed; the next batch's FETCH is pipelined, so Postgres writes it while the caller encodes
-this one); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing them
-once. The process holds a batch of rows and a few pieces, never the state, and the sha256 is taken
-piece by piece.
+The assembly streams: rows come from one statement read in chunks, in the state's order, with only the
+columns the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows`` with
+``alone``: no round trip per batch, and Postgres may sort with parallel workers, which a cursor's
+statement never gets), ``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each
+piece goes to the reader as it comes and waits in the process (``CacheWriter``) until the last one. The
+statement leaves the connection to nothing else meanwhile, and a COPY there would have the reader wait:
+the pieces go into a temporary table on the same connection in one COPY at the end (stored uncompressed),
+where one UPDATE joins them inside Postgres into ``raw_state``, compressing them once. The process holds
+a chunk of rows and the pieces (about the state's size, within the bound of 1.5 times it), never a
+parsed state, and the sha256 is taken piece by piece as they are copied.
 A reader that goes away mid-stream rolls the transaction back: nothing is cached and the next reader
 assembles again.
 
@@ -45,7 +47,9 @@ bytes is the base, read and copied from whichever table holds it.
 The spliced file's size is known before its first piece (``Found.size``, as is that of stored bytes), so
 the backend lane sends it with a Content-Length: the reader has the whole body when the last piece is
 written, and the cache write that follows (the final UPDATE, which joins and compresses the bytes in
-Postgres) is off its path. The version's row lock is held until that write commits, so concurrent first
+Postgres) is off its path. An assembly from all rows has no size in advance: its body is sent chunked and
+its cache write (the COPY of its pieces and the UPDATE) waits for ``Found.finish``, once the response is
+done (``Found.late``). The version's row lock is held until that write commits, so concurrent first
 readers still coalesce; should the write fail, the transaction rolls back (the version stays uncached,
 the reader already has its bytes) and the failure is logged by its class alone.
 

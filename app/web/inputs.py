@@ -65,8 +65,12 @@ class LargeBodies:
 
     def leave(self, _exc: BaseException | None = None) -> None:
         if g.pop("_large_body", False):
-            self._slots.release()
-            _return_memory()
+            self.release()
+
+    def release(self) -> None:
+        """Give a slot back, and the memory its work freed to the system."""
+        self._slots.release()
+        _return_memory()
 
 
 def _load_libc() -> Any:
@@ -143,6 +147,16 @@ def large_body_slot(size: int) -> None:
     bodies: LargeBodies = current_app.extensions[LARGE_BODIES]
     if size >= bodies.threshold:
         bodies.enter()
+
+
+def slot_until_closed(response: Any) -> None:
+    """Keep the request's large-body slot, when it took one, until ``response`` closes rather than until the
+    request ends: a first GET's assembly holds its pieces until its cache write, after the body (callbacks
+    registered on ``response`` before this one run first)."""
+    if not g.pop("_large_body", False):
+        return
+    bodies: LargeBodies = current_app.extensions[LARGE_BODIES]
+    response.call_on_close(bodies.release)
 
 
 def return_memory_after(response: Any, size: int | None) -> None:

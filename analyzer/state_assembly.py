@@ -89,7 +89,9 @@ _DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
 _SIXTEEN_DIGITS = b"0" * 16
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
 _EXPONENT = re.compile(rb"[0-9][eE][-+]?[0-9]")
-_PIECE_BYTES = 1 << 20
+# A piece's size: a reader that keeps every piece (a first GET, until its cache write) also has the one being
+# written and its escaped copy, which stay small beside them at this size.
+_PIECE_BYTES = 1 << 18
 _RUN_ROWS = 500  # instances of one resource encoded together
 _ORDERS_KEPT = 64  # distinct field sets whose order an encoder remembers
 _INSTANCE_FIELDS = frozenset(_INSTANCE_FIELD_ORDER)

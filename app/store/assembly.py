@@ -482,17 +482,17 @@ class CacheWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
-        if self._held:  # held pieces are all new text (``add``), digested in order as they go
-            for data, _, _ in self._pending:
-                if data is not None:
-                    self.digest(data)
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        pending.reverse()
         with self._conn.cursor() as cur, cur.copy(_COPY_PIECES) as copy:
             copy.set_types(["int4", "bytea", "int4", "int4"])
-            for row in self._pending:
+            while pending:  # each piece let go once it is sent: the COPY adds to the memory held, never doubles it
+                row = pending.pop()
+                if self._held and row[0] is not None:  # held pieces are digested in order as they go
+                    self.digest(row[0])
                 copy.write_row((self._seq, *row))
                 self._seq += 1
-        self._pending.clear()
-        self._pending_bytes = 0
+                del row
 
     def finish(self, version_id: int, base: tuple[int, bool] | None = None) -> bool:
         """Store the pieces as the version's bytes (with ``base``: its id and whether it is a stored base,

@@ -18,7 +18,7 @@ from app.store.db import Database
 from tests.app.test_lazy_state import STATE, commit_one, stored
 from tests.helpers import counted_state
 
-COUNT = 4000  # more than one piece of the streamed file (about 1 MB), so a reader can leave mid-stream
+COUNT = 4000  # several pieces of the streamed file (about 256 KB each), so a reader can leave mid-stream
 
 
 def _head(url: str) -> tuple[int, int]:

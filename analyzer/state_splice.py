@@ -12,10 +12,10 @@ instances array (the resource closes on the next line), one with exactly eight s
 opens (or closes) an instance, and nothing else does. Resources and instances are in ``row_order``, so a
 changed one is found by bisecting the bytes, reading only the resource head (or the instance's first
 lines, where its ``index_key`` and ``deposed`` are) at each probe, after trying the one where the search
-starts; a changed resource's end is found by one scan for the close of its instances array. Any text that is not where the layout
-puts it raises ``SpliceError``: the caller assembles from all rows instead. The base must be a file
-``stream_state`` wrote under the same ``ASSEMBLY_FORMAT``; a file Terraform wrote is laid out by
-Terraform and is never a base. Must not do I/O.
+starts; a changed resource's end is found by one scan for the close of its instances array. Any text
+that is not where the layout puts it raises ``SpliceError``: the caller assembles from all rows instead.
+The base must be a file ``stream_state`` wrote under the same ``ASSEMBLY_FORMAT``; a file Terraform
+wrote is laid out by Terraform and is never a base. Must not do I/O.
 """
 
 from __future__ import annotations

@@ -46,12 +46,13 @@ bytes is the base, read and copied from whichever table holds it.
 
 The spliced file's size is known before its first piece (``Found.size``, as is that of stored bytes), so
 the backend lane sends it with a Content-Length: the reader has the whole body when the last piece is
-written, and the cache write that follows (the final UPDATE, which joins and compresses the bytes in
-Postgres) is off its path. An assembly from all rows has no size in advance: its body is sent chunked and
-its cache write (the COPY of its pieces and the UPDATE) waits for ``Found.finish``, once the response is
-done (``Found.late``). The version's row lock is held until that write commits, so concurrent first
-readers still coalesce; should the write fail, the transaction rolls back (the version stays uncached,
-the reader already has its bytes) and the failure is logged by its class alone.
+written, and the cache write that follows (the file's sha256, taken over the parts only then, and the
+final UPDATE, which joins and compresses the bytes in Postgres) is off its path. An assembly from all rows
+has no size in advance: its body is sent chunked and its cache write (the COPY of its pieces and the
+UPDATE) waits for ``Found.finish``, once the response is done (``Found.late``). The version's row lock
+is held until that write commits, so concurrent first readers still coalesce; should the write fail, the
+transaction rolls back (the version stays uncached, the reader already has its bytes) and the failure is
+logged by its class alone.
 
 A version whose bytes retention removed (``pruned_at`` set) is still assembled on read, from the rows,
 but not cached again: retention would otherwise undo itself.
@@ -335,15 +336,16 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
     view = memoryview(spliced.base)
     for part in spliced.parts:
         if isinstance(part, bytes):
-            writer.add(part)
+            writer.add(part, hashed=False)
             yield part
             continue
         start, end = part
         writer.add_base(start, end - start)
         for at in range(start, end, _BASE_SLICE_BYTES):
-            piece = bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
-            writer.digest(piece)
-            yield piece
+            yield bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
+    # The reader has every byte now (it was sent the size first): the file's digest is taken after it.
+    for part in spliced.parts:
+        writer.digest(part if isinstance(part, bytes) else view[part[0]:part[1]])
     found.cached = _stored(conn, writer, version_id, base=(spliced.base_id, spliced.stored_base))
 
 
@@ -450,8 +452,12 @@ class CacheWriter:
             conn.execute(_PIECES_UNCOMPRESSED)
         conn.execute(_CLEAR_PIECES)  # a rolled-back assembly on this session left none, but be sure
 
-    def add(self, piece: bytes) -> None:
-        if not self._held:
+    def add(self, piece: bytes, *, hashed: bool = True) -> None:
+        """A piece of new text; ``hashed`` False: the caller passes it to ``digest`` itself, in order. A held
+        writer digests its pieces itself, as it sends them."""
+        if self._held and not hashed:
+            raise ValueError("a held cache writer digests its pieces itself")
+        if hashed and not self._held:
             self.digest(piece)
         self._queue((piece, None, None), len(piece))
 
@@ -463,7 +469,7 @@ class CacheWriter:
         self._size += length
         self._queue((None, start, length), 64)
 
-    def digest(self, piece: bytes) -> None:
+    def digest(self, piece: bytes | memoryview) -> None:
         self._digest.update(piece)
 
     def _queue(self, row: tuple[bytes | None, int | None, int | None], weight: int) -> None:

@@ -73,10 +73,10 @@ def state(name: str) -> Response:
             raise StateNotFoundError(f"no state named {name!r}")
         response = _ok(stream_with_context(pieces), "application/json")
         response.call_on_close(found.finish)
-        inputs.slot_until_closed(response)  # the pieces an assembly holds are freed by ``finish``
         if found.size is not None:
             response.content_length = found.size
         inputs.return_memory_after(response, found.size)
+        inputs.slot_until_closed(response)  # the pieces an assembly holds are freed by ``finish``
         return response
     if request.method == "POST":
         # The body is passed on, not kept here: the store frees it once its bytes are stored.

@@ -12,9 +12,10 @@ run's trees and one piece of text.
 ``assemble_state`` sorts rows given in any order and joins the pieces. Both write exactly the text of
 ``json.dumps(document, indent=2)`` with Go's escapes: each instance object is encoded on its own and
 indented to its depth (a JSON string never holds a raw newline, so indenting the lines of a value is the
-same as encoding it in place). A run of instances whose text orjson writes as ``json`` would is written
-by one orjson call, as an array nested to the items' depth, whose lines are those of the items indented
-there one by one.
+same as encoding it in place). A run of instances whose text orjson writes as ``json`` would is parsed
+by one orjson call (and, when its objects agree with their rows and share one field set, checked and put
+in Terraform's field order by C loops over the run) and written by one, as an array nested to the items'
+depth, whose lines are those of the items indented there one by one.
 
 The optional ``orjson`` (see ``analyzer.state``) encodes an instance when it is sure to write the same text
 as ``json``: no number that could be an integer beyond 64 bits or a float below 1e-4 or from 1e16 in
@@ -28,6 +29,7 @@ import json
 import operator
 import re
 from collections.abc import Callable, Generator, Iterable, Iterator
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from analyzer.addresses import resource_address
@@ -87,10 +89,17 @@ _DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
 _SIXTEEN_DIGITS = b"0" * 16
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
 _EXPONENT = re.compile(rb"[0-9][eE][-+]?[0-9]")
-_PIECE_BYTES = 1 << 20
+# A piece's size: a reader that keeps every piece (a first GET, until its cache write) also has the one being
+# written and its escaped copy, which stay small beside them at this size.
+_PIECE_BYTES = 1 << 18
 _RUN_ROWS = 500  # instances of one resource encoded together
 _ORDERS_KEPT = 64  # distinct field sets whose order an encoder remembers
 _INSTANCE_FIELDS = frozenset(_INSTANCE_FIELD_ORDER)
+_INSTANCE_JSON = operator.attrgetter("instance_json")
+_INDEX_KEY = operator.attrgetter("index_key")
+_DEPOSED = operator.attrgetter("deposed")
+_GET_INDEX_KEY = operator.methodcaller("get", "index_key")
+_GET_DEPOSED = operator.methodcaller("get", "deposed")
 # orjson writes items in an array nested four deep at an instance item's depth: each after
 # _INSTANCE_INDENT, joined by ",", between these.
 _NESTED_OPEN = b"[\n  [\n    [\n      ["
@@ -192,7 +201,8 @@ def stream_state(
     try:
         for row in rows:
             key = (row.module, row.mode, row.type, row.name)
-            order = _instance_order(row)
+            index_key = row.index_key
+            order = (1, index_key, "", row.deposed) if type(index_key) is int else _instance_order(row)
             if key != group:
                 if run:
                     out += encoder.items(run, continued)
@@ -290,19 +300,40 @@ class _Encoder:
         """``items`` of UTF-8 rows by orjson alone, the objects written in one call as an array nested to
         the items' depth, so orjson indents them; None where the one-at-a-time path must decide (a text
         that may differ, a str text, nesting orjson refuses)."""
-        texts = [row.instance_json for row in rows]
+        texts = list(map(_INSTANCE_JSON, rows))
         try:
-            joined = b"\n".join(texts)  # type: ignore[arg-type]
+            joined = b",".join(texts)
         except TypeError:  # str texts
             return None
         if self._differs(joined):  # the separator cannot complete a match across two texts
             return None
-        loads = orjson.loads
         try:
-            ordered = [self.ordered(row, loads(text)) for row, text in zip(rows, texts, strict=True)]
+            ordered = self._ordered_run(rows, joined)
+            if ordered is None:  # one at a time, which raises what is wrong with a row
+                loads = orjson.loads
+                ordered = [self.ordered(row, loads(text)) for row, text in zip(rows, texts, strict=True)]
             return orjson.dumps([[[ordered]]], option=orjson.OPT_INDENT_2)[len(_NESTED_OPEN):-len(_NESTED_CLOSE)]
         except (orjson.JSONDecodeError, orjson.JSONEncodeError):
             return None
+
+    def _ordered_run(self, rows: list[InstanceRow | AssemblyRow], joined: bytes) -> list[dict[str, Any]] | None:
+        """What ``ordered`` gives for each of ``rows``, whose texts joined by "," are ``joined``, by one parse
+        and a few C loops over the run rather than Python calls per instance: for runs whose objects agree
+        with their rows and share one field set (as a resource's instances do). None otherwise."""
+        instances = orjson.loads(b"[" + joined + b"]")
+        count = len(rows)
+        if len(instances) != count or not all(map(dict.__instancecheck__, instances)):
+            return None
+        if list(map(_GET_INDEX_KEY, instances)) != list(map(_INDEX_KEY, rows)):
+            return None
+        got, wanted = list(map(_GET_DEPOSED, instances)), list(map(_DEPOSED, rows))
+        if not (got.count(None) == count and wanted.count("") == count) and [d or "" for d in got] != wanted:
+            return None
+        shapes = list(map(tuple, instances))
+        if shapes.count(shapes[0]) != count:
+            return None
+        order, values = self._order(shapes[0])
+        return list(map(dict, map(zip, repeat(order), map(values, instances))))
 
     def instance(self, row: InstanceRow | AssemblyRow) -> bytes:
         instance, fast = self.load(row.instance_json)
@@ -313,16 +344,19 @@ class _Encoder:
         come); raises ValueError when its key or deposed field disagrees with the row."""
         if instance.get("index_key") != row.index_key or (instance.get("deposed") or "") != row.deposed:
             raise ValueError(f"{row.address}: instance_json disagrees with the row's index_key or deposed")
-        keys = tuple(instance)
+        order, values = self._order(tuple(instance))
+        return dict(zip(order, values(instance), strict=True))
+
+    def _order(self, keys: tuple[str, ...]) -> tuple[tuple[str, ...], Callable[[dict[str, Any]], tuple[Any, ...]]]:
+        """An instance's keys in Terraform's order, and what reads its values in that order."""
         known = self.orders.get(keys)
         if known is None:
-            order = tuple(f for f in _INSTANCE_FIELD_ORDER if f in instance) + tuple(
+            order = tuple(f for f in _INSTANCE_FIELD_ORDER if f in keys) + tuple(
                 k for k in keys if k not in _INSTANCE_FIELDS)
             known = (order, _values_in(order))
             if len(self.orders) < _ORDERS_KEPT:
                 self.orders[keys] = known
-        order, values = known
-        return dict(zip(order, values(instance), strict=True))
+        return known
 
 
 def _values_in(order: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:

@@ -7,13 +7,15 @@ only the header (the new version's serial, lineage, outputs) and what changed: t
 resources, the items of new or changed instances; removed instances and emptied resources are left out.
 
 The earlier file is found in, not parsed: a JSON string never holds a raw newline, so a line that starts
-with exactly four spaces and ``{`` opens a resource, one with exactly eight spaces and ``{`` (or ``}``)
+with exactly four spaces and ``{`` opens a resource, one with exactly six spaces and ``]`` closes its
+instances array (the resource closes on the next line), one with exactly eight spaces and ``{`` (or ``}``)
 opens (or closes) an instance, and nothing else does. Resources and instances are in ``row_order``, so a
 changed one is found by bisecting the bytes, reading only the resource head (or the instance's first
-lines, where its ``index_key`` and ``deposed`` are) at each probe. Any text that is not where the layout
-puts it raises ``SpliceError``: the caller assembles from all rows instead. The base must be a file
-``stream_state`` wrote under the same ``ASSEMBLY_FORMAT``; a file Terraform wrote is laid out by
-Terraform and is never a base. Must not do I/O.
+lines, where its ``index_key`` and ``deposed`` are) at each probe, after trying the one where the search
+starts; a changed resource's end is found by one scan for the close of its instances array. Any text
+that is not where the layout puts it raises ``SpliceError``: the caller assembles from all rows instead.
+The base must be a file ``stream_state`` wrote under the same ``ASSEMBLY_FORMAT``; a file Terraform
+wrote is laid out by Terraform and is never a base. Must not do I/O.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ InstanceOrder = tuple[int, int, str, str]  # row_order's instance part
 _RESOURCE = b"\n    {"
 _ITEM = b"\n        {"
 _ITEM_END = b"\n        }"
+_RESOURCE_CLOSE = RESOURCE_SEP[:-1]  # the end of a resource's instances array and of the resource
 _INSTANCES = b'\n      "instances": ['
 _FIELD = b'\n          "'
 _INDEX_KEY = b'\n          "index_key": '
@@ -137,10 +140,10 @@ class _Splicer:
             self._run(cores, pos, found, end)
             change = changes[key]
             if found < end and self._head_key(found) == key:
-                following = self._first(found + 1, end, _RESOURCE, self._head_key, key, strict=True)
+                following = self._following(found, end)
+                if following < end and self._head_key(following) <= key:
+                    raise SpliceError("resources are not in order")
                 core_end = following - len(RESOURCE_SEP) if following < end else end
-                if following < end and base[core_end:following] != RESOURCE_SEP:
-                    raise SpliceError("a resource does not end where the next begins")
                 core = self._changed_core(found, core_end, change)
                 pos = following
             else:
@@ -224,12 +227,30 @@ class _Splicer:
             raise SpliceError("an encoded resource has no instances array")
         return core[at + len(_INSTANCES):]
 
+    def _following(self, at: int, end: int) -> int:
+        """Where the resource after the one starting at ``at`` starts, or ``end`` when it is the last: one
+        scan to the end of its instances array, the only line of six spaces and ``]`` in it."""
+        base = self.base
+        closed = base.find(_RESOURCE_CLOSE, at, end + len(_RESOURCE_CLOSE))
+        if closed == end:
+            return end
+        following = closed + len(RESOURCE_SEP)
+        if closed < 0 or not base.startswith(RESOURCE_SEP, closed) or not base.startswith(_RESOURCE, following):
+            raise SpliceError("a resource does not end where the next begins")
+        return following
+
     def _first(self, lo: int, end: int, pattern: bytes, key_at: Callable[[int], Any], target: Any,
                strict: bool = False) -> int:
         """The first position in [lo, end) where ``pattern`` starts an element whose key is at least
-        ``target`` (beyond it when ``strict``), or ``end``. Each probe scans only the interval left, so a
-        search costs a few probes and at most the interval's length in scanning."""
+        ``target`` (beyond it when ``strict``), or ``end``. The element starting at ``lo``, if any, is
+        tried first (the next change is often the next element); then each probe scans only the
+        interval left, so a search costs a few probes and at most the interval's length in scanning."""
         base = self.base
+        if lo < end and base.startswith(pattern, lo):
+            key = key_at(lo)
+            if key > target or (not strict and key == target):
+                return lo
+            lo += 1
         found = end
         hi = end
         while lo < hi:

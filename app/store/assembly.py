@@ -13,14 +13,16 @@ version is locked, so commits, Terraform's LOCK and POST go on meanwhile. The ro
 never change (later writes only close rows at higher serials), so the assembly is a whole serial whatever
 commits run alongside.
 
-The assembly streams: rows come from a server-side cursor in the state's order, with only the columns
-the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows``),
-``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each piece goes to the
-reader as it comes and into a temporary table on the same connection between row fetches (``CacheWriter``,
-stored uncompressed; the next batch's FETCH is pipelined, so Postgres writes it while the caller encodes
-this one); at the end one UPDATE joins the pieces inside Postgres into ``raw_state``, compressing them
-once. The process holds a batch of rows and a few pieces, never the state, and the sha256 is taken
-piece by piece.
+The assembly streams: rows come from one statement read in chunks, in the state's order, with only the
+columns the assembly writes and the instance's text as bytes (``resources.stream_assembly_rows`` with
+``alone``: no round trip per batch, and Postgres may sort with parallel workers, which a cursor's
+statement never gets), ``analyzer.state_assembly.stream_state`` turns them into pieces of text, and each
+piece goes to the reader as it comes and waits in the process (``CacheWriter``) until the last one. The
+statement leaves the connection to nothing else meanwhile, and a COPY there would have the reader wait:
+the pieces go into a temporary table on the same connection in one COPY at the end (stored uncompressed),
+where one UPDATE joins them inside Postgres into ``raw_state``, compressing them once. The process holds
+a chunk of rows and the pieces (about the state's size, within the bound of 1.5 times it), never a
+parsed state, and the sha256 is taken piece by piece as they are copied.
 A reader that goes away mid-stream rolls the transaction back: nothing is cached and the next reader
 assembles again.
 
@@ -44,10 +46,13 @@ bytes is the base, read and copied from whichever table holds it.
 
 The spliced file's size is known before its first piece (``Found.size``, as is that of stored bytes), so
 the backend lane sends it with a Content-Length: the reader has the whole body when the last piece is
-written, and the cache write that follows (the final UPDATE, which joins and compresses the bytes in
-Postgres) is off its path. The version's row lock is held until that write commits, so concurrent first
-readers still coalesce; should the write fail, the transaction rolls back (the version stays uncached,
-the reader already has its bytes) and the failure is logged by its class alone.
+written, and the cache write that follows (the file's sha256, taken over the parts only then, and the
+final UPDATE, which joins and compresses the bytes in Postgres) is off its path. An assembly from all rows
+has no size in advance: its body is sent chunked and its cache write (the COPY of its pieces and the
+UPDATE) waits for ``Found.finish``, once the response is done (``Found.late``). The version's row lock
+is held until that write commits, so concurrent first readers still coalesce; should the write fail, the
+transaction rolls back (the version stays uncached, the reader already has its bytes) and the failure is
+logged by its class alone.
 
 A version whose bytes retention removed (``pruned_at`` set) is still assembled on read, from the rows,
 but not cached again: retention would otherwise undo itself.
@@ -275,10 +280,10 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
         yield from _write_spliced(conn, version_id, spliced, found, cache=not pruned)
         return
     if source != "apply" or pruned:
-        yield from from_rows(conn, state_id, serial, lineage, terraform_version, outputs)
+        yield from from_rows(conn, state_id, serial, lineage, terraform_version, outputs, alone=True)
         return
-    writer = CacheWriter(conn, held=True)
-    text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs, between=writer.flush_due)
+    writer = CacheWriter(conn, held=True)  # the pieces wait in the process until the body is written
+    text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs, alone=True)
     try:
         for piece in text:
             writer.add(piece)
@@ -331,25 +336,30 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
     view = memoryview(spliced.base)
     for part in spliced.parts:
         if isinstance(part, bytes):
-            writer.add(part)
+            writer.add(part, hashed=False)
             yield part
             continue
         start, end = part
         writer.add_base(start, end - start)
         for at in range(start, end, _BASE_SLICE_BYTES):
-            piece = bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
-            writer.digest(piece)
-            yield piece
+            yield bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
+    # The reader has every byte now (it was sent the size first): the file's digest is taken after it.
+    for part in spliced.parts:
+        writer.digest(part if isinstance(part, bytes) else view[part[0]:part[1]])
     found.cached = _stored(conn, writer, version_id, base=(spliced.base_id, spliced.stored_base))
 
 
 def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str, terraform_version: str,
-              outputs: list[OutputRow], between: Callable[[], None] | None = None) -> Generator[bytes, None, None]:
+              outputs: list[OutputRow], between: Callable[[], None] | None = None,
+              alone: bool = False) -> Generator[bytes, None, None]:
     """The state at ``serial`` assembled from all its rows, as pieces; ``between`` runs between the row
-    fetches (``resources.stream_assembly_rows``), where a ``CacheWriter(held=True)`` writes its pieces."""
+    fetches (``resources.stream_assembly_rows``), where a ``CacheWriter(held=True)`` writes its pieces.
+    ``alone``: nothing else runs on the connection until the pieces end (the rows come from one streamed
+    statement), so a cache writer keeps its pieces until ``finish``."""
     return stream_state(
         serial=serial, lineage=lineage, terraform_version=terraform_version, outputs=outputs, plain_numbers=True,
-        instances=resources.stream_assembly_rows(conn, state_id=state_id, serial=serial, between=between),
+        instances=resources.stream_assembly_rows(conn, state_id=state_id, serial=serial, between=between,
+                                                 alone=alone),
     )
 
 
@@ -425,7 +435,8 @@ def _base_bytes(conn: psycopg.Connection, base_id: int, size: int, *, stored_bas
 class CacheWriter:
     """Pieces of an assembly into the session's temporary table as they come, then into ``raw_state``.
     ``held``: the pieces wait for ``flush_due`` (the assembly's row fetches, pipelined, leave the
-    connection to a COPY only between them)."""
+    connection to a COPY only between them), or, when nothing calls it (rows streamed by one statement),
+    for ``finish``; their sha256 is taken as they are sent, so a read's is off its reader's path too."""
 
     def __init__(self, conn: psycopg.Connection, *, held: bool = False) -> None:
         self._conn = conn
@@ -441,16 +452,24 @@ class CacheWriter:
             conn.execute(_PIECES_UNCOMPRESSED)
         conn.execute(_CLEAR_PIECES)  # a rolled-back assembly on this session left none, but be sure
 
-    def add(self, piece: bytes) -> None:
-        self.digest(piece)
+    def add(self, piece: bytes, *, hashed: bool = True) -> None:
+        """A piece of new text; ``hashed`` False: the caller passes it to ``digest`` itself, in order. A held
+        writer digests its pieces itself, as it sends them."""
+        if self._held and not hashed:
+            raise ValueError("a held cache writer digests its pieces itself")
+        if hashed and not self._held:
+            self.digest(piece)
         self._queue((piece, None, None), len(piece))
 
     def add_base(self, start: int, length: int) -> None:
-        """A range of the base's bytes; the caller passes the bytes themselves to ``digest``."""
+        """A range of the base's bytes; the caller passes the bytes themselves to ``digest``. Not for a held
+        writer, which digests its pieces as it sends them."""
+        if self._held:
+            raise ValueError("a held cache writer takes new text only")
         self._size += length
         self._queue((None, start, length), 64)
 
-    def digest(self, piece: bytes) -> None:
+    def digest(self, piece: bytes | memoryview) -> None:
         self._digest.update(piece)
 
     def _queue(self, row: tuple[bytes | None, int | None, int | None], weight: int) -> None:
@@ -469,13 +488,17 @@ class CacheWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        pending.reverse()
         with self._conn.cursor() as cur, cur.copy(_COPY_PIECES) as copy:
             copy.set_types(["int4", "bytea", "int4", "int4"])
-            for row in self._pending:
+            while pending:  # each piece let go once it is sent: the COPY adds to the memory held, never doubles it
+                row = pending.pop()
+                if self._held and row[0] is not None:  # held pieces are digested in order as they go
+                    self.digest(row[0])
                 copy.write_row((self._seq, *row))
                 self._seq += 1
-        self._pending.clear()
-        self._pending_bytes = 0
+                del row
 
     def finish(self, version_id: int, base: tuple[int, bool] | None = None) -> bool:
         """Store the pieces as the version's bytes (with ``base``: its id and whether it is a stored base,

@@ -141,8 +141,9 @@ LIMIT %(limit)s
 _AMONG = """
   AND (address, deposed) IN (SELECT * FROM unnest(%(addresses)s::text[], %(deposed)s::text[]))
 """
-# Rows a streamed assembly fetches at a time: a few megabytes of instance text.
-STREAM_BATCH = 2000
+# Rows a streamed assembly fetches at a time: under a megabyte of instance text for Terraform's usual
+# instances, small beside the pieces a first GET keeps until its cache write.
+STREAM_BATCH = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,19 +383,44 @@ def instances_at(conn: psycopg.Connection, *, state_id: int, serial: int) -> lis
 
 
 def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int,
-                         between: Callable[[], None] | None = None) -> Generator[AssemblyRow, None, None]:
+                         between: Callable[[], None] | None = None,
+                         alone: bool = False) -> Generator[AssemblyRow, None, None]:
     """The rows alive at ``serial`` in assembly order, with only the columns the assembly writes (binary
-    results, the instance's text as bytes), from a cursor ``STREAM_BATCH`` rows at a time, so the caller
-    holds one batch rather than the state. The caller's transaction must stay open while it iterates, and
-    the caller closes an iteration it leaves early before that transaction ends.
+    results, the instance's text as bytes), ``STREAM_BATCH`` rows at a time, so the caller holds one batch
+    rather than the state. The caller's transaction must stay open while it iterates, and the caller closes
+    an iteration it leaves early before that transaction ends.
 
-    The next batch's FETCH is sent, in pipeline mode, before this batch's rows are handed on, so Postgres
-    writes the next batch while the caller encodes this one. Statements the caller runs on the connection
-    between rows queue behind that FETCH (a statement whose result it reads waits for it); COPY, which a
-    pipeline refuses, belongs in ``between``, called before each FETCH is sent, with none in flight."""
+    By default the rows come from a cursor, and the next batch's FETCH is sent, in pipeline mode, before
+    this batch's rows are handed on, so Postgres writes the next batch while the caller encodes this one.
+    Statements the caller runs on the connection between rows queue behind that FETCH (a statement whose
+    result it reads waits for it); COPY, which a pipeline refuses, belongs in ``between``, called before
+    each FETCH is sent, with none in flight.
+
+    ``alone``: the caller runs nothing on the connection until the iteration ends. The rows then come from
+    one statement read in chunks (``Cursor.stream``): Postgres sends them as fast as the caller takes them,
+    with no round trip per batch, and may sort them with parallel workers, which it never gives a cursor's
+    statement (the sort before the first row is most of the wait). Leaving early cancels the statement,
+    which fails the transaction: the caller rolls it back."""
+    if alone:
+        if between is not None:
+            raise ValueError("a streamed statement leaves no gap between rows for other statements")
+        return _streamed_rows(conn, state_id, serial)
+    return _cursor_rows(conn, state_id, serial, between)
+
+
+def _streamed_rows(conn: psycopg.Connection, state_id: int, serial: int) -> Generator[AssemblyRow, None, None]:
+    rows = conn.cursor(binary=True).stream(_STREAM_FOR_ASSEMBLY.encode(), {"state_id": state_id, "serial": serial},
+                                           size=STREAM_BATCH)
+    try:
+        yield from _assembly_rows(rows)
+    finally:
+        rows.close()  # now, in this transaction: it cancels a statement still running
+
+
+def _cursor_rows(conn: psycopg.Connection, state_id: int, serial: int,
+                 between: Callable[[], None] | None) -> Generator[AssemblyRow, None, None]:
     conn.execute(_DECLARE_ASSEMBLY.encode(), {"state_id": state_id, "serial": serial})
     fetch = f"FETCH {STREAM_BATCH} FROM kl_assembly_rows".encode()
-    new = tuple.__new__  # AssemblyRow._make without its length check: the query gives nine columns
     try:
         batch = conn.cursor(binary=True).execute(fetch).fetchall()
         while batch:
@@ -402,16 +428,22 @@ def stream_assembly_rows(conn: psycopg.Connection, *, state_id: int, serial: int
                 between()
             with conn.pipeline():
                 ahead = conn.cursor(binary=True).execute(fetch)
-                for module, mode, type_, name, address, key_text, key_type, deposed, provider, instance in batch:
-                    key = (key_text if key_type == "string" else int(key_text) if key_type == "number"
-                           and key_text.isdigit() else _index_key(key_text, key_type))
-                    yield new(AssemblyRow, (module, mode, type_, name, address, key, deposed, provider, instance))
+                yield from _assembly_rows(batch)
                 batch = ahead.fetchall()
     finally:
         # Closed in the transaction that declared it, so a second stream in it can declare it again; a
         # failed transaction has closed it already.
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
             conn.execute(_CLOSE_ASSEMBLY)
+
+
+def _assembly_rows(rows: Iterable[Sequence[Any]]) -> Iterator[AssemblyRow]:
+    """``AssemblyRow``s of ``_STREAM_FOR_ASSEMBLY``'s rows."""
+    new = tuple.__new__  # AssemblyRow._make without its length check: the query gives nine columns
+    for module, mode, type_, name, address, key_text, key_type, deposed, provider, instance in rows:
+        key = (key_text if key_type == "string" else int(key_text) if key_type == "number"
+               and key_text.isdigit() else _index_key(key_text, key_type))
+        yield new(AssemblyRow, (module, mode, type_, name, address, key, deposed, provider, instance))
 
 
 def _index_key(text: str | None, json_type: str | None) -> Any:

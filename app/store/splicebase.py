@@ -10,8 +10,9 @@ ignored under any other.
 
 ``build`` runs in the background (``app.web.splicebases``), never on a request: it takes no state row lock
 and no version row lock (Terraform's GET of the head goes on meanwhile), only a transaction-scoped advisory
-lock on the version so two processes do not build the same base at once. It streams as the assembly does
-(a batch of rows and a few pieces in memory; Postgres joins and compresses the pieces). It stores nothing
+lock on the version so two processes do not build the same base at once. It streams from a server-side cursor
+(a batch of rows and a few pieces in memory: the pieces go to Postgres between the row fetches, and
+Postgres joins and compresses them), so a background build never holds the state's text. It stores nothing
 when the version is gone, was pruned, is encrypted, or a later version already gives the splice a base;
 after storing, the bases of earlier versions of the state are removed (only the newest is ever used).
 A failure stores nothing: reads then assemble from all rows, as without a base.

@@ -76,6 +76,7 @@ def state(name: str) -> Response:
         if found.size is not None:
             response.content_length = found.size
         inputs.return_memory_after(response, found.size)
+        inputs.slot_until_closed(response)  # the pieces an assembly holds are freed by ``finish``
         return response
     if request.method == "POST":
         # The body is passed on, not kept here: the store frees it once its bytes are stored.

@@ -22,7 +22,7 @@ import re
 import threading
 from typing import Any, TypeVar
 
-from flask import Flask, Request, current_app, g, request
+from flask import Flask, Request, Response, current_app, g, request
 from werkzeug.exceptions import BadRequest, RequestEntityTooLarge
 
 from analyzer.jsontext import INT64_MAX, JsonInputError, load_json
@@ -63,10 +63,25 @@ class LargeBodies:
                 retry_after=CAPACITY_RETRY_SECONDS)
         g._large_body = True
 
+    def after(self, response: Response) -> Response:
+        """Leave the memory return of a request that held a slot to when its response closes (after the
+        WSGI server sent it): the client does not wait for the collection and the heap trim."""
+        if g.get("_large_body") and not g.get("_memory_later"):
+            response.call_on_close(_return_memory)
+            g._memory_later = True
+        return response
+
     def leave(self, _exc: BaseException | None = None) -> None:
         if g.pop("_large_body", False):
             self._slots.release()
-            _return_memory()
+            if not g.pop("_memory_later", False):
+                _return_memory()  # no response took it (``after`` did not run): now
+
+    def release(self) -> None:
+        """Give back a slot that a response holds until it closes (``slot_until_closed``), and the memory
+        its work freed to the system."""
+        self._slots.release()
+        _return_memory()
 
 
 def _load_libc() -> Any:
@@ -143,6 +158,16 @@ def large_body_slot(size: int) -> None:
     bodies: LargeBodies = current_app.extensions[LARGE_BODIES]
     if size >= bodies.threshold:
         bodies.enter()
+
+
+def slot_until_closed(response: Any) -> None:
+    """Keep the request's large-body slot, when it took one, until ``response`` closes rather than until the
+    request ends: a first GET's assembly holds its pieces until its cache write, after the body (callbacks
+    registered on ``response`` before this one run first)."""
+    if not g.pop("_large_body", False):
+        return
+    bodies: LargeBodies = current_app.extensions[LARGE_BODIES]
+    response.call_on_close(bodies.release)
 
 
 def return_memory_after(response: Any, size: int | None) -> None:
@@ -239,4 +264,6 @@ def init_app(app: Flask, settings: Settings) -> None:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
     bodies = LargeBodies(threshold=settings.large_body_bytes, slots=settings.max_large_bodies)
     app.extensions[LARGE_BODIES] = bodies
+    # Registered first, so it runs after every other after_request function, on the response that is sent.
+    app.after_request(bodies.after)
     app.teardown_request(bodies.leave)

@@ -138,3 +138,39 @@ def test_changes_deep_inside_large_resources_splice_exactly(seed: int) -> None:
         expected = _assembled(after)
         assert _spliced(base, after, _changes(before, after)) == expected
         before, base = after, expected
+
+
+def _two_resources(changed: str = "alpha") -> tuple[ParsedState, ParsedState, bytes]:
+    walk = RandomStates(7)
+    walk.resources = {}
+    for name in ("alpha", "beta"):
+        walk.resources[("", "managed", "terraform_data", name)] = {
+            "provider": PROVIDER, "keys": "count", "objects": {(i, ""): walk._attrs() for i in range(40)}}
+    before = _parsed(walk.doc())
+    objects = walk.resources[("", "managed", "terraform_data", changed)]["objects"]
+    objects[(3, "")] = walk._attrs()
+    return before, _parsed(walk.doc()), _assembled(before)
+
+
+def test_a_changed_resource_ends_where_the_next_begins_or_is_refused() -> None:
+    before, after, base = _two_resources()
+    changes = _changes(before, after)
+    assert list(changes) == [("", "managed", "terraform_data", "alpha")]
+    assert _spliced(base, after, changes) == _assembled(after)
+    between = b"\n      ]\n    },\n    {"
+    assert base.count(between) == 1
+    for mangled in (base.replace(between, b"\n      ]\n    } ,\n    {"),  # the separator moved
+                    base.replace(between, b"\n      ]\n    },\n     {")):  # the next resource is not there
+        with pytest.raises(SpliceError):
+            _spliced(mangled, after, changes)
+
+
+def test_a_changed_resource_followed_by_one_that_sorts_before_it_is_refused() -> None:
+    before, after, base = _two_resources("beta")
+    # The two resources swapped: each is where the layout puts it, but the one after beta sorts before it.
+    opened = base.index(b'\n  "resources": [') + len(b'\n  "resources": [')
+    closed = len(base) - len(b'\n      ]\n    }\n  ],\n  "check_results": null\n}\n')
+    alpha, beta = base[opened:closed].split(b"\n      ]\n    },")
+    swapped = base[:opened] + beta + b"\n      ]\n    }," + alpha + base[closed:]
+    with pytest.raises(SpliceError):
+        _spliced(swapped, after, _changes(before, after))

@@ -368,3 +368,39 @@ def test_large_bodies_beyond_the_bound_are_503_with_retry_after_and_store_nothin
         assert client.post("/v1/states/prod2", data=body, content_type="application/json").status_code == 200
     finally:
         application.extensions["kilolock"].db.close()
+
+
+def test_a_large_body_returns_its_memory_after_its_answer_is_sent(settings, clean_db, monkeypatch):
+    """The collection and heap trim after a large body run once the response closes (the WSGI server has
+    sent it), not before the client is answered; its slot is free by then, refused or not."""
+    from dataclasses import replace
+
+    from app.web import create_app, inputs
+    from app.web.inputs import LARGE_BODIES
+
+    returned: list[str] = []
+    monkeypatch.setattr(inputs, "_return_memory", lambda: returned.append("returned"))
+    application = create_app(replace(settings, large_body_bytes=1000, max_large_bodies=1))
+    client = application.test_client()
+    slots = application.extensions[LARGE_BODIES]._slots
+    body = counted_state(1, 20)
+    try:
+        for serial, status in ((1, 200), (1, 409)):  # a write, then a refused one (the serial is not new)
+            doc = json.loads(body)
+            doc["serial"] = serial
+            doc["resources"][0]["instances"][0]["attributes"]["input"]["value"] = f"s{status}"
+            response = client.post("/v1/states/prod", data=json.dumps(doc), content_type="application/json",
+                                   buffered=False)  # closed below, as a WSGI server closes it once sent
+            assert response.status_code == status
+            assert returned == []  # answered: the memory is returned when the response closes
+            assert slots.acquire(blocking=False)  # the slot is free once the request ends
+            slots.release()
+            response.close()
+            assert returned == ["returned"]
+            returned.clear()
+        small = client.open("/v1/states/other", method="LOCK", data=lock_info("l1"), buffered=False)
+        assert small.status_code == 200
+        small.close()
+        assert returned == []  # a small body holds no slot and returns nothing
+    finally:
+        application.extensions["kilolock"].db.close()

@@ -1,7 +1,7 @@
 """A first GET's cache write comes after its body: readers get every byte first, the bytes are stored
 once the response is done, concurrent first readers still coalesce on the version's row lock, and a
 failed late write is logged without state content and leaves the version uncached (the next reader
-assembles again)."""
+assembles again), and the large-body slot the assembly took is held until that write is done."""
 
 from __future__ import annotations
 
@@ -105,3 +105,52 @@ def test_a_failed_late_write_is_logged_without_content_and_leaves_the_version_un
     again = assembly.materialise(db, version_id)  # the next reader assembles and caches
     assert again is not None and again.assembled and again.cached and again.raw == body
     assert client.get(STATE).data == body
+
+
+def test_a_spliced_read_takes_its_digest_after_its_last_piece(client: Any, db: Database, clean_db: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of the cache write runs between the spliced file's pieces: the digest of every byte, as the
+    reader got them, is taken once the last piece is out, then the bytes are stored under it."""
+    client.post(STATE, data=counted_state(1, COUNT))
+    serial = commit_one(client, "", 3, "rows", 1)
+    assert client.get(STATE).status_code == 200  # assembled from all rows and cached: the next one's base
+    serial = commit_one(client, "", 9, "spliced", serial)
+    yielded: list[bytes] = []
+    digested: list[tuple[int, bytes]] = []  # (pieces out when digested, the digested bytes)
+    digest = assembly.CacheWriter.digest
+
+    def recorded(self: assembly.CacheWriter, piece: bytes | memoryview) -> None:
+        digested.append((len(yielded), bytes(piece)))
+        digest(self, piece)
+
+    monkeypatch.setattr(assembly.CacheWriter, "digest", recorded)
+    found = assembly.Found()
+    for piece in assembly.stream(db, _version_id(clean_db, serial), found):
+        yielded.append(piece)
+    body = b"".join(yielded)
+    assert found.spliced and found.cached and b'"spliced"' in body and len(yielded) > 1
+    assert digested and all(out == len(yielded) for out, _ in digested)
+    assert b"".join(data for _, data in digested) == body
+    assert _cached(clean_db, serial) == (body, hashlib.sha256(body).hexdigest())
+
+
+def test_a_first_gets_large_body_slot_is_held_until_its_cache_write_is_done(settings: Any, clean_db: str) -> None:
+    # The assembly keeps its pieces until the cache write after the body: its slot covers that write too.
+    from dataclasses import replace
+
+    from app.web import create_app
+
+    application = create_app(replace(settings, large_body_bytes=1000, max_large_bodies=1, splice_base_bytes=0))
+    client = application.test_client()
+    other = counted_state(1, 20)
+    try:
+        assert client.post(STATE, data=counted_state(1, COUNT)).status_code == 200
+        serial = commit_one(client, "", 7, "slot", 1)
+        answer = client.get(STATE, buffered=False)
+        body = b"".join(answer.response)  # the whole body: the request is over, its response not yet closed
+        assert client.post("/v1/states/other", data=other).status_code == 503
+        answer.close()
+        assert _cached(clean_db, serial) == (body, hashlib.sha256(body).hexdigest())
+        assert client.post("/v1/states/other", data=other).status_code == 200
+    finally:
+        application.extensions["kilolock"].db.close()

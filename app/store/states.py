@@ -350,7 +350,7 @@ def _first_write(db: Database, principal: Principal, name: str, body: bytes, *, 
     the body is parsed, so Postgres stores them on one core while Python parses on the other.
 
     Optimistic: in one transaction, before the state's row lock, it creates the state when missing, stores
-    the version (``_FirstAttempt``) and streams the rows into a COPY as the parser makes them
+    the version (``firstrows.FirstRows``) and streams the rows into a COPY as the parser makes them
     (``analyzer.state.parse_state_watched``); then it takes the row lock and checks that nothing it assumed
     moved (still no head, the same lock, no reservations, a serial the rules accept). Only the head's update,
     the outputs and the event run under the lock. When anything moved, when Postgres refuses a statement (a

@@ -6,11 +6,11 @@
 the body's bytes are in memory already, their sha256 (taken as they are sent) and the insert's wait leave the
 interpreter free, and the storing is Postgres's work. A version stored after hundreds of thousands of rows
 costs Postgres up to two or three times as much as one stored before them (its buffers then hold the rows'
-dirty pages). The rows the
-parser makes meanwhile wait in a list (the parse offers the interpreter to the version's thread every few of
-them, so the thread's writes do not each wait for a switch interval); the rows' COPY starts on the same connection once the version is
-stored, and then takes each row as it is made. A body whose lineage or Terraform version is not read before
-its resources has its version stored after the parse instead, by the caller.
+dirty pages). The rows the parser makes meanwhile wait in a list (the parse offers the interpreter to the
+version's thread every few of them, so the thread's writes do not each wait for a switch interval); the rows'
+COPY starts on the same connection once the version is stored, and then takes each row as it is made. A body
+whose lineage or Terraform version is not read before its resources has its version stored after the parse
+instead, by the caller.
 
 Used as a context manager around the parse: its exit ends the rows' COPY (which fails, storing nothing, when
 the block raises) and waits for the version's thread, so the connection is free again for the caller.

@@ -140,10 +140,13 @@ CROSS JOIN LATERAL (
 ) r
 """
 # ``state_id + 0``: the state is a filter on the rows the GIN index finds, never an index condition of its own
-# (through the state's btree the lookup would read every row of the state; see ``_dependents``).
+# (through the state's btree the lookup would read every row of the state; see ``_dependents``). The
+# ``cardinality`` condition is the index's own predicate (it holds only the rows that name a dependency, the
+# only ones ``&&`` can match), stated so the planner may use it.
 _DEPENDENTS = """
 SELECT r.address, r.dependencies FROM resources r
-WHERE r.state_id + 0 = %(state)s AND r.delete_serial IS NULL AND r.dependencies && %(names)s::text[]
+WHERE r.state_id + 0 = %(state)s AND r.delete_serial IS NULL AND cardinality(r.dependencies) > 0
+  AND r.dependencies && %(names)s::text[]
 """
 _DEPENDENTS_BY_PREFIX = """
 SELECT r.address, r.dependencies FROM resources r

@@ -337,13 +337,15 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
     for part in spliced.parts:
         if isinstance(part, bytes):
             writer.add(part)
+            writer.flush_due()  # a change of many objects sends its text as it goes: the base is held already
             yield part
             continue
         start, end = part
         writer.add_base(start, end - start)
         for at in range(start, end, _BASE_SLICE_BYTES):
             yield bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
-    # The reader has every byte now (it was sent the size first): the parts, and their digest, go after it.
+    # The reader has every byte now (it was sent the size first): the rest of the parts, and their digest,
+    # go after it.
     found.cached = _stored(conn, writer, version_id, base=(spliced.base_id, spliced.stored_base))
 
 

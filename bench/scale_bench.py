@@ -19,8 +19,8 @@ HTTP: the first whole-state POST (every row new), a POST that changes one instan
 engine lane (``bench.commit_bench.commit_cycle``; the commit request is what is timed), the first GET after
 them (the version is assembled from all rows: the POSTed version is never a splice base), taken three times
 on that version with its cached bytes removed in the database before each repeat (the table gives the
-median), the GET after that (cached), and, after 12 more commits, the first GET spliced from those cached bytes. That server builds no
-splice bases (``KL_SPLICE_BASE_BYTES=0``); a second one, which builds one after every POST, then takes a
+median), the GET after that (cached), and, after 12 more commits, the first GET spliced from those cached
+bytes. That server builds no splice bases (``KL_SPLICE_BASE_BYTES=0``); a second one, which builds one after every POST, then takes a
 one-change POST, waits until its version's splice base is stored (timing the wait from the POST's answer),
 and times the first GET after 12 commits over it, spliced from that base. The POST floor is ``json.loads`` +
 ``hashlib.sha256`` of the same body in the benchmark process, best of 3.

@@ -53,7 +53,9 @@ def one(url: str) -> dict[str, Any]:
         digest, size = hashlib.sha256(), 0
         parameters = inspect.signature(assembly.from_rows).parameters
         held = "between" in parameters  # a checkout with pipelined fetches
-        writer = assembly.CacheWriter(conn, held=True) if held else assembly.CacheWriter(conn)
+        # A checkout whose writer sends pieces only when asked takes no ``held``; an older one needs it.
+        keeps = "held" in inspect.signature(assembly.CacheWriter).parameters
+        writer = assembly.CacheWriter(conn, held=True) if held and keeps else assembly.CacheWriter(conn)
         extra: dict[str, Any] = {"between": writer.flush_due} if held else {}
         if "alone" in parameters:  # a checkout whose read streams the rows and writes the pieces after them
             extra = {"alone": True}

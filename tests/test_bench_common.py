@@ -121,6 +121,18 @@ def test_the_scale_report_judges_each_row_against_its_target() -> None:
                      r"\s*\|\s*<= 1\.5x: met", text)
 
 
+def test_the_scale_report_gives_the_samples_of_the_first_get_and_its_floor() -> None:
+    from bench.scale_bench import SizeResult, size_rows
+
+    rows = size_rows(SizeResult(instances=1000, body_bytes=1_000_000, floor=1.0, first_post=1.0, change_post=1.0,
+                                raw_get=0.5, raw_gets=[0.4, 0.5, 0.7], first_get=0.9, first_gets=[1.2, 0.9, 0.8],
+                                commits=[0.01], cached_get=0.5, wide_bytes=1, wide_floor=1.0, wide_first_post=1.0,
+                                wide_change_post=1.0, rss_first_get=2, rss_before_get=1, rss_idle=1))
+    first = next(row for row in rows if row[0].startswith("**first GET"))
+    assert first[1:4] == ["900 ms (median of 1.20 s, 900 ms, 800 ms)",
+                          "raw GET of the stored bytes: 500 ms (median of 400 ms, 500 ms, 700 ms)", "1.80x"]
+
+
 def test_the_background_gauge_is_read_by_queue_and_its_absence_stops_the_bench() -> None:
     text = ('# HELP kilolock_background_pending Work ...\n# TYPE kilolock_background_pending gauge\n'
             'kilolock_background_pending{queue="upkeep"} 2.0\nkilolock_background_pending{queue="splice_bases"} 0.0\n'

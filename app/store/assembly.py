@@ -282,7 +282,7 @@ def pieces_in(conn: psycopg.Connection, version_id: int, found: Found,
     if source != "apply" or pruned:
         yield from from_rows(conn, state_id, serial, lineage, terraform_version, outputs, alone=True)
         return
-    writer = CacheWriter(conn, held=True)  # the pieces wait in the process until the body is written
+    writer = CacheWriter(conn)  # the pieces wait in the process until the body is written
     text = from_rows(conn, state_id, serial, lineage, terraform_version, outputs, alone=True)
     try:
         for piece in text:
@@ -332,20 +332,20 @@ def _write_spliced(conn: psycopg.Connection, version_id: int, spliced: _Splice, 
     if not cache:
         yield from pieces(spliced.base, spliced.parts)
         return
-    writer = CacheWriter(conn)
+    writer = CacheWriter(conn, base=spliced.base)
     view = memoryview(spliced.base)
     for part in spliced.parts:
         if isinstance(part, bytes):
-            writer.add(part, hashed=False)
+            writer.add(part)
+            writer.flush_due()  # a change of many objects sends its text as it goes: the base is held already
             yield part
             continue
         start, end = part
         writer.add_base(start, end - start)
         for at in range(start, end, _BASE_SLICE_BYTES):
             yield bytes(view[at:min(end, at + _BASE_SLICE_BYTES)])
-    # The reader has every byte now (it was sent the size first): the file's digest is taken after it.
-    for part in spliced.parts:
-        writer.digest(part if isinstance(part, bytes) else view[part[0]:part[1]])
+    # The reader has every byte now (it was sent the size first): the rest of the parts, and their digest,
+    # go after it.
     found.cached = _stored(conn, writer, version_id, base=(spliced.base_id, spliced.stored_base))
 
 
@@ -353,7 +353,7 @@ def from_rows(conn: psycopg.Connection, state_id: int, serial: int, lineage: str
               outputs: list[OutputRow], between: Callable[[], None] | None = None,
               alone: bool = False) -> Generator[bytes, None, None]:
     """The state at ``serial`` assembled from all its rows, as pieces; ``between`` runs between the row
-    fetches (``resources.stream_assembly_rows``), where a ``CacheWriter(held=True)`` writes its pieces.
+    fetches (``resources.stream_assembly_rows``), where a ``CacheWriter`` may send its pieces (``flush_due``).
     ``alone``: nothing else runs on the connection until the pieces end (the rows come from one streamed
     statement), so a cache writer keeps its pieces until ``finish``."""
     return stream_state(
@@ -433,14 +433,15 @@ def _base_bytes(conn: psycopg.Connection, base_id: int, size: int, *, stored_bas
 
 
 class CacheWriter:
-    """Pieces of an assembly into the session's temporary table as they come, then into ``raw_state``.
-    ``held``: the pieces wait for ``flush_due`` (the assembly's row fetches, pipelined, leave the
-    connection to a COPY only between them), or, when nothing calls it (rows streamed by one statement),
-    for ``finish``; their sha256 is taken as they are sent, so a read's is off its reader's path too."""
+    """An assembly's parts into the session's temporary table, then into ``raw_state``: pieces of new text
+    and, for a splice, ranges of ``base`` (the bytes it splices) kept. The parts wait in the process until
+    ``flush_due`` finds enough of them (a caller with gaps between its row fetches calls it there) or
+    ``finish`` sends the rest, so nothing of the cache write runs on a reader's path unless its caller asks.
+    The sha256 is taken over each part, in order, as it is sent: a range over the base's bytes."""
 
-    def __init__(self, conn: psycopg.Connection, *, held: bool = False) -> None:
+    def __init__(self, conn: psycopg.Connection, *, base: bytes | bytearray | None = None) -> None:
         self._conn = conn
-        self._held = held
+        self._base = None if base is None else memoryview(base)
         self._digest = hashlib.sha256()
         self._size = 0
         self._seq = 0
@@ -452,36 +453,25 @@ class CacheWriter:
             conn.execute(_PIECES_UNCOMPRESSED)
         conn.execute(_CLEAR_PIECES)  # a rolled-back assembly on this session left none, but be sure
 
-    def add(self, piece: bytes, *, hashed: bool = True) -> None:
-        """A piece of new text; ``hashed`` False: the caller passes it to ``digest`` itself, in order. A held
-        writer digests its pieces itself, as it sends them."""
-        if self._held and not hashed:
-            raise ValueError("a held cache writer digests its pieces itself")
-        if hashed and not self._held:
-            self.digest(piece)
-        self._queue((piece, None, None), len(piece))
+    def add(self, piece: bytes) -> None:
+        """A piece of new text."""
+        self._size += len(piece)
+        self._pending.append((piece, None, None))
+        self._pending_bytes += len(piece)
 
     def add_base(self, start: int, length: int) -> None:
-        """A range of the base's bytes; the caller passes the bytes themselves to ``digest``. Not for a held
-        writer, which digests its pieces as it sends them."""
-        if self._held:
-            raise ValueError("a held cache writer takes new text only")
+        """A range of the base's bytes, which the final UPDATE copies from the stored base."""
+        if self._base is None or start + length > len(self._base):
+            raise ValueError("a range of the base needs the base's bytes")
         self._size += length
-        self._queue((None, start, length), 64)
+        self._pending.append((None, start, length))
+        self._pending_bytes += 64
 
-    def digest(self, piece: bytes | memoryview) -> None:
-        self._digest.update(piece)
-
-    def _queue(self, row: tuple[bytes | None, int | None, int | None], weight: int) -> None:
-        if row[0] is not None:
-            self._size += len(row[0])
-        self._pending.append(row)
-        self._pending_bytes += weight
-        if not self._held:
-            self.flush_due()
+    def digest(self, part: bytes | memoryview) -> None:
+        self._digest.update(part)
 
     def flush_due(self) -> None:
-        """Send the pieces once they add up to ``_FLUSH_BYTES``."""
+        """Send the parts once they add up to ``_FLUSH_BYTES``."""
         if self._pending_bytes >= _FLUSH_BYTES:
             self._flush()
 
@@ -494,11 +484,15 @@ class CacheWriter:
             copy.set_types(["int4", "bytea", "int4", "int4"])
             while pending:  # each piece let go once it is sent: the COPY adds to the memory held, never doubles it
                 row = pending.pop()
-                if self._held and row[0] is not None:  # held pieces are digested in order as they go
-                    self.digest(row[0])
+                piece, start, length = row
+                if piece is not None:
+                    self.digest(piece)
+                else:
+                    assert self._base is not None and start is not None and length is not None  # add_base's
+                    self.digest(self._base[start:start + length])
                 copy.write_row((self._seq, *row))
                 self._seq += 1
-                del row
+                del row, piece
 
     def finish(self, version_id: int, base: tuple[int, bool] | None = None) -> bool:
         """Store the pieces as the version's bytes (with ``base``: its id and whether it is a stored base,

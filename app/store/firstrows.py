@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Generic, Protocol, TypeVar
 
 import psycopg
 
@@ -36,24 +35,18 @@ from app.store import rawwrite, resources
 _YIELD_EVERY = 16
 
 
-class _State(Protocol):
-    @property
-    def id(self) -> int: ...
-
-
-S = TypeVar("S", bound=_State)
-
-
-class FirstRows(Generic[S]):
+class FirstRows:
     """One first write's version and rows, stored while its body is parsed (see the module's docstring)."""
 
     def __init__(self, conn: psycopg.Connection, *, tenant_id: int, actor: str, source: str, body: bytes,
-                 state_of: Callable[[], S]) -> None:
+                 state_of: Callable[[], tuple[int, str | None]]) -> None:
         self._conn, self._tenant_id, self._actor, self._source, self._body = conn, tenant_id, actor, source, body
-        self._state_of = state_of  # the state's row, created when missing (may raise to stop the parse)
+        # The state's id and the id of the lock it holds, its row created when missing (may raise to stop the
+        # parse).
+        self._state_of = state_of
         self._stack = contextlib.ExitStack()
-        self.state: S | None = None  # the state the rows are COPYed into (None until ``watch`` ran)
-        self.state_id = 0
+        self.state_id = 0  # the state the rows are COPYed into (0 until ``watch`` ran)
+        self.lock_id: str | None = None  # the lock the state held when ``watch`` found it
         self.serial = 0
         self.ids_after = 0  # the rows' ids follow this one (when no other session took one meanwhile)
         self.version_id = 0  # the version stored (0 until ``finish``, and when the caller stores it)
@@ -63,7 +56,7 @@ class FirstRows(Generic[S]):
         self._pending: list[InstanceRow] = []
         self._put: Callable[[InstanceRow], None] | None = None
 
-    def __enter__(self) -> FirstRows[S]:
+    def __enter__(self) -> FirstRows:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -74,8 +67,7 @@ class FirstRows(Generic[S]):
         serial = doc.get("serial")
         if type(serial) is not int or not 0 <= serial <= INT64_MAX:
             return None  # the rows need their serial: stored after the parse, the usual way
-        self.state = self._state_of()
-        self.state_id = self.state.id
+        self.state_id, self.lock_id = self._state_of()
         self.serial = serial
         self.ids_after = resources.last_row_id(self._conn, advance=True)
         lineage, terraform_version = doc.get("lineage"), doc.get("terraform_version", "")

@@ -63,7 +63,7 @@ def build(db: Database, version_id: int) -> bool:
             return False
         state_id, serial, lineage, terraform_version = row
         outputs = resources.outputs_of(conn, version_id=version_id)
-        writer = assembly.CacheWriter(conn, held=True)
+        writer = assembly.CacheWriter(conn)
         text = assembly.from_rows(conn, state_id, serial, lineage, terraform_version, outputs, between=writer.flush_due)
         try:
             for piece in text:

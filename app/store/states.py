@@ -365,7 +365,7 @@ def _first_write(db: Database, principal: Principal, name: str, body: bytes, *, 
             conn, tenant_id=principal.tenant_id, actor=principal.actor, source=source, body=body,
             # A missing state is created only once the body is known to stream: an envelope or an odd body
             # takes the usual way without a state created and rolled back (and its id spent).
-            state_of=lambda: found or _created_state(conn, principal, name))
+            state_of=lambda: _id_and_lock(found or _created_state(conn, principal, name)))
         try:
             return _first_write_in(conn, principal, name, body, attempt, found, lock_id=lock_id, source=source)
         except _Moved as moved:
@@ -377,7 +377,7 @@ def _first_write(db: Database, principal: Principal, name: str, body: bytes, *, 
 
 
 def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, body: bytes,
-                    attempt: firstrows.FirstRows[StateRow], found: StateRow | None, *, lock_id: str | None,
+                    attempt: firstrows.FirstRows, found: StateRow | None, *, lock_id: str | None,
                     source: str) -> WriteResult:
     if found is not None and found.head_version_id is not None:
         raise _Moved(state=found)  # not a first write: the usual way
@@ -400,7 +400,7 @@ def _first_write_in(conn: psycopg.Connection, principal: Principal, name: str, b
 
 
 def _commit_first(conn: psycopg.Connection, principal: Principal, name: str, body: bytes, parsed: ParsedState,
-                  attempt: firstrows.FirstRows[StateRow], *, lock_id: str | None, source: str) -> WriteResult:
+                  attempt: firstrows.FirstRows, *, lock_id: str | None, source: str) -> WriteResult:
     """The optimistic first write once its rows are in: the version when not stored yet, then the row lock
     and its checks."""
     if not attempt.version_id:
@@ -414,9 +414,8 @@ def _commit_first(conn: psycopg.Connection, principal: Principal, name: str, bod
     resources.remember_open_set(conn, state_id=attempt.state_id, version_id=version_id, rows=parsed.instances,
                                 after_id=attempt.ids_after)
     locked = locked_row(conn, principal, name, create=False)
-    assert attempt.state is not None
     if (locked is None or locked.id != attempt.state_id or locked.head_version_id is not None
-            or locked.lock_id != attempt.state.lock_id):
+            or locked.lock_id != attempt.lock_id):
         raise _Moved(parsed)
     check_lock_for_write(locked.held_lock, lock_id, name)
     check_new_serial(name, locked.current_serial, parsed.serial)
@@ -429,6 +428,10 @@ def _commit_first(conn: psycopg.Connection, principal: Principal, name: str, bod
                          version_id=version_id, size=len(body))
     _set_head(conn, principal, locked, name, parsed, result, lock_id=lock_id, source=source)
     return result
+
+
+def _id_and_lock(row: StateRow) -> tuple[int, str | None]:
+    return row.id, row.lock_id
 
 
 def _created_state(conn: psycopg.Connection, principal: Principal, name: str) -> StateRow:

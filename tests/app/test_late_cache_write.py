@@ -134,6 +134,33 @@ def test_a_spliced_read_takes_its_digest_after_its_last_piece(client: Any, db: D
     assert _cached(clean_db, serial) == (body, hashlib.sha256(body).hexdigest())
 
 
+def test_a_cache_writer_digests_its_parts_in_order_whenever_they_are_sent(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rule for every writer: each part is digested as it goes to Postgres, a range of the base over the
+    base's bytes, so the digest is the file's whether the parts go between fetches or all at the end."""
+    monkeypatch.setattr(assembly, "_FLUSH_BYTES", 4)
+    base = bytearray(b"0123456789")
+    with db.transaction() as conn:
+        writer = assembly.CacheWriter(conn, base=base)
+        writer.add(b"ab")
+        writer.add_base(2, 5)
+        writer.flush_due()  # past the (lowered) threshold: these two go now
+        sent = conn.execute("SELECT count(*) FROM kl_spliced_pieces").fetchone()
+        writer.add(b"cd")
+        writer.add_base(0, 1)
+        with pytest.raises(ValueError, match="base"):
+            writer.add_base(8, 5)  # beyond the base
+        expected = hashlib.sha256(b"ab" + b"23456" + b"cd" + b"0").hexdigest()
+        assert writer.finish_with("SELECT 1 WHERE %(sha256)s = %(expected)s AND %(size)s = 10",
+                                  {"expected": expected})
+        conn.rollback()
+    assert sent == (2,)
+    with db.transaction() as conn:
+        with pytest.raises(ValueError, match="base"):
+            assembly.CacheWriter(conn).add_base(0, 1)  # no base given
+        conn.rollback()
+
+
 def test_a_first_gets_large_body_slot_is_held_until_its_cache_write_is_done(settings: Any, clean_db: str) -> None:
     # The assembly keeps its pieces until the cache write after the body: its slot covers that write too.
     from dataclasses import replace

@@ -9,9 +9,10 @@ breaks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -47,6 +48,20 @@ def _count(url: str, query: str, *args: object) -> int:
 
 def _missing_state(url: str) -> int:
     return _count(url, "SELECT coalesce(max(id), 0) + 1000 FROM states")
+
+
+@contextlib.contextmanager
+def _two_connections(url: str) -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
+    """Two connections, each cancelled before either is closed: a thread left waiting on a lock the other
+    holds (a failed assertion) then fails instead of holding the close, and the test, forever."""
+    first, second = psycopg.connect(url), psycopg.connect(url)
+    try:
+        yield first, second
+    finally:
+        for conn in (first, second):
+            conn.cancel_safe(timeout=10)
+        for conn in (first, second):
+            conn.close()
 
 
 def _in_thread(work: Callable[[], object]) -> tuple[threading.Thread, list[BaseException]]:
@@ -111,7 +126,7 @@ def test_a_deletion_waits_for_a_write_in_flight_and_removes_its_rows(db: Databas
     commits, and the deletion then removes what it wrote."""
     states.write_state(db, WHO, "raced", counted_state(1, 2), lock_id=None)
     raced = _state_id(db, "raced")
-    with psycopg.connect(clean_db) as deleter, psycopg.connect(clean_db) as writer:
+    with _two_connections(clean_db) as (deleter, writer):
         writer.execute(_INSERT, (raced, "terraform_data.late"))  # not committed yet
         pid = deleter.info.backend_pid
 
@@ -131,7 +146,7 @@ def test_a_deletion_waits_for_a_write_in_flight_and_removes_its_rows(db: Databas
 def test_a_write_after_an_uncommitted_deletion_waits_and_is_refused(db: Database, clean_db: str) -> None:
     states.write_state(db, WHO, "raced", counted_state(1, 2), lock_id=None)
     raced = _state_id(db, "raced")
-    with psycopg.connect(clean_db) as deleter, psycopg.connect(clean_db) as writer:
+    with _two_connections(clean_db) as (deleter, writer):
         deleter.execute("DELETE FROM states WHERE id = %s", (raced,))  # not committed yet
         pid = writer.info.backend_pid
 

@@ -25,7 +25,8 @@ from app.domain.principal import default_principal
 from app.errors import SerialConflictError, StateLockedError
 from app.store import Database, resources, states
 from app.store.opencache import OPEN_SETS, HeadKey
-from tests.helpers import counted_state, instance, lock_info, resource, state
+from tests.helpers import counted_state, lock_info, resource, state
+from tests.helpers import instance as instance_of
 
 WHO = default_principal("first-write-test")
 _LIVE = """
@@ -334,9 +335,9 @@ _EACH_KEYS = ['plain', 'quote"back\\slash', "tab\tnew\nline\x01", "été", "\U00
 
 def _keyed_state(serial: int, value: str) -> bytes:
     return state(serial, [
-        resource("counted", [instance(k, f"{value}-{k}", deps=["terraform_data.each"] if k == 7 else ())
+        resource("counted", [instance_of(k, f"{value}-{k}", deps=["terraform_data.each"] if k == 7 else ())
                              for k in _COUNT_KEYS]),
-        resource("each", [instance(k, f"{value}-{i}") for i, k in enumerate(_EACH_KEYS)]),
+        resource("each", [instance_of(k, f"{value}-{i}") for i, k in enumerate(_EACH_KEYS)]),
     ])
 
 

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import psycopg
@@ -248,8 +249,8 @@ def copy_new_rows(
             copy.write_row(
                 (
                     row_id, tenant_id, state_id, r.address, r.resource_address, r.module, r.mode, r.type,
-                    r.name, None if r.index_key is None else json.dumps(r.index_key), r.deposed, r.status,
-                    r.provider, r.instance_json, r.attributes_hash, list(r.dependencies), serial,
+                    r.name, index_key_json(r.index_key), r.deposed, r.status,
+                    r.provider, r.instance_json, r.attributes_hash, dependencies_copy(r.dependencies), serial,
                 )
             )
 
@@ -290,6 +291,23 @@ def insert_rows(
 NO_DEPENDENCIES = "{}"
 
 
+def dependencies_copy(deps: Sequence[str]) -> list[str] | str:
+    """A row's ``dependencies`` as a COPY field: the list (psycopg's array dumper), or the empty array's text."""
+    return list(deps) if deps else NO_DEPENDENCIES
+
+
+def index_key_json(key: int | str | None) -> str | None:
+    """A row's ``index_key`` as the JSON text of its ``jsonb`` column: ``json.dumps``'s text, without its
+    encoder for an integer (0.9 us each, 0.2 s of a first write of 200,000 counted instances)."""
+    if key is None:
+        return None
+    if type(key) is int:
+        return int.__repr__(key)  # what json's encoder writes for an int
+    if type(key) is str:
+        return encode_basestring_ascii(key)  # what json.dumps writes for a str (ensure_ascii)
+    return json.dumps(key)
+
+
 @contextmanager
 def row_copy(conn: psycopg.Connection, *, tenant_id: int, state_id: int,
              serial: int) -> Iterator[Callable[[InstanceRow], None]]:
@@ -298,13 +316,13 @@ def row_copy(conn: psycopg.Connection, *, tenant_id: int, state_id: int,
     when the block does (and fails, writing nothing, when the block raises)."""
     with conn.cursor() as cur, cur.copy(_COPY_RESOURCES) as copy:
         write_row = copy.write_row
-        dumps = json.dumps
+        key_json = index_key_json
 
         def put(r: InstanceRow) -> None:
             deps = r.dependencies
             write_row((
                 tenant_id, state_id, r.address, r.resource_address, r.module, r.mode, r.type, r.name,
-                None if r.index_key is None else dumps(r.index_key), r.deposed, r.status,
+                key_json(r.index_key), r.deposed, r.status,
                 r.provider, r.instance_json, r.attributes_hash, list(deps) if deps else NO_DEPENDENCIES, serial,
             ))
 
@@ -319,7 +337,7 @@ def insert_rows_at(
     for r in rows:
         for column, value in zip(columns, (
             r.address, r.resource_address, r.module, r.mode, r.type, r.name,
-            None if r.index_key is None else json.dumps(r.index_key), r.deposed, r.status, r.provider,
+            index_key_json(r.index_key), r.deposed, r.status, r.provider,
             r.instance_json, r.attributes_hash, json.dumps(list(r.dependencies)),
         ), strict=True):
             column.append(value)

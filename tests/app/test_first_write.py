@@ -25,7 +25,8 @@ from app.domain.principal import default_principal
 from app.errors import SerialConflictError, StateLockedError
 from app.store import Database, resources, states
 from app.store.opencache import OPEN_SETS, HeadKey
-from tests.helpers import counted_state, lock_info
+from tests.helpers import counted_state, lock_info, resource, state
+from tests.helpers import instance as instance_of
 
 WHO = default_principal("first-write-test")
 _LIVE = """
@@ -320,3 +321,40 @@ def test_a_post_into_a_state_with_a_head_scans_its_body_for_unstorable_character
     result = states.write_state(db, WHO, "s", counted_state(2, 5, changed=3), lock_id=None)
     assert (result.opened, result.closed) == (1, 1)
     assert scans == [1] and calls == [1]  # the optimistic way found the head: the usual way, its scan reused
+
+
+_KEYS = """
+SELECT r.address, r.index_key::text, r.dependencies FROM resources r JOIN states s ON s.id = r.state_id
+WHERE s.name = %s AND r.delete_serial IS NULL ORDER BY r.address
+"""
+# Count keys at the edges of what a state holds, and for_each keys JSON must escape (quotes, backslashes,
+# control characters, non-ASCII and beyond the BMP).
+_COUNT_KEYS = [0, 7, -3, 2**63 - 1]
+_EACH_KEYS = ['plain', 'quote"back\\slash', "tab\tnew\nline\x01", "été", "\U0001f680 rocket", ""]
+
+
+def _keyed_state(serial: int, value: str) -> bytes:
+    return state(serial, [
+        resource("counted", [instance_of(k, f"{value}-{k}", deps=["terraform_data.each"] if k == 7 else ())
+                             for k in _COUNT_KEYS]),
+        resource("each", [instance_of(k, f"{value}-{i}") for i, k in enumerate(_EACH_KEYS)]),
+    ])
+
+
+def test_every_row_write_stores_each_index_key_as_the_jsonb_of_jsons_text(db: Database, clean_db: str) -> None:
+    """The rows' COPY writes a key's JSON text without json's encoder: the stored jsonb is the key's, for the
+    first write (streamed rows) and for a write that replaces every row of a state with a head."""
+    keys = _COUNT_KEYS + _EACH_KEYS
+    assert [resources.index_key_json(k) for k in [*keys, None]] == [json.dumps(k) for k in keys] + [None]
+    for serial, value in ((1, "a"), (2, "b")):  # the first write, then every row new the usual way
+        states.write_state(db, WHO, "keys", _keyed_state(serial, value), lock_id=None)
+        with psycopg.connect(clean_db) as conn:
+            stored = conn.execute(_KEYS, ("keys",)).fetchall()
+        by_key = {json.loads(text): (address, list(deps)) for address, text, deps in stored}
+        assert sorted(by_key, key=json.dumps) == sorted(keys, key=json.dumps)
+        assert by_key[7][1] == ["terraform_data.each"]
+        assert all(deps == [] for key, (_, deps) in by_key.items() if key != 7)
+        parsed = parse_state(_keyed_state(serial, value))
+        assert isinstance(parsed, ParsedState)
+        assert sorted((r.address, r.index_key) for r in parsed.instances) == sorted(
+            (address, key) for key, (address, _) in by_key.items())

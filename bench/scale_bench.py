@@ -20,10 +20,10 @@ engine lane (``bench.commit_bench.commit_cycle``; the commit request is what is 
 them (the version is assembled from all rows: the POSTed version is never a splice base), taken three times
 on that version with its cached bytes removed in the database before each repeat (the table gives the
 median), the GET after that (cached), and, after 12 more commits, the first GET spliced from those cached
-bytes. That server builds no splice bases (``KL_SPLICE_BASE_BYTES=0``); a second one, which builds one after every POST, then takes a
-one-change POST, waits until its version's splice base is stored (timing the wait from the POST's answer),
-and times the first GET after 12 commits over it, spliced from that base. The POST floor is ``json.loads`` +
-``hashlib.sha256`` of the same body in the benchmark process, best of 3.
+bytes. That server builds no splice bases (``KL_SPLICE_BASE_BYTES=0``); a second one, which builds one
+after every POST, then takes a one-change POST, waits until its version's splice base is stored (timing the
+wait from the POST's answer), and times the first GET after 12 commits over it, spliced from that base. The
+POST floor is ``json.loads`` + ``hashlib.sha256`` of the same body in the benchmark process, best of 3.
 
 Before each timed POST and GET after the first POST it waits until the server is idle: until its
 ``/metrics`` gauge ``kilolock_background_pending`` (this one worker's queues: the upkeep thread's statistics

@@ -32,6 +32,7 @@ import psycopg
 import requests
 from psycopg import sql
 
+from app.store import assembly
 from app.store.migrate import migrate
 from bench import common
 from bench.body_memory_bench import Sampler, _status, start_server, stop_server
@@ -65,12 +66,8 @@ def _timed_get(http: requests.Session, url: str, worker: int) -> tuple[float, in
     return elapsed, sampler.peak - before, len(got.content)
 
 
-# The head's cached assembly removed again, so the next GET assembles (or splices) it once more.
-_UNCACHE_HEAD = """
-UPDATE state_versions SET raw_state = NULL, sha256 = NULL, size_bytes = NULL, assembled_at = NULL,
-                          assembly_format = NULL
-WHERE serial = (SELECT max(serial) FROM state_versions)
-"""
+# The head, whose cached assembly is removed again so the next GET assembles (or splices) it once more.
+_HEAD = "SELECT id FROM state_versions ORDER BY serial DESC LIMIT 1"
 
 
 def _best(http: requests.Session, url: str, worker: int, repeats: int,
@@ -81,7 +78,9 @@ def _best(http: requests.Session, url: str, worker: int, repeats: int,
     for i in range(repeats):
         if uncache is not None and i > 0:
             with psycopg.connect(uncache, autocommit=True) as conn:
-                conn.execute(_UNCACHE_HEAD)
+                head = conn.execute(_HEAD).fetchone()
+                if head is None or not assembly.forget_assembly(conn, head[0]):
+                    raise SystemExit("the head is not an apply version with cached bytes to remove")
         runs.append(_timed_get(http, url, worker))
     return min(r[0] for r in runs), max(r[1] for r in runs), runs[0][2]
 

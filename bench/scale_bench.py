@@ -59,6 +59,7 @@ from pathlib import Path
 import psycopg
 import requests
 
+from app.store import assembly
 from bench import common
 from bench.apply_flat_bench import install_request_times, measure_apply
 from bench.backend_bench import Harness
@@ -212,32 +213,27 @@ def measure(database_url: str, n: int) -> SizeResult:
 
 
 class _VersionCache:
-    """The cache columns of one apply version as its commit left them, so the bench can put them back and
-    the next GET is that version's first read from all rows again (no other apply version below it has
-    bytes cached, so no splice base exists)."""
+    """One apply version whose cached bytes the bench removes again (``assembly.forget_assembly``), so the
+    next GET is that version's first read from all rows again (no other apply version below it has bytes
+    cached, so no splice base exists)."""
 
     def __init__(self, database_url: str, serial: int) -> None:
         self._url = database_url
         with psycopg.connect(database_url, autocommit=True) as conn:
-            row = conn.execute(_CACHE_COLUMNS, (STATE, serial)).fetchone()
+            row = conn.execute(_UNCACHED_VERSION, (STATE, serial)).fetchone()
         if row is None or not row[1]:
             raise BenchError(f"serial {serial} is not an uncached apply version")
         self._id = row[0]
-        self._columns = row[2:]
 
     def clear(self) -> None:
         with psycopg.connect(self._url, autocommit=True) as conn:
-            conn.execute(_UNCACHE, (*self._columns, self._id))
+            if not assembly.forget_assembly(conn, self._id):
+                raise BenchError("the apply version's cached bytes could not be removed")
 
 
-_CACHE_COLUMNS = """
-SELECT v.id, v.raw_state IS NULL AND v.source = 'apply', v.sha256, v.size_bytes, v.assembled_at,
-       v.assembly_format
+_UNCACHED_VERSION = """
+SELECT v.id, v.raw_state IS NULL AND v.source = 'apply'
 FROM state_versions v JOIN states s ON s.id = v.state_id WHERE s.name = %s AND v.serial = %s
-"""
-_UNCACHE = """
-UPDATE state_versions SET raw_state = NULL, sha256 = %s, size_bytes = %s, assembled_at = %s, assembly_format = %s
-WHERE id = %s
 """
 
 

@@ -108,6 +108,12 @@ SET raw_state = (SELECT string_agg(data, ''::bytea ORDER BY seq) FROM kl_spliced
     sha256 = %(sha256)s, size_bytes = %(size)s, assembled_at = now(), assembly_format = %(format)s
 WHERE id = %(id)s AND raw_state IS NULL
 """
+# What ``_CACHE`` wrote, removed again: the apply version as its commit left it.
+_FORGET = """
+UPDATE state_versions SET raw_state = NULL, sha256 = NULL, size_bytes = NULL, assembled_at = NULL,
+                          assembly_format = NULL
+WHERE id = %s AND source = 'apply' AND pruned_at IS NULL
+"""
 # The same with ranges of a base's bytes, decompressed once (an uncorrelated subquery runs once). The
 # length check leaves the version uncached should the base's bytes have been pruned meanwhile.
 _CACHE_SPLICED = """
@@ -508,6 +514,13 @@ class CacheWriter:
         stored = self._conn.execute(query.encode(), params).rowcount == 1
         self._conn.execute(_CLEAR_PIECES)
         return stored
+def forget_assembly(conn: psycopg.Connection, version_id: int) -> bool:
+    """An apply version's cached assembly removed, as its commit left the version, so its next read
+    assembles it again (benches and tests of the first read); whether there was such a version. A
+    version Terraform wrote keeps its bytes, a pruned one its pruning."""
+    return conn.execute(_FORGET, (version_id,)).rowcount == 1
+
+
 def apply_version_bytes(conn: psycopg.Connection, version_id: int) -> bytes | None:
     """The bytes of an apply version, assembled and cached on first read (what GET serves for it); None
     for a version Terraform wrote, whose rebuilt state the caller assembles itself."""

@@ -316,14 +316,13 @@ def row_copy(conn: psycopg.Connection, *, tenant_id: int, state_id: int,
     when the block does (and fails, writing nothing, when the block raises)."""
     with conn.cursor() as cur, cur.copy(_COPY_RESOURCES) as copy:
         write_row = copy.write_row
-        key_json = index_key_json
+        key_json, deps_copy = index_key_json, dependencies_copy
 
         def put(r: InstanceRow) -> None:
-            deps = r.dependencies
             write_row((
                 tenant_id, state_id, r.address, r.resource_address, r.module, r.mode, r.type, r.name,
                 key_json(r.index_key), r.deposed, r.status,
-                r.provider, r.instance_json, r.attributes_hash, list(deps) if deps else NO_DEPENDENCIES, serial,
+                r.provider, r.instance_json, r.attributes_hash, deps_copy(r.dependencies), serial,
             ))
 
         yield put

@@ -153,3 +153,25 @@ def test_a_base_pruned_while_the_splice_is_written_leaves_the_version_uncached(c
     with psycopg.connect(clean_db) as conn:
         assert conn.execute("SELECT raw_state IS NULL FROM state_versions WHERE id = %s", (version_id,)).fetchone() == (
             True,)
+
+
+def test_a_forgotten_assembly_is_assembled_again_and_a_posted_version_keeps_its_bytes(
+    client: Any, db: Database, clean_db: str
+) -> None:
+    walk = RandomStates(4, provider_changes=False)
+    assert client.post(STATE, data=json.dumps(walk.doc())).status_code == 200
+    serial, _ = _changed(client, walk, walk.addresses(), 1)
+    first = _read(db, clean_db, serial)
+    version_id = _version(clean_db, serial)[0]
+    with psycopg.connect(clean_db, autocommit=True) as conn:
+        assert assembly.forget_assembly(conn, version_id)
+        columns = "raw_state, sha256, size_bytes, assembled_at, assembly_format"
+        assert conn.execute(f"SELECT {columns} FROM state_versions WHERE id = %s",
+                            (version_id,)).fetchone() == (None,) * 5
+        posted = _version(clean_db, 1)[0]
+        kept = conn.execute("SELECT raw_state FROM state_versions WHERE id = %s", (posted,)).fetchone()
+        assert not assembly.forget_assembly(conn, posted)
+        assert conn.execute("SELECT raw_state FROM state_versions WHERE id = %s", (posted,)).fetchone() == kept
+    again = _read(db, clean_db, serial)
+    assert first.assembled and again.assembled  # assembled again, to the same bytes
+    assert again.raw == first.raw == _from_rows(db, clean_db, serial)

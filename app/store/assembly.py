@@ -514,6 +514,8 @@ class CacheWriter:
         stored = self._conn.execute(query.encode(), params).rowcount == 1
         self._conn.execute(_CLEAR_PIECES)
         return stored
+
+
 def forget_assembly(conn: psycopg.Connection, version_id: int) -> bool:
     """An apply version's cached assembly removed, as its commit left the version, so its next read
     assembles it again (benches and tests of the first read); whether there was such a version. A

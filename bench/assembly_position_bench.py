@@ -1,0 +1,129 @@
+"""What a stored assembly position would move: the read without its sort, against the index's cost per write.
+
+The first GET with no splice base reads a version's rows sorted into the state's order
+(``resources._STREAM_FOR_ASSEMBLY``); the sort is about half of what Postgres spends on that statement. A
+column holding each row's position in that order, with an index on ``(state_id, position)``, would let
+Postgres read the rows in order with no sort, at the cost of keeping that index on every write. This bench
+prices both before anything is built. Over one scratch database holding ``bench.states.counted_state``
+(written by ``states.write_state``), it copies the state's rows into a table with such a position (their
+rank in the statement's order), and times, alternating, ``--rounds`` times each:
+
+- inserting those rows into an empty copy of ``resources`` (every index of ``resources``), with and without
+  the position's index: what a whole-state POST of that many rows would pay;
+- the assembly's statement over the copy, streamed to this process as the assembly reads it (rows dropped),
+  sorted as today and ordered by the position's index.
+
+Run: ``python -m bench.assembly_position_bench --sizes 200000 --rounds 3`` (``--quick``: 20,000 instances,
+1 round, no document).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import psycopg
+
+SECTION = "## First GET from all rows: a stored assembly position, measured before building it"
+STATE = "big"
+
+
+def _timed(conn: psycopg.Connection, statement: str) -> float:
+    wall = time.perf_counter()
+    conn.execute(statement.encode())
+    return time.perf_counter() - wall
+
+
+def _streamed(conn: psycopg.Connection, statement: str) -> float:
+    wall = time.perf_counter()
+    with conn.transaction():
+        for _ in conn.cursor(binary=True).stream(statement.encode(), size=1000):
+            pass
+    return time.perf_counter() - wall
+
+
+def measure(url: str, rounds: int) -> dict[str, list[float]]:
+    """The four timings (see the module's docstring), ``rounds`` of each."""
+    from app.store import resources
+
+    statement = resources._STREAM_FOR_ASSEMBLY
+    start, end = statement.find("ORDER BY"), statement.find("OFFSET 0")
+    if start < 0 or end < start:
+        raise SystemExit("the assembly's statement no longer has the sort this bench replaces")
+    order = statement[start:end]
+    got: dict[str, list[float]] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET jit = off")  # as the server's pool sets it
+        state_id, serial = conn.execute("SELECT id, current_serial FROM states WHERE name = %s",
+                                        (STATE,)).fetchone() or (0, 0)
+        conn.execute(f"CREATE TABLE bench_ranked AS SELECT *, (row_number() OVER ({order}))::bigint AS position "
+                     f"FROM resources WHERE state_id = {int(state_id)}".encode())
+        columns = ", ".join(name for (name,) in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'bench_ranked' "
+            "AND column_name <> 'id' ORDER BY ordinal_position"))
+        read = statement.replace("%(state_id)s", str(int(state_id))).replace("%(serial)s", str(int(serial))) \
+            .replace("FROM resources", "FROM bench_copy")
+        by_position = read[:read.find("ORDER BY")] + "ORDER BY position " + read[read.find("OFFSET 0"):]
+        for _ in range(rounds):
+            for indexed in (False, True):
+                conn.execute("DROP TABLE IF EXISTS bench_copy")
+                conn.execute("CREATE TABLE bench_copy (LIKE resources INCLUDING ALL)")
+                conn.execute("ALTER TABLE bench_copy ADD COLUMN position bigint")
+                if indexed:
+                    conn.execute("CREATE INDEX ON bench_copy (state_id, position)")
+                name = "insert, with the position's index" if indexed else "insert, the indexes of today"
+                got.setdefault(name, []).append(
+                    _timed(conn, f"INSERT INTO bench_copy ({columns}) SELECT {columns} FROM bench_ranked"))
+            conn.execute("VACUUM ANALYZE bench_copy")
+            got.setdefault("read, sorted (today)", []).append(_streamed(conn, read))
+            got.setdefault("read, in the position's order", []).append(_streamed(conn, by_position))
+        plan = conn.execute(f"EXPLAIN {by_position}".encode()).fetchall()
+        if not any("Index Scan" in line for (line,) in plan) or any("Sort" in line for (line,) in plan):
+            raise SystemExit("the read by position was not planned as an index scan without a sort")
+        conn.execute("DROP TABLE IF EXISTS bench_copy, bench_ranked")
+    return got
+
+
+def main(argv: list[str] | None = None) -> int:
+    from app.domain.principal import default_principal
+    from app.store import states
+    from app.store.db import Database
+    from app.store.migrate import migrate
+    from bench import common
+    from bench.states import counted_state
+
+    p = common.bench_parser("assembly_position_bench", __doc__ or "", section=SECTION, json_help=None,
+                            quick_help="20,000 instances, 1 round; writes no document unless --out is given")
+    p.add_argument("--sizes", default="200000", help="instance counts, comma-separated")
+    p.add_argument("--rounds", type=int, default=3, help="timings of each kind per size, alternating")
+    args = p.parse_args(argv)
+    out, command = common.start_run(args, "assembly_position_bench", argv)
+    sizes, rounds = ([20_000], 1) if args.quick else ([int(s) for s in args.sizes.split(",")], args.rounds)
+    load_before = common.load_average()
+    rows = []
+    for count in sizes:
+        with common.scratch_database(args.database_url, "kl_bench_position") as url:
+            migrate(url)
+            db = Database(url)
+            states.write_state(db, default_principal("bench"), STATE, counted_state(1, count), lock_id=None)
+            db.close()
+            got = measure(url, rounds)
+        common.log(f"{count}: {got}")
+        for name, times in got.items():
+            rows.append([f"{count:,}", name, f"{statistics.median(times):.2f} s",
+                         ", ".join(f"{t:.2f}" for t in times)])
+    section = "\n".join([
+        SECTION, "",
+        f"Command: `{command}`. Rounds: {rounds}. Load average before: {load_before}; after: "
+        f"{common.load_average()}.", "",
+        common.table(["instances", "measure", "median", "each round (s)"], rows),
+    ])
+    if out is not None:
+        common.write_section(out, SECTION, section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,10 +86,6 @@ def measure(url: str, rounds: int) -> dict[str, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.domain.principal import default_principal
-    from app.store import states
-    from app.store.db import Database
-    from app.store.migrate import migrate
     from bench import common
     from bench.states import counted_state
 
@@ -103,11 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = common.load_average()
     rows = []
     for count in sizes:
-        with common.scratch_database(args.database_url, "kl_bench_position") as url:
-            migrate(url)
-            db = Database(url)
-            states.write_state(db, default_principal("bench"), STATE, counted_state(1, count), lock_id=None)
-            db.close()
+        with common.state_database(args.database_url, "kl_bench_position", STATE, counted_state(1, count)) as url:
             got = measure(url, rounds)
         common.log(f"{count}: {got}")
         for name, times in got.items():

@@ -149,10 +149,6 @@ def _parts_rows(count: int, assemblies: list[dict[str, Any]], got: list[dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.domain.principal import default_principal
-    from app.store import states
-    from app.store.db import Database
-    from app.store.migrate import migrate
     from bench import common
     from bench.states import counted_state
 
@@ -169,11 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = common.load_average()
     rows, part_rows = [], []
     for count in sizes:
-        with common.scratch_database(args.database_url, "kl_bench_rows") as url:
-            migrate(url)
-            db = Database(url)
-            states.write_state(db, default_principal("bench"), STATE, counted_state(1, count), lock_id=None)
-            db.close()
+        with common.state_database(args.database_url, "kl_bench_rows", STATE, counted_state(1, count)) as url:
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("VACUUM ANALYZE resources")
             runs: dict[Path | None, list[dict[str, Any]]] = {tree: [] for tree in trees}

@@ -142,6 +142,25 @@ def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+
+@contextmanager
+def state_database(server_url: str, prefix: str, state: str, doc: dict[str, Any]) -> Iterator[str]:
+    """``scratch_database``, migrated, holding ``doc`` as the state named ``state`` (written by
+    ``states.write_state``, as a first POST writes it); yields its URL."""
+    from app.domain.principal import default_principal
+    from app.store import states
+    from app.store.db import Database
+    from app.store.migrate import migrate
+
+    with scratch_database(server_url, prefix) as url:
+        migrate(url)
+        db = Database(url)
+        try:
+            states.write_state(db, default_principal("bench"), state, doc, lock_id=None)
+        finally:
+            db.close()
+        yield url
+
 def http_backend(url: str) -> str:
     """A ``terraform`` block pointing Terraform's http backend (and its lock) at a Kilolock state URL."""
     return (f'terraform {{\n  backend "http" {{\n    address        = "{url}"\n    lock_address   = "{url}"\n'

@@ -142,7 +142,6 @@ def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-
 @contextmanager
 def state_database(server_url: str, prefix: str, state: str, doc: dict[str, Any]) -> Iterator[str]:
     """``scratch_database``, migrated, holding ``doc`` as the state named ``state`` (written by
@@ -160,6 +159,7 @@ def state_database(server_url: str, prefix: str, state: str, doc: dict[str, Any]
         finally:
             db.close()
         yield url
+
 
 def http_backend(url: str) -> str:
     """A ``terraform`` block pointing Terraform's http backend (and its lock) at a Kilolock state URL."""

@@ -11,7 +11,11 @@ rank in the statement's order), and times, alternating, ``--rounds`` times each:
 - inserting those rows into an empty copy of ``resources`` (every index of ``resources``), with and without
   the position's index: what a whole-state POST of that many rows would pay;
 - the assembly's statement over the copy, streamed to this process as the assembly reads it (rows dropped),
-  sorted as today and ordered by the position's index.
+  sorted as today and ordered by the position's index;
+- the check a POST would add before numbering its rows: that the parsed rows come in the assembly's order
+  (``row_order`` of each, each key below the next), Python CPU, fastest of the rounds, on the body of one
+  counted resource and on that of as many resources of one instance each (``bench.filescoped_bench``'s
+  shape), beside the POST's floor for each (``json.loads`` and sha256 of the body, fastest of three).
 
 Run: ``python -m bench.assembly_position_bench --sizes 200000 --rounds 3`` (``--quick``: 20,000 instances,
 1 round, no document).
@@ -19,9 +23,13 @@ Run: ``python -m bench.assembly_position_bench --sizes 200000 --rounds 3`` (``--
 
 from __future__ import annotations
 
+import hashlib
+import json
+import operator
 import statistics
 import sys
 import time
+from typing import Any
 
 import psycopg
 
@@ -85,6 +93,41 @@ def measure(url: str, rounds: int) -> dict[str, list[float]]:
     return got
 
 
+def order_check(count: int, rounds: int) -> dict[str, float]:
+    """The parse's order check (see the module's docstring), CPU seconds, for ``count`` instances."""
+    from bench.filescoped_bench import PER_FILE, state_body
+    from bench.states import counted_state
+
+    got: dict[str, float] = {}
+    for shape, make in (("one resource", lambda: counted_state(1, count)),
+                        ("N resources", lambda: state_body(max(1, count // PER_FILE), seed=7))):
+        got[f"order check, {shape}"], got[f"POST floor, {shape}"] = _order_check_of(make(), rounds)
+    return got
+
+
+def _order_check_of(body: bytes, rounds: int) -> tuple[float, float]:
+    """The order check's CPU on ``body``'s parsed rows (fastest of ``rounds``), and the body's POST floor."""
+    from analyzer.state import parse_state
+    from analyzer.state_assembly import row_order
+
+    floor = min(_cpu(lambda: (json.loads(body), hashlib.sha256(body).digest())) for _ in range(3))
+    parsed: Any = parse_state(body)
+    rows = parsed.instances
+
+    def check() -> None:
+        keys = list(map(row_order, rows))
+        if not all(map(operator.lt, keys, keys[1:])):
+            raise SystemExit("the bench's body is not in the assembly's order")
+
+    return min(_cpu(check) for _ in range(rounds)), floor
+
+
+def _cpu(call: Any) -> float:
+    cpu = time.process_time()
+    call()
+    return time.process_time() - cpu
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench import common
     from bench.states import counted_state
@@ -105,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, times in got.items():
             rows.append([f"{count:,}", name, f"{statistics.median(times):.2f} s",
                          ", ".join(f"{t:.2f}" for t in times)])
+        checks = order_check(count, rounds)
+        common.log(f"{count}: {checks}")
+        rows += [[f"{count:,}", f"{name} (CPU, fastest)", f"{cpu:.2f} s", "-"] for name, cpu in checks.items()]
     section = "\n".join([
         SECTION, "",
         f"Command: `{command}`. Rounds: {rounds}. Load average before: {load_before}; after: "

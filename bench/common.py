@@ -143,7 +143,7 @@ def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
 
 
 @contextmanager
-def state_database(server_url: str, prefix: str, state: str, doc: dict[str, Any]) -> Iterator[str]:
+def state_database(server_url: str, prefix: str, state: str, doc: bytes) -> Iterator[str]:
     """``scratch_database``, migrated, holding ``doc`` as the state named ``state`` (written by
     ``states.write_state``, as a first POST writes it); yields its URL."""
     from app.domain.principal import default_principal

@@ -157,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "the state. The spliced GET keeps the cached bytes of the version before and re-encodes only the changed "
         "instance; it holds those bytes (about the state's size) while it writes.",
     ])
-    if out is not None:
-        common.write_section(out, SECTION, section)
-    print(section)
+    common.publish(out, SECTION, section)
     return 0
 
 

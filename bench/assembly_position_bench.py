@@ -54,11 +54,10 @@ def _streamed(conn: psycopg.Connection, statement: str) -> float:
 def measure(url: str, rounds: int) -> dict[str, list[float]]:
     """The four timings (see the module's docstring), ``rounds`` of each."""
     from app.store import resources
+    from bench import common
 
     statement = resources._STREAM_FOR_ASSEMBLY
-    start, end = statement.find("ORDER BY"), statement.find("OFFSET 0")
-    if start < 0 or end < start:
-        raise SystemExit("the assembly's statement no longer has the sort this bench replaces")
+    start, end = common.assembly_sort(statement)
     order = statement[start:end]
     got: dict[str, list[float]] = {}
     with psycopg.connect(url, autocommit=True) as conn:
@@ -72,7 +71,8 @@ def measure(url: str, rounds: int) -> dict[str, list[float]]:
             "AND column_name <> 'id' ORDER BY ordinal_position"))
         read = statement.replace("%(state_id)s", str(int(state_id))).replace("%(serial)s", str(int(serial))) \
             .replace("FROM resources", "FROM bench_copy")
-        by_position = read[:read.find("ORDER BY")] + "ORDER BY position " + read[read.find("OFFSET 0"):]
+        start, end = common.assembly_sort(read)
+        by_position = read[:start] + "ORDER BY position " + read[end:]
         for _ in range(rounds):
             for indexed in (False, True):
                 conn.execute("DROP TABLE IF EXISTS bench_copy")
@@ -134,11 +134,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = common.bench_parser("assembly_position_bench", __doc__ or "", section=SECTION, json_help=None,
                             quick_help="20,000 instances, 1 round; writes no document unless --out is given")
-    p.add_argument("--sizes", default="200000", help="instance counts, comma-separated")
-    p.add_argument("--rounds", type=int, default=3, help="timings of each kind per size, alternating")
-    args = p.parse_args(argv)
-    out, command = common.start_run(args, "assembly_position_bench", argv)
-    sizes, rounds = ([20_000], 1) if args.quick else ([int(s) for s in args.sizes.split(",")], args.rounds)
+    run = common.start_sized_run(p, "assembly_position_bench", argv, rounds=3,
+                                 rounds_help="timings of each kind per size, alternating")
+    args, out, command, sizes, rounds = run.args, run.out, run.command, run.sizes, run.rounds
     load_before = common.load_average()
     rows = []
     for count in sizes:
@@ -157,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{common.load_average()}.", "",
         common.table(["instances", "measure", "median", "each round (s)"], rows),
     ])
-    if out is not None:
-        common.write_section(out, SECTION, section)
-    print(section)
+    common.publish(out, SECTION, section)
     return 0
 
 

@@ -80,16 +80,17 @@ def one(url: str) -> dict[str, Any]:
 
 # The assembly's statement without its sort, without its instances' text, or both: the parts Postgres
 # spends its time on, measured alone (``parts``).
-_SORT_START, _SORT_END = "ORDER BY", "OFFSET 0"
 _TEXT, _NO_TEXT = "convert_to(instance::text, 'UTF8')", "length(address)::text"
 _PART_NAMES = ("statement as the assembly runs it", "without the sort", "without the instances' text",
                "without either")
 
 
 def _statement_parts(statement: str) -> dict[str, str]:
-    start, end = statement.find(_SORT_START), statement.find(_SORT_END)
-    if start < 0 or end < start or _TEXT not in statement:
-        raise SystemExit("the assembly's statement no longer has the sort and text this bench takes apart")
+    from bench import common
+
+    start, end = common.assembly_sort(statement)
+    if _TEXT not in statement:
+        raise SystemExit("the assembly's statement no longer has the text this bench takes apart")
     unsorted = statement[:start] + statement[end:]
     variants = (statement, unsorted, statement.replace(_TEXT, _NO_TEXT), unsorted.replace(_TEXT, _NO_TEXT))
     return dict(zip(_PART_NAMES, variants, strict=True))
@@ -154,13 +155,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p = common.bench_parser("assembly_rows_bench", __doc__ or "", section=SECTION, json_help=None,
                             quick_help="20,000 instances, 2 rounds; writes no document unless --out is given")
-    p.add_argument("--sizes", default="200000", help="instance counts, comma-separated")
-    p.add_argument("--rounds", type=int, default=5, help="assemblies per checkout and size, alternating")
     p.add_argument("--baseline", type=Path, default=None, help="another checkout, measured in the same rounds")
     p.add_argument("--parts", action="store_true", help="also where this checkout's assembly spends its time")
-    args = p.parse_args(argv)
-    out, command = common.start_run(args, "assembly_rows_bench", argv)
-    sizes, rounds = ([20_000], 2) if args.quick else ([int(s) for s in args.sizes.split(",")], args.rounds)
+    run = common.start_sized_run(p, "assembly_rows_bench", argv, rounds=5, quick_rounds=2,
+                                 rounds_help="assemblies per checkout and size, alternating")
+    args, out, command, sizes, rounds = run.args, run.out, run.command, run.sizes, run.rounds
     trees: list[Path | None] = [None] if args.baseline is None else [args.baseline.resolve(), None]
     load_before = common.load_average()
     rows, part_rows = [], []
@@ -195,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                       "Postgres CPU (median)", "sha256"], rows),
     ] + (["", "Where this checkout's assembly spends its time (medians over the rounds):", "",
           common.table(["instances", "part", "wall", "Python CPU", "Postgres CPU"], part_rows)] if part_rows else []))
-    if out is not None:
-        common.write_section(out, SECTION, section)
-    print(section)
+    common.publish(out, SECTION, section)
     return 0
 
 

@@ -23,6 +23,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,30 @@ def start_run(args: argparse.Namespace, module: str, argv: Sequence[str] | None)
     return out_path(args), command_line(module, argv)
 
 
+@dataclass(frozen=True)
+class SizedRun:
+    """A run over a few state sizes in alternating rounds (``start_sized_run``)."""
+
+    args: argparse.Namespace
+    out: Path | None  # where it writes its section (``out_path``)
+    command: str  # the command that repeats it
+    sizes: list[int]
+    rounds: int
+
+
+def start_sized_run(p: argparse.ArgumentParser, module: str, argv: Sequence[str] | None, *, rounds: int,
+                    rounds_help: str, quick_rounds: int = 1, quick_size: int = 20_000) -> SizedRun:
+    """Add ``--sizes`` (instance counts) and ``--rounds`` to ``p``, parse ``argv`` and begin the run
+    (``start_run``); with ``--quick`` it measures ``quick_size`` instances in ``quick_rounds`` rounds."""
+    p.add_argument("--sizes", default="200000", help="instance counts, comma-separated")
+    p.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
+    args = p.parse_args(argv)
+    out, command = start_run(args, module, argv)
+    if args.quick:
+        return SizedRun(args, out, command, [quick_size], quick_rounds)
+    return SizedRun(args, out, command, [int(s) for s in args.sizes.split(",")], args.rounds)
+
+
 def log(msg: str) -> None:
     """Progress for the person running the bench: stderr, so stdout stays the report."""
     print(msg, file=sys.stderr, flush=True)
@@ -159,6 +184,16 @@ def state_database(server_url: str, prefix: str, state: str, doc: bytes) -> Iter
         finally:
             db.close()
         yield url
+
+
+def assembly_sort(statement: str) -> tuple[int, int]:
+    """Where the sort of the assembly's streamed statement (``resources._STREAM_FOR_ASSEMBLY``) is: the start
+    of its ``ORDER BY`` and of the ``OFFSET 0`` that ends it, for the benches that take the statement apart.
+    Stops the bench when the statement no longer has them."""
+    start, end = statement.find("ORDER BY"), statement.find("OFFSET 0")
+    if start < 0 or end < start:
+        raise SystemExit("the assembly's statement no longer has the sort this bench takes apart")
+    return start, end
 
 
 def http_backend(url: str) -> str:

@@ -257,9 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     found = run(args.database_url, count, cycles)
     checks = in_process(2000)
     section = render(command, machine, count, cycles, found, checks, common.load_average())
-    print(section)
-    if out is not None:
-        common.write_section(out, SECTION, section)
+    common.publish(out, SECTION, section)
     return 0
 
 
